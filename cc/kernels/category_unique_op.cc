@@ -1,0 +1,105 @@
+/* Copyright 2026 The tf_fusedrec Authors. Licensed under the Apache License, Version 2.0. */
+#include "cc/kernels/category_unique_op.h"
+
+#include <vector>
+
+#include "cc/kernels/impl/hashing.h"
+#include "cc/kernels/impl/pair_dedup.h"
+#include "cc/kernels/kernel_util.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/register_types.h"
+
+namespace tensorflow {
+namespace fusedrec {
+
+using CPUDevice = Eigen::ThreadPoolDevice;
+
+int PackedSegmentBits(int64_t num_segments) {
+  int b = 1;
+  while ((int64_t{1} << b) < num_segments) ++b;
+  return b;
+}
+
+template <typename K>
+struct CategoryUniqueFunctor<CPUDevice, K> {
+  Status operator()(OpKernelContext* ctx, const Tensor& keys, const Tensor& segment_ids, int64_t num_segments,
+                    KeyEncoding encoding) {
+    const int64_t n = keys.NumElements();
+    Tensor* inverse = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(1, TensorShape({n}), &inverse));
+    impl::PairSet<K> unique;
+    impl::PairDedup<K>(keys.flat<K>().data(), segment_ids.flat<int32>().data(), n, NumCpuThreads(ctx),
+                       CpuRunner(ctx), inverse->flat<int32>().data(), &unique);
+
+    // Unique pairs are few next to N, so encoding and checking them here is cheaper than per input key.
+    const int64_t u = unique.size();
+    std::vector<int64_t> unified(u);
+    if (encoding == KeyEncoding::kPacked) {
+      const int key_bits = 63 - PackedSegmentBits(num_segments);
+      const int64_t key_limit = int64_t{1} << key_bits;
+      for (int64_t j = 0; j < u; ++j) {
+        const int64_t key = static_cast<int64_t>(unique.keys[j]);
+        if (key < 0 || key >= key_limit) {
+          return errors::InvalidArgument("key ", key, " of segment ", unique.segments[j],
+                                         " cannot be packed: with num_segments=", num_segments, " the packed encoding",
+                                         " holds keys in [0, 2^", key_bits, "); use encoding='hashed' for ids that ",
+                                         "need more bits or are negative");
+        }
+        unified[j] = (static_cast<int64_t>(unique.segments[j]) << key_bits) | key;
+      }
+    } else {
+      for (int64_t j = 0; j < u; ++j) {
+        unified[j] = impl::HashedUnifiedKey(static_cast<int64_t>(unique.keys[j]), unique.segments[j]);
+      }
+    }
+    Tensor* segment_counts = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(3, TensorShape({num_segments}), &segment_counts));
+    auto counts = segment_counts->flat<int32>();
+    counts.setZero();
+    for (int32_t s : unique.segments) ++counts(s);
+    TF_RETURN_IF_ERROR(OutputVector(ctx, 0, unified));
+    return OutputVector(ctx, 2, unique.segments);
+  }
+};
+
+template <typename Device, typename K>
+class CategoryUniqueOp : public OpKernel {
+ public:
+  explicit CategoryUniqueOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_segments", &num_segments_));
+    OP_REQUIRES(ctx, num_segments_ >= 1,
+                errors::InvalidArgument("num_segments must be >= 1, got ", num_segments_));
+    std::string encoding;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("encoding", &encoding));
+    if (encoding == "packed") {
+      encoding_ = KeyEncoding::kPacked;
+    } else if (encoding == "hashed") {
+      encoding_ = KeyEncoding::kHashed;
+    } else {
+      ctx->CtxFailure(errors::InvalidArgument("encoding must be 'packed' or 'hashed', got '", encoding, "'"));
+    }
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& keys = ctx->input(0);
+    const Tensor& segment_ids = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckKeysAndSegments(keys, segment_ids));
+    OP_REQUIRES_OK(ctx, CheckSegmentRange(segment_ids, num_segments_));
+    OP_REQUIRES_OK(ctx, (CategoryUniqueFunctor<Device, K>()(ctx, keys, segment_ids, num_segments_, encoding_)));
+  }
+
+ private:
+  int64_t num_segments_;
+  KeyEncoding encoding_ = KeyEncoding::kPacked;
+};
+
+#define REGISTER_CPU(K)                                                                  \
+  REGISTER_KERNEL_BUILDER(                                                               \
+      Name("FusedRec>CategoryUnique").Device(DEVICE_CPU).TypeConstraint<K>("T"),         \
+      CategoryUniqueOp<CPUDevice, K>);
+REGISTER_CPU(int32);
+REGISTER_CPU(int64_t);
+#undef REGISTER_CPU
+
+}  // namespace fusedrec
+}  // namespace tensorflow

@@ -1,0 +1,85 @@
+/* Copyright 2026 The tf_fusedrec Authors. Licensed under the Apache License, Version 2.0. */
+// Input checks and CPU threading shared by the FusedRec kernels.
+#ifndef CC_KERNELS_KERNEL_UTIL_H_
+#define CC_KERNELS_KERNEL_UTIL_H_
+
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cc/kernels/impl/pair_dedup.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/platform/threadpool.h"
+
+namespace tensorflow {
+namespace fusedrec {
+
+// Checks that `t` is a vector; `what` names it in the error.
+inline Status CheckVector(const Tensor& t, const char* what) {
+  if (!TensorShapeUtils::IsVector(t.shape())) {
+    return errors::InvalidArgument(what, " must be a vector (rank 1), got shape ", t.shape().DebugString());
+  }
+  return OkStatus();
+}
+
+// Checks keys and segment_ids are vectors of one length that an int32 index can address.
+inline Status CheckKeysAndSegments(const Tensor& keys, const Tensor& segment_ids) {
+  TF_RETURN_IF_ERROR(CheckVector(keys, "keys"));
+  TF_RETURN_IF_ERROR(CheckVector(segment_ids, "segment_ids"));
+  if (keys.NumElements() != segment_ids.NumElements()) {
+    return errors::InvalidArgument("keys and segment_ids must have the same length, got ", keys.NumElements(),
+                                   " keys and ", segment_ids.NumElements(), " segment_ids");
+  }
+  if (keys.NumElements() > std::numeric_limits<int32_t>::max()) {
+    return errors::InvalidArgument("at most 2^31 - 1 keys per call, got ", keys.NumElements());
+  }
+  return OkStatus();
+}
+
+// Checks 0 <= segment_ids[i] < num_segments (num_segments < 0: no upper bound); names the first offender.
+inline Status CheckSegmentRange(const Tensor& segment_ids, int64_t num_segments) {
+  const auto segs = segment_ids.flat<int32>();
+  const int64_t upper = num_segments < 0 ? std::numeric_limits<int64_t>::max() : num_segments;
+  for (int64_t i = 0; i < segs.size(); ++i) {
+    if (segs(i) < 0 || segs(i) >= upper) {
+      if (num_segments < 0) {
+        return errors::InvalidArgument("segment_ids must be >= 0, got segment id ", segs(i), " at position ", i);
+      }
+      return errors::InvalidArgument("segment_ids must be in [0, ", num_segments, "), got segment id ", segs(i),
+                                     " at position ", i);
+    }
+  }
+  return OkStatus();
+}
+
+inline int NumCpuThreads(OpKernelContext* ctx) {
+  return ctx->device()->tensorflow_cpu_worker_threads()->num_threads;
+}
+
+// Runs tasks on the intra-op CPU pool, one task per shard.
+inline impl::ParallelRunner CpuRunner(OpKernelContext* ctx) {
+  thread::ThreadPool* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  return [pool](int64_t num_tasks, const std::function<void(int64_t)>& task) {
+    pool->ParallelFor(num_tasks,
+                      thread::ThreadPool::SchedulingParams(thread::ThreadPool::SchedulingStrategy::kFixedBlockSize,
+                                                           absl::nullopt, 1),
+                      [&task](int64_t begin, int64_t end) {
+                        for (int64_t i = begin; i < end; ++i) task(i);
+                      });
+  };
+}
+
+// Allocates output `index` as a vector holding `values`.
+template <typename T>
+Status OutputVector(OpKernelContext* ctx, int index, const std::vector<T>& values) {
+  Tensor* out = nullptr;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(index, TensorShape({static_cast<int64_t>(values.size())}), &out));
+  if (!values.empty()) std::memcpy(out->flat<T>().data(), values.data(), values.size() * sizeof(T));
+  return OkStatus();
+}
+
+}  // namespace fusedrec
+}  // namespace tensorflow
+
+#endif  // CC_KERNELS_KERNEL_UTIL_H_
