@@ -1,8 +1,6 @@
 /* Copyright 2026 The tf_fusedrec Authors. Licensed under the Apache License, Version 2.0. */
 #include "cc/kernels/category_unique_op.h"
 
-#include <vector>
-
 #include "cc/kernels/impl/hashing.h"
 #include "cc/kernels/impl/pair_dedup.h"
 #include "cc/kernels/kernel_util.h"
@@ -33,32 +31,34 @@ struct CategoryUniqueFunctor<CPUDevice, K> {
 
     // Unique pairs are few next to N, so encoding and checking them here is cheaper than per input key.
     const int64_t u = unique.size();
-    std::vector<int64_t> unified(u);
-    if (encoding == KeyEncoding::kPacked) {
-      const int key_bits = 63 - PackedSegmentBits(num_segments);
-      const int64_t key_limit = int64_t{1} << key_bits;
-      for (int64_t j = 0; j < u; ++j) {
-        const int64_t key = static_cast<int64_t>(unique.keys[j]);
+    Tensor *unified_keys = nullptr, *unique_segment_ids = nullptr, *segment_counts = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({u}), &unified_keys));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({u}), &unique_segment_ids));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(3, TensorShape({num_segments}), &segment_counts));
+    auto unified = unified_keys->flat<int64>();
+    auto segments = unique_segment_ids->flat<int32>();
+    auto counts = segment_counts->flat<int32>();
+    counts.setZero();
+    const int key_bits = 63 - PackedSegmentBits(num_segments);
+    const int64_t key_limit = int64_t{1} << key_bits;
+    for (int64_t j = 0; j < u; ++j) {
+      const int64_t key = static_cast<int64_t>(unique.entries[j].key);
+      const int32_t segment = unique.entries[j].segment;
+      if (encoding == KeyEncoding::kPacked) {
         if (key < 0 || key >= key_limit) {
-          return errors::InvalidArgument("key ", key, " of segment ", unique.segments[j],
+          return errors::InvalidArgument("key ", key, " of segment ", segment,
                                          " cannot be packed: with num_segments=", num_segments, " the packed encoding",
                                          " holds keys in [0, 2^", key_bits, "); use encoding='hashed' for ids that ",
                                          "need more bits or are negative");
         }
-        unified[j] = (static_cast<int64_t>(unique.segments[j]) << key_bits) | key;
+        unified(j) = (static_cast<int64_t>(segment) << key_bits) | key;
+      } else {
+        unified(j) = impl::HashedUnifiedKey(key, segment);
       }
-    } else {
-      for (int64_t j = 0; j < u; ++j) {
-        unified[j] = impl::HashedUnifiedKey(static_cast<int64_t>(unique.keys[j]), unique.segments[j]);
-      }
+      segments(j) = segment;
+      ++counts(segment);
     }
-    Tensor* segment_counts = nullptr;
-    TF_RETURN_IF_ERROR(ctx->allocate_output(3, TensorShape({num_segments}), &segment_counts));
-    auto counts = segment_counts->flat<int32>();
-    counts.setZero();
-    for (int32_t s : unique.segments) ++counts(s);
-    TF_RETURN_IF_ERROR(OutputVector(ctx, 0, unified));
-    return OutputVector(ctx, 2, unique.segments);
+    return OkStatus();
   }
 };
 

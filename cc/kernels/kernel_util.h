@@ -3,9 +3,7 @@
 #ifndef CC_KERNELS_KERNEL_UTIL_H_
 #define CC_KERNELS_KERNEL_UTIL_H_
 
-#include <cstring>
 #include <limits>
-#include <vector>
 
 #include "cc/kernels/impl/pair_dedup.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -68,15 +66,6 @@ inline impl::ParallelRunner CpuRunner(OpKernelContext* ctx) {
                         for (int64_t i = begin; i < end; ++i) task(i);
                       });
   };
-}
-
-// Allocates output `index` as a vector holding `values`.
-template <typename T>
-Status OutputVector(OpKernelContext* ctx, int index, const std::vector<T>& values) {
-  Tensor* out = nullptr;
-  TF_RETURN_IF_ERROR(ctx->allocate_output(index, TensorShape({static_cast<int64_t>(values.size())}), &out));
-  if (!values.empty()) std::memcpy(out->flat<T>().data(), values.data(), values.size() * sizeof(T));
-  return OkStatus();
 }
 
 }  // namespace fusedrec

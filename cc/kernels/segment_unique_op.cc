@@ -20,9 +20,21 @@ struct SegmentUniqueFunctor<CPUDevice, K> {
     impl::PairSet<K> unique;
     impl::PairDedup<K>(keys.flat<K>().data(), segment_ids.flat<int32>().data(), n, NumCpuThreads(ctx),
                        CpuRunner(ctx), inverse->flat<int32>().data(), &unique);
-    TF_RETURN_IF_ERROR(OutputVector(ctx, 0, unique.keys));
-    TF_RETURN_IF_ERROR(OutputVector(ctx, 1, unique.segments));
-    return OutputVector(ctx, 3, unique.counts);
+    const TensorShape shape({unique.size()});
+    Tensor *unique_keys = nullptr, *unique_segment_ids = nullptr, *counts = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(0, shape, &unique_keys));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(1, shape, &unique_segment_ids));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(3, shape, &counts));
+    auto k = unique_keys->flat<K>();
+    auto s = unique_segment_ids->flat<int32>();
+    auto c = counts->flat<int32>();
+    for (int64_t j = 0; j < unique.size(); ++j) {
+      const auto& e = unique.entries[j];
+      k(j) = e.key;
+      s(j) = e.segment;
+      c(j) = e.count;
+    }
+    return OkStatus();
   }
 };
 

@@ -14,7 +14,6 @@ table. The encoding is a static choice per group, never per batch:
 """
 
 import collections
-import math
 
 import tensorflow as tf
 
@@ -32,7 +31,7 @@ def packed_segment_bits(num_segments):
     """Bits b that the packed encoding gives the segment: max(1, ceil(log2(num_segments)))."""
     if num_segments < 1:
         raise ValueError(f"num_segments must be >= 1, got {num_segments}")
-    return max(1, math.ceil(math.log2(num_segments)))
+    return max(1, (int(num_segments) - 1).bit_length())
 
 
 def packed_key_bits(num_segments):

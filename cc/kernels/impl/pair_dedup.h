@@ -24,22 +24,23 @@ using ParallelRunner = std::function<void(int64_t num_tasks, const std::function
 // Inputs below this size are deduplicated on the calling thread: splitting costs more than it saves.
 constexpr int64_t kParallelDedupMinSize = 1 << 16;
 
+// Unique pairs in first-occurrence order, with their counts. One array of structs: a probe that hits reads key,
+// segment and count from one cache line.
 template <typename K>
 struct PairSet {
-  std::vector<K> keys;
-  std::vector<int32_t> segments;
-  std::vector<int32_t> counts;
+  struct Entry {
+    K key;
+    int32_t segment;
+    int32_t count;
+  };
+  std::vector<Entry> entries;
 
-  int64_t size() const { return static_cast<int64_t>(keys.size()); }
-  void Reserve(int64_t n) {
-    keys.reserve(n);
-    segments.reserve(n);
-    counts.reserve(n);
-  }
+  int64_t size() const { return static_cast<int64_t>(entries.size()); }
 };
 
-// Linear-probing table of ids into a PairSet. Capacity is a power of two >= 2 * expected, so the load factor stays
-// <= 0.5 when at most `expected` pairs are inserted. A slot holds a 32-bit tag of the hash and id + 1 (0 = empty).
+// Linear-probing table of ids into a PairSet, pre-sized from the input length and never resized: the capacity is
+// a power of two >= 2 * expected, so the load factor stays <= 0.5 when at most `expected` pairs are inserted.
+// Slots hold only id + 1 (0 = empty), 4 bytes, so the table of a 100k-key batch fits in L2 next to the entries.
 template <typename K>
 class PairTable {
  public:
@@ -48,48 +49,62 @@ class PairTable {
     while ((int64_t{1} << log2) < 2 * expected) ++log2;
     mask_ = (uint64_t{1} << log2) - 1;
     shift_ = 64 - log2;
-    slots_.reset(new Slot[mask_ + 1]);
-    std::memset(slots_.get(), 0, sizeof(Slot) * (mask_ + 1));
+    slots_.reset(new int32_t[mask_ + 1]);
+    std::memset(slots_.get(), 0, sizeof(int32_t) * (mask_ + 1));
   }
 
+  uint64_t HomeSlot(K key, int32_t segment) const {
+    return PairSlotHash(static_cast<int64_t>(key), segment) >> shift_;
+  }
+  void Prefetch(uint64_t slot) const { __builtin_prefetch(&slots_[slot]); }
+
   // Returns the id of (key, segment) in `set`, appending the pair with a zero count when it is new.
-  int32_t FindOrInsert(K key, int32_t segment, PairSet<K>* set) {
-    const uint64_t h = PairSlotHash(static_cast<int64_t>(key), segment);
-    const uint32_t tag = static_cast<uint32_t>(h);
-    for (uint64_t i = h >> shift_;; i = (i + 1) & mask_) {
-      Slot& s = slots_[i];
-      if (s.id_plus_one == 0) {
+  int32_t FindOrInsert(K key, int32_t segment, uint64_t slot, PairSet<K>* set) {
+    for (;; slot = (slot + 1) & mask_) {
+      const int32_t id_plus_one = slots_[slot];
+      if (id_plus_one == 0) {
         const int32_t id = static_cast<int32_t>(set->size());
-        s.tag = tag;
-        s.id_plus_one = id + 1;
-        set->keys.push_back(key);
-        set->segments.push_back(segment);
-        set->counts.push_back(0);
+        slots_[slot] = id + 1;
+        set->entries.push_back({key, segment, 0});
         return id;
       }
-      const int32_t id = s.id_plus_one - 1;
-      if (s.tag == tag && set->keys[id] == key && set->segments[id] == segment) return id;
+      const auto& e = set->entries[id_plus_one - 1];
+      if (e.key == key && e.segment == segment) return id_plus_one - 1;
     }
+  }
+  int32_t FindOrInsert(K key, int32_t segment, PairSet<K>* set) {
+    return FindOrInsert(key, segment, HomeSlot(key, segment), set);
   }
 
  private:
-  struct Slot {
-    uint32_t tag;
-    int32_t id_plus_one;
-  };
-  std::unique_ptr<Slot[]> slots_;
+  std::unique_ptr<int32_t[]> slots_;
   uint64_t mask_ = 0;
   int shift_ = 0;
 };
 
-// Deduplicates pairs [begin, end) into `set` through `table`; ids[i - begin] = id of pair i.
-template <typename K>
-void DedupRange(const K* keys, const int32_t* segments, int64_t begin, int64_t end, PairTable<K>* table,
-                PairSet<K>* set, int32_t* ids) {
-  for (int64_t i = begin; i < end; ++i) {
-    const int32_t id = table->FindOrInsert(keys[i], segments[i], set);
-    ++set->counts[id];
-    ids[i - begin] = id;
+// Deduplicates the pairs at positions pos(0), ..., pos(m - 1) into `set` through `table`: ids[j] = id of the pair at
+// pos(j), and first[id] = the position where a new pair was first seen (when `first` is given). The home slot of the
+// pair kPrefetch places ahead is prefetched, so the table's cache misses overlap instead of adding up.
+template <typename K, typename Pos>
+void DedupPositions(const K* keys, const int32_t* segments, int64_t m, Pos pos, PairTable<K>* table,
+                    PairSet<K>* set, int32_t* ids, std::vector<int32_t>* first) {
+  constexpr int64_t kPrefetch = 8;
+  uint64_t ring[kPrefetch];
+  auto stage = [&](int64_t j) {
+    const int64_t p = pos(j);
+    ring[j % kPrefetch] = table->HomeSlot(keys[p], segments[p]);
+    table->Prefetch(ring[j % kPrefetch]);
+  };
+  for (int64_t j = 0; j < std::min(m, kPrefetch); ++j) stage(j);
+  for (int64_t j = 0; j < m; ++j) {
+    const uint64_t slot = ring[j % kPrefetch];
+    if (j + kPrefetch < m) stage(j + kPrefetch);
+    const int64_t p = pos(j);
+    const int64_t size_before = set->size();
+    const int32_t id = table->FindOrInsert(keys[p], segments[p], slot, set);
+    if (first != nullptr && set->size() != size_before) first->push_back(static_cast<int32_t>(p));
+    ++set->entries[id].count;
+    ids[j] = id;
   }
 }
 
@@ -97,69 +112,87 @@ void DedupRange(const K* keys, const int32_t* segments, int64_t begin, int64_t e
 // pair i in `out`) and fills `out` with the unique pairs and their counts. The result depends on the input only,
 // never on num_threads.
 //
-// Large inputs: a prefix (n / 8) is deduplicated serially first. If it is mostly unique, splitting will not pay
-// (merging costs as much as inserting), so the rest continues serially. Otherwise the remainder is cut into
-// num_threads chunks deduplicated concurrently with private tables, and the small per-chunk results are merged in
-// chunk order, which keeps the global first-occurrence order.
+// Large inputs are split by hash, not by position: pair shard = a hash bit range, so every distinct pair belongs to
+// exactly one shard and the shards are deduplicated concurrently with private tables and nothing to merge but the
+// order. Each shard's uniques come out in first-occurrence order, so one merge of the shard lists by first position
+// gives the global order. (Splitting by position would leave the categories of a fused group in different chunks
+// and make the merge as expensive as the dedup.)
 template <typename K>
 void PairDedup(const K* keys, const int32_t* segments, int64_t n, int num_threads, const ParallelRunner& run,
                int32_t* inverse, PairSet<K>* out) {
-  if (num_threads <= 1 || n < kParallelDedupMinSize) {
+  const int64_t num_shards = std::min<int64_t>(std::min(num_threads, 64), n / (kParallelDedupMinSize / 2));
+  if (num_shards <= 1) {
     PairTable<K> table(n);
-    out->Reserve(n);
-    DedupRange(keys, segments, 0, n, &table, out, inverse);
+    out->entries.reserve(n);
+    DedupPositions(keys, segments, n, [](int64_t j) { return j; }, &table, out, inverse, nullptr);
     return;
   }
 
-  const int64_t prefix = n / 8;
-  PairSet<K> head;
-  {
-    PairTable<K> head_table(prefix);
-    head.Reserve(prefix);
-    DedupRange(keys, segments, 0, prefix, &head_table, &head, inverse);
-  }
-
-  const bool mostly_unique = head.size() * 2 > prefix;
-  if (mostly_unique) {
-    PairTable<K> table(n);
-    out->Reserve(n);
-    for (int64_t id = 0; id < head.size(); ++id) table.FindOrInsert(head.keys[id], head.segments[id], out);
-    out->counts = head.counts;
-    DedupRange(keys, segments, prefix, n, &table, out, inverse + prefix);
-    return;
-  }
-
-  const int64_t rest = n - prefix;
-  const int64_t num_chunks = std::min<int64_t>(num_threads, rest / (kParallelDedupMinSize / 8));
-  const int64_t chunk_len = (rest + num_chunks - 1) / num_chunks;
-  std::vector<PairSet<K>> chunk_sets(num_chunks);
-  auto chunk_begin = [&](int64_t c) { return std::min(n, prefix + c * chunk_len); };
-  run(num_chunks, [&](int64_t c) {
-    const int64_t b = chunk_begin(c), e = chunk_begin(c + 1);
-    PairTable<K> table(e - b);
-    chunk_sets[c].Reserve(e - b);
-    DedupRange(keys, segments, b, e, &table, &chunk_sets[c], inverse + b);
+  // 1. Shard of every pair, and per position chunk the number of pairs of each shard.
+  const int64_t chunk_len = (n + num_shards - 1) / num_shards;
+  auto chunk_begin = [&](int64_t c) { return std::min(n, c * chunk_len); };
+  std::unique_ptr<uint8_t[]> shard_of(new uint8_t[n]);
+  std::vector<int64_t> chunk_shard_count(num_shards * num_shards, 0);
+  run(num_shards, [&](int64_t c) {
+    std::vector<int64_t> count(num_shards, 0);  // private: the shared rows of neighbouring chunks share a cache line
+    for (int64_t i = chunk_begin(c), e = chunk_begin(c + 1); i < e; ++i) {
+      const uint64_t h = PairSlotHash(static_cast<int64_t>(keys[i]), segments[i]);
+      // Low hash bits pick the shard; the tables index slots by the high bits, so the two stay independent.
+      const uint8_t shard = static_cast<uint8_t>((static_cast<uint64_t>(static_cast<uint32_t>(h)) * num_shards) >> 32);
+      shard_of[i] = shard;
+      ++count[shard];
+    }
+    std::copy(count.begin(), count.end(), chunk_shard_count.begin() + c * num_shards);
   });
 
-  int64_t upper_bound = head.size();
-  for (const auto& s : chunk_sets) upper_bound += s.size();
-  PairTable<K> table(upper_bound);
-  out->Reserve(upper_bound);
-  for (int64_t id = 0; id < head.size(); ++id) table.FindOrInsert(head.keys[id], head.segments[id], out);
-  out->counts = head.counts;
-  std::vector<std::vector<int32_t>> remap(num_chunks);
-  for (int64_t c = 0; c < num_chunks; ++c) {
-    const PairSet<K>& s = chunk_sets[c];
-    remap[c].resize(s.size());
-    for (int64_t j = 0; j < s.size(); ++j) {
-      const int32_t id = table.FindOrInsert(s.keys[j], s.segments[j], out);
-      out->counts[id] += s.counts[j];
-      remap[c][j] = id;
+  // 2. Each shard deduplicates its pairs in position order. Working vectors are private to the task and moved out
+  // at the end: vector headers of neighbouring shards share cache lines, and every push_back would bounce them.
+  std::vector<PairSet<K>> sets(num_shards);
+  std::vector<std::vector<int32_t>> local_ids(num_shards), first(num_shards);
+  run(num_shards, [&](int64_t t) {
+    int64_t size = 0;
+    for (int64_t c = 0; c < num_shards; ++c) size += chunk_shard_count[c * num_shards + t];
+    std::vector<int32_t> pos(size);
+    for (int64_t i = 0, j = 0; i < n; ++i) {
+      if (shard_of[i] == t) pos[j++] = static_cast<int32_t>(i);
     }
+    PairTable<K> table(size);
+    PairSet<K> set;
+    set.entries.reserve(size);
+    std::vector<int32_t> ids(size), firsts;
+    firsts.reserve(size);
+    DedupPositions(keys, segments, size, [&pos](int64_t j) { return pos[j]; }, &table, &set, ids.data(), &firsts);
+    sets[t] = std::move(set);
+    local_ids[t] = std::move(ids);
+    first[t] = std::move(firsts);
+  });
+
+  // 3. Merge the shards' unique lists by first position.
+  int64_t total = 0;
+  for (const auto& s : sets) total += s.size();
+  out->entries.resize(total);
+  std::vector<std::vector<int32_t>> remap(num_shards);
+  std::vector<int64_t> head(num_shards, 0);
+  for (int64_t t = 0; t < num_shards; ++t) remap[t].resize(sets[t].size());
+  for (int64_t g = 0; g < total; ++g) {
+    int64_t best = -1;
+    for (int64_t t = 0; t < num_shards; ++t) {
+      if (head[t] < sets[t].size() && (best < 0 || first[t][head[t]] < first[best][head[best]])) best = t;
+    }
+    out->entries[g] = sets[best].entries[head[best]];
+    remap[best][head[best]++] = static_cast<int32_t>(g);
   }
-  run(num_chunks, [&](int64_t c) {
-    const int32_t* map = remap[c].data();
-    for (int64_t i = chunk_begin(c), e = chunk_begin(c + 1); i < e; ++i) inverse[i] = map[inverse[i]];
+
+  // 4. inverse, by position chunk: chunk c reads each shard's local ids from where the earlier chunks stopped.
+  run(num_shards, [&](int64_t c) {
+    std::vector<int64_t> cursor(num_shards, 0);
+    for (int64_t prev = 0; prev < c; ++prev) {
+      for (int64_t t = 0; t < num_shards; ++t) cursor[t] += chunk_shard_count[prev * num_shards + t];
+    }
+    for (int64_t i = chunk_begin(c), e = chunk_begin(c + 1); i < e; ++i) {
+      const uint8_t t = shard_of[i];
+      inverse[i] = remap[t][local_ids[t][cursor[t]++]];
+    }
   });
 }
 

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs everything tf_fusedrec needs, from nothing: the system tools (Bazel, cmake), a virtual environment in
+# .venv with the pinned stack, and Horovod built from source with Gloo. Re-running it when all is installed takes
+# seconds: each step is skipped when its result is already there and its inputs have not changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3.11}
+HOROVOD_VERSION=0.28.1
+log() { echo "[install] $*"; }
+
+need_apt=()
+command -v bazel >/dev/null || need_apt+=(bazel-bootstrap)
+[ -d /usr/share/bazel/rules/java ] || need_apt+=(bazel-rules-java)
+command -v cmake >/dev/null || need_apt+=(cmake)
+command -v g++ >/dev/null || need_apt+=(g++)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then
+    echo "[install] missing system packages: ${need_apt[*]}; run as root or apt-get install them" >&2
+    exit 1
+  fi
+  log "apt-get install ${need_apt[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv with $PYTHON"
+  "$PYTHON" -m venv .venv
+fi
+PIP=(.venv/bin/python -m pip --disable-pip-version-check)
+
+stamp=.venv/.fusedrec-requirements
+want=$(sha256sum requirements.txt | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  log "installing the pinned stack (requirements.txt)"
+  "${PIP[@]}" install -q --upgrade pip wheel setuptools
+  "${PIP[@]}" install -q -r requirements.txt
+  echo "$want" >"$stamp"
+fi
+
+if ! .venv/bin/python -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERSION')" 2>/dev/null \
+  || ! .venv/bin/python -c "import horovod.tensorflow" >/dev/null 2>&1; then
+  log "building horovod $HOROVOD_VERSION with TensorFlow and Gloo (about 3 minutes on 2 cores)"
+  HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
+    HOROVOD_WITHOUT_MXNET=1 "${PIP[@]}" install -q --no-build-isolation --no-cache-dir "horovod==$HOROVOD_VERSION"
+fi
+log "ok: $(.venv/bin/python -c 'import tensorflow as tf, horovod; print("tensorflow", tf.__version__, "horovod", horovod.__version__)' 2>/dev/null)"

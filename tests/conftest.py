@@ -1,0 +1,276 @@
+"""Shared fixtures for the tf_fusedrec test suite.
+
+* ``fro``     -- the ops package (``tf_fusedrec.ops``), imported lazily so the oracle-only tests run without the
+                 compiled library.
+* ``run``     -- parameterized over execution modes: calls ``fn(*tensors)`` eagerly, or inside a ``tf.function``
+                 traced with unknown-length input signatures ("graph" mode), and returns NumPy outputs
+                 (namedtuples stay namedtuples, ``None`` stays ``None``).
+* ``session_run`` -- the same in a ``tf.compat.v1`` Graph + Session with placeholders of unknown length.
+* ``gen``     -- random input generators (Zipf-skewed keys, heavy duplication, full-range keys, distinct keys).
+* ``check``   -- comparison and error-message helpers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import types
+from pathlib import Path
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+_ROOT = Path(__file__).resolve().parents[1]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+KEY_DTYPES = [np.int32, np.int64]
+ERRORS = (tf.errors.InvalidArgumentError, ValueError)
+
+# Big enough for the kernels' multithreaded path (starts around 64k elements).
+LARGE_N = 200_000
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Conversion and execution helpers
+# --------------------------------------------------------------------------------------------------------------
+
+def to_numpy(x):
+    if x is None:
+        return None
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*[to_numpy(v) for v in x])
+    if isinstance(x, (tuple, list)):
+        return type(x)(to_numpy(v) for v in x)
+    if isinstance(x, np.ndarray):
+        return x
+    return x.numpy()
+
+
+def _spec(a, static):
+    a = np.asarray(a)
+    shape = a.shape if static else [None] * a.ndim
+    return tf.TensorSpec(shape, tf.as_dtype(a.dtype))
+
+
+class Runner:
+    """Runs ``fn(*tensors)`` in one execution mode and returns NumPy outputs."""
+
+    def __init__(self, mode):
+        self.mode = mode
+
+    def __call__(self, fn, *arrays):
+        arrays = [np.asarray(a) for a in arrays]
+        tensors = [tf.constant(a) for a in arrays]
+        if self.mode == "eager":
+            out = fn(*tensors)
+        elif self.mode == "graph":  # unknown lengths: the kernels' runtime checks run
+            out = tf.function(fn, autograph=False, input_signature=[_spec(a, False) for a in arrays])(*tensors)
+        elif self.mode == "graph_static":  # fully known shapes: shape functions may reject inputs at trace time
+            out = tf.function(fn, autograph=False, input_signature=[_spec(a, True) for a in arrays])(*tensors)
+        else:
+            raise AssertionError(self.mode)
+        return to_numpy(out)
+
+    def __repr__(self):
+        return f"Runner({self.mode})"
+
+
+def _flatten(out):
+    """Nested outputs -> (list of non-None tensors, rebuild function)."""
+    if out is None:
+        return [], lambda vals: None
+    if isinstance(out, tuple):
+        parts = [_flatten(v) for v in out]
+        sizes = [len(p[0]) for p in parts]
+
+        def rebuild(vals):
+            items, pos = [], 0
+            for (_, rb), n in zip(parts, sizes):
+                items.append(rb(vals[pos:pos + n]))
+                pos += n
+            return type(out)(*items) if hasattr(out, "_fields") else tuple(items)
+
+        return [t for p in parts for t in p[0]], rebuild
+    return [out], lambda vals: vals[0]
+
+
+def session_run(fn, *arrays, intra_op_threads=0, return_static_shapes=False):
+    """Build ``fn`` on tf.compat.v1 placeholders of unknown length in a fresh Graph and run it in a Session."""
+    arrays = [np.asarray(a) for a in arrays]
+    with tf.Graph().as_default() as graph:
+        phs = [tf.compat.v1.placeholder(tf.as_dtype(a.dtype), [None] * a.ndim) for a in arrays]
+        out = fn(*phs)
+        tensors, rebuild = _flatten(out)
+        static = rebuild([t.shape for t in tensors])
+        config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=intra_op_threads,
+                                          inter_op_parallelism_threads=intra_op_threads)
+        with tf.compat.v1.Session(graph=graph, config=config) as sess:
+            vals = sess.run(tensors, feed_dict=dict(zip(phs, arrays)))
+    result = rebuild(list(vals))
+    return (result, static) if return_static_shapes else result
+
+
+MODES = ["eager", "graph"]
+
+
+@pytest.fixture(params=MODES)
+def run(request):
+    """Run an op eagerly and inside tf.function (graph mode)."""
+    return Runner(request.param)
+
+
+@pytest.fixture(params=MODES + ["graph_static"])
+def run_all(request):
+    """Like ``run`` plus a tf.function with fully static input shapes (for error paths)."""
+    return Runner(request.param)
+
+
+@pytest.fixture(name="session_run")
+def session_run_fixture():
+    return session_run
+
+
+@pytest.fixture(scope="session")
+def fro():
+    import tf_fusedrec.ops as ops
+
+    return ops
+
+
+@pytest.fixture(scope="session")
+def ref():
+    from tf_fusedrec.ops import reference
+
+    return reference
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Random inputs
+# --------------------------------------------------------------------------------------------------------------
+
+def zipf_keys(rng, n, dtype, a=1.2, signed=True, nonneg_limit=None):
+    """Zipf-skewed keys (a few keys very frequent, a long tail), scrambled so frequent keys are not just 1, 2, 3."""
+    info = np.iinfo(dtype)
+    z = rng.zipf(a, n).astype(np.uint64)
+    # Spread the ranks over the key space with an odd multiplier (a bijection mod 2**64), then fold into range.
+    with np.errstate(over="ignore"):
+        z = z * np.uint64(0x9E3779B97F4A7C15)
+    if nonneg_limit is not None:
+        limit = min(int(nonneg_limit), int(info.max) + 1)
+        return (z % np.uint64(limit)).astype(np.int64).astype(dtype)
+    if dtype == np.int64:
+        k = z.view(np.int64)
+    else:
+        k = (z >> np.uint64(32)).astype(np.uint32).view(np.int32)
+    if not signed:
+        k = np.abs(k.astype(np.int64)).clip(0, info.max).astype(dtype)
+    return k.astype(dtype)
+
+
+def dup_keys(rng, n, dtype, distinct=50):
+    """Heavy duplication: keys drawn from a small set of (negative and positive) values."""
+    return rng.integers(-distinct // 2, distinct - distinct // 2, n).astype(dtype)
+
+
+def wide_keys(rng, n, dtype):
+    """Uniform over the whole dtype range, with min and max planted."""
+    info = np.iinfo(dtype)
+    k = rng.integers(info.min, info.max, n, endpoint=True, dtype=dtype)
+    if n >= 4:
+        k[rng.integers(0, n, 2)] = info.min
+        k[rng.integers(0, n, 2)] = info.max
+    return k
+
+
+def distinct_keys(rng, n, dtype, nonneg=False):
+    """n distinct keys in random order."""
+    info = np.iinfo(dtype)
+    lo = 0 if nonneg else info.min
+    k = np.unique(rng.integers(lo, info.max, int(n * 1.1) + 16, dtype=np.int64))
+    while k.size < n:  # pragma: no cover - practically never
+        k = np.unique(np.concatenate([k, rng.integers(lo, info.max, n, dtype=np.int64)]))
+    k = rng.permutation(k)[:n]
+    return k.astype(dtype)
+
+
+def make_keys(rng, n, dtype, dist, nonneg_limit=None):
+    if dist == "zipf":
+        return zipf_keys(rng, n, dtype, nonneg_limit=nonneg_limit)
+    if nonneg_limit is not None:  # packed encoding: keys must be in [0, nonneg_limit)
+        if dist == "dup":
+            return rng.integers(0, 50, n).astype(dtype)
+        if dist == "wide":
+            hi = min(nonneg_limit, int(np.iinfo(dtype).max) + 1)
+            return rng.integers(0, hi, n, dtype=np.int64).astype(dtype)
+        if dist == "distinct":
+            k = distinct_keys(rng, n, dtype, nonneg=True)
+            return k if nonneg_limit > np.iinfo(dtype).max else (k % nonneg_limit).astype(dtype)
+    if dist == "dup":
+        return dup_keys(rng, n, dtype)
+    if dist == "wide":
+        return wide_keys(rng, n, dtype)
+    if dist == "distinct":
+        return distinct_keys(rng, n, dtype)
+    raise AssertionError(dist)
+
+
+def make_segments(rng, n, num_segments, skew=True):
+    """Segment ids in [0, num_segments); skewed (Zipf) or uniform."""
+    if skew:
+        return ((rng.zipf(1.5, n) - 1) % num_segments).astype(np.int32)
+    return rng.integers(0, num_segments, n).astype(np.int32)
+
+
+@pytest.fixture(name="gen")
+def gen_fixture():
+    return types.SimpleNamespace(zipf_keys=zipf_keys, dup_keys=dup_keys, wide_keys=wide_keys,
+                                 distinct_keys=distinct_keys, make_keys=make_keys, make_segments=make_segments,
+                                 LARGE_N=LARGE_N)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Checks
+# --------------------------------------------------------------------------------------------------------------
+
+def assert_same(got, want, fields=None):
+    """Exact equality of every output (dtype, shape, values, order)."""
+    if fields is None:
+        fields = getattr(want, "_fields", None) or list(range(len(want)))
+    for f in fields:
+        g = getattr(got, f) if isinstance(f, str) else got[f]
+        w = getattr(want, f) if isinstance(f, str) else want[f]
+        if w is None:
+            assert g is None, f"{f}: expected None, got {g!r}"
+            continue
+        assert g is not None, f"{f}: got None"
+        g = np.asarray(g)
+        assert g.dtype == w.dtype, f"{f}: dtype {g.dtype} != expected {w.dtype}"
+        assert g.shape == w.shape, f"{f}: shape {g.shape} != expected {w.shape}"
+        if not np.array_equal(g, w):
+            bad = np.flatnonzero(g != w)
+            raise AssertionError(f"{f}: {bad.size} mismatches, first at {bad[0]}: got {g[bad[0]]}, "
+                                 f"expected {w[bad[0]]}\n got={g[:20]}...\nwant={w[:20]}...")
+
+
+def expect_error(call, match, *values):
+    """``call()`` must raise InvalidArgumentError or ValueError whose message matches ``match`` (case-insensitive)
+    and mentions each of ``values`` as a whole number/word."""
+    with pytest.raises(ERRORS) as info:
+        call()
+    msg = str(info.value)
+    assert re.search(match, msg, re.IGNORECASE | re.DOTALL), f"message does not match {match!r}: {msg}"
+    for v in values:
+        pat = r"(?<![\w-])" + re.escape(str(v)) + r"(?!\w)"
+        assert re.search(pat, msg), f"message does not mention {v!r}: {msg}"
+    return msg
+
+
+@pytest.fixture(name="check")
+def check_fixture():
+    return types.SimpleNamespace(assert_same=assert_same, expect_error=expect_error, ERRORS=ERRORS)

@@ -1,0 +1,1 @@
+"""Benchmarks. They print figures; tests never assert on time."""
