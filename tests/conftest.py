@@ -32,8 +32,8 @@ import tensorflow as tf  # noqa: E402
 KEY_DTYPES = [np.int32, np.int64]
 ERRORS = (tf.errors.InvalidArgumentError, ValueError)
 
-# Big enough for the kernels' multithreaded path (starts around 64k elements).
-LARGE_N = 200_000
+# Big enough for the kernels' sharded path (>= 2^18 pairs and >= 4 pool threads, see pair_dedup.h).
+LARGE_N = 300_000
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 #include "cc/kernels/kernel_util.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
+#include "tensorflow/core/lib/gtl/cleanup.h"
 
 namespace tensorflow {
 namespace fusedrec {
@@ -17,7 +18,12 @@ struct SegmentUniqueFunctor<CPUDevice, K> {
     const int64_t n = keys.NumElements();
     Tensor* inverse = nullptr;
     TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({n}), &inverse));
-    impl::PairSet<K> unique;
+    // Kept per thread between calls, like the table: only its capacity survives (it is cleared here).
+    static thread_local impl::PairSet<K> unique;
+    unique.entries.clear();
+    auto release = gtl::MakeCleanup([] {
+      if (unique.entries.capacity() > impl::kMaxRetainedSlots) decltype(unique.entries)().swap(unique.entries);
+    });
     impl::PairDedup<K>(keys.flat<K>().data(), segment_ids.flat<int32>().data(), n, NumCpuThreads(ctx),
                        CpuRunner(ctx), inverse->flat<int32>().data(), &unique);
     const TensorShape shape({unique.size()});

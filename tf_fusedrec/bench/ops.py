@@ -1,6 +1,6 @@
 """Benchmark of the dedup ops against what TensorFlow offers today.
 
-    python -m tf_fusedrec.bench.ops [--categories 26] [--keys-per-category 4096] [--zipf 1.1] [--repeats 7]
+    python -m tf_fusedrec.bench.ops [--categories 26] [--keys-per-category 4096] [--zipf 1.1] [--threads N]
 
 For M categories of Zipf-distributed ids it times, each inside one tf.function and after warm-up:
 
@@ -8,7 +8,11 @@ For M categories of Zipf-distributed ids it times, each inside one tf.function a
 * ``M x tf.unique``: one unique per category, what per-feature lookup does today;
 * ``tf.unique packed``: one tf.unique over ``(segment << 56) | key`` (the one-call strawman);
 * ``tf.unique all``: one tf.unique over all keys ignoring segments (the floor: same size, less information);
-* ``category_unique`` (packed and hashed) on the same fused group, as the owner sees it with one worker.
+* ``category_unique`` (packed and hashed) on the same fused group, as the owner sees it with one worker;
+* an empty tf.function, the fixed cost of one call that every row includes.
+
+``--threads N`` sets TensorFlow's intra- and inter-op pools to N threads (default: TensorFlow's choice, one per
+core). The M separate calls are independent ops that TensorFlow runs concurrently on the inter-op pool.
 
 It prints the median time per call, keys/s and the ratio of each to the M separate calls and to the floor.
 """
@@ -72,6 +76,10 @@ def build_variants(keys, segments, num_categories):
     def category_unique_hashed():
         return ops.category_unique(keys_t, segments_t, num_categories, "hashed").inverse
 
+    @tf.function
+    def empty():
+        return tf.constant(0)
+
     return {
         "segment_unique": fused_segment_unique,
         "category_unique packed": category_unique_packed,
@@ -79,6 +87,7 @@ def build_variants(keys, segments, num_categories):
         f"{num_categories} x tf.unique": separate_unique,
         "tf.unique packed": packed_unique,
         "tf.unique all (floor)": all_unique,
+        "empty tf.function (call overhead)": empty,
     }
 
 
@@ -107,8 +116,12 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--calls", type=int, default=100, help="calls per timed block")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="intra- and inter-op threads (0: TensorFlow's default)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
 
     keys, segments = make_group(args.categories, args.keys_per_category, args.zipf, args.vocab, args.seed)
     n = keys.shape[0]
@@ -116,7 +129,8 @@ def main(argv=None):
     print(
         f"{args.categories} categories x {args.keys_per_category} keys = {n} keys, Zipf {args.zipf}, "
         f"{unique_pairs} unique (category, id) pairs; TensorFlow {tf.__version__}, "
-        f"{os.cpu_count()} CPUs; median of {args.repeats} x {args.calls} calls inside tf.function",
+        f"{os.cpu_count()} CPUs, {args.threads or 'default'} TF threads; "
+        f"median of {args.repeats} x {args.calls} calls inside tf.function",
         flush=True,
     )
     times = time_variants(build_variants(keys, segments, args.categories), args.repeats, args.calls)

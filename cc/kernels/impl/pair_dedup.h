@@ -21,8 +21,11 @@ namespace impl {
 // Runs task(i) for i in [0, num_tasks), possibly concurrently, and returns when all are done.
 using ParallelRunner = std::function<void(int64_t num_tasks, const std::function<void(int64_t)>& task)>;
 
-// Inputs below this size are deduplicated on the calling thread: splitting costs more than it saves.
-constexpr int64_t kParallelDedupMinSize = 1 << 16;
+// The sharded path needs both a large input and enough pool threads. Measured on 2 cores (bench/ops.py and
+// 0.4M-6.8M key groups), two shards were never faster than one thread: each shard pays its own table, scratch
+// vectors and page faults. Below these bounds the calling thread does all the work.
+constexpr int64_t kParallelDedupMinSize = 1 << 18;
+constexpr int kParallelDedupMinThreads = 4;
 
 // Unique pairs in first-occurrence order, with their counts. One array of structs: a probe that hits reads key,
 // segment and count from one cache line.
@@ -38,20 +41,29 @@ struct PairSet {
   int64_t size() const { return static_cast<int64_t>(entries.size()); }
 };
 
+// Per-thread buffers larger than this many elements are released after use rather than kept for the next call.
+constexpr size_t kMaxRetainedSlots = size_t{1} << 22;
+
 // Linear-probing table of ids into a PairSet, pre-sized from the input length and never resized: the capacity is
 // a power of two >= 2 * expected, so the load factor stays <= 0.5 when at most `expected` pairs are inserted.
 // Slots hold only id + 1 (0 = empty), 4 bytes, so the table of a 100k-key batch fits in L2 next to the entries.
 template <typename K>
 class PairTable {
  public:
-  explicit PairTable(int64_t expected) {
+  // The slots live in a per-thread buffer that is kept between calls: a fresh megabyte per call costs more in page
+  // faults than the dedup itself on small batches. At most one table may be alive per thread.
+  explicit PairTable(int64_t expected) : slots_(ThreadSlots()) {
     int log2 = 4;
     while ((int64_t{1} << log2) < 2 * expected) ++log2;
     mask_ = (uint64_t{1} << log2) - 1;
     shift_ = 64 - log2;
-    slots_.reset(new int32_t[mask_ + 1]);
-    std::memset(slots_.get(), 0, sizeof(int32_t) * (mask_ + 1));
+    slots_.assign(mask_ + 1, 0);
   }
+  ~PairTable() {
+    if (slots_.capacity() > kMaxRetainedSlots) std::vector<int32_t>().swap(slots_);
+  }
+  PairTable(const PairTable&) = delete;
+  PairTable& operator=(const PairTable&) = delete;
 
   uint64_t HomeSlot(K key, int32_t segment) const {
     return PairSlotHash(static_cast<int64_t>(key), segment) >> shift_;
@@ -77,7 +89,12 @@ class PairTable {
   }
 
  private:
-  std::unique_ptr<int32_t[]> slots_;
+  static std::vector<int32_t>& ThreadSlots() {
+    static thread_local std::vector<int32_t> slots;
+    return slots;
+  }
+
+  std::vector<int32_t>& slots_;
   uint64_t mask_ = 0;
   int shift_ = 0;
 };
@@ -120,10 +137,9 @@ void DedupPositions(const K* keys, const int32_t* segments, int64_t m, Pos pos, 
 template <typename K>
 void PairDedup(const K* keys, const int32_t* segments, int64_t n, int num_threads, const ParallelRunner& run,
                int32_t* inverse, PairSet<K>* out) {
-  const int64_t num_shards = std::min<int64_t>(std::min(num_threads, 64), n / (kParallelDedupMinSize / 2));
-  if (num_shards <= 1) {
+  const int64_t num_shards = std::min<int64_t>(std::min(num_threads, 64), n / (kParallelDedupMinSize / 8));
+  if (num_threads < kParallelDedupMinThreads || n < kParallelDedupMinSize || num_shards <= 1) {
     PairTable<K> table(n);
-    out->entries.reserve(n);
     DedupPositions(keys, segments, n, [](int64_t j) { return j; }, &table, out, inverse, nullptr);
     return;
   }
