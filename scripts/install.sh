@@ -34,7 +34,7 @@ stamp=.venv/.fusedrec-requirements
 want=$(sha256sum requirements.txt | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   log "installing the pinned stack (requirements.txt)"
-  "${PIP[@]}" install -q --upgrade pip wheel setuptools
+  "${PIP[@]}" install -q --upgrade pip wheel
   "${PIP[@]}" install -q -r requirements.txt
   echo "$want" >"$stamp"
 fi

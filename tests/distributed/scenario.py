@@ -1,0 +1,157 @@
+"""A small training run used by the distributed tests; runs alone or under horovodrun.
+
+    python tests/distributed/scenario.py --layer fused --optimizer adagrad --steps 20 --out DIR
+    horovodrun -np 2 -H localhost:2 --gloo python tests/distributed/scenario.py ... --out DIR
+
+Each worker takes its contiguous slice of a deterministic global batch (so N workers see the union that one
+worker sees), trains a linear model on top of the embeddings with the loss averaged over its local batch, and
+writes DIR/rank{r}.npz with: the first step's outputs for its slice, the loss per step, the dense weights, its
+table contents keyed by (feature, id), the forward graph's all-to-all count, and per-feature statistics.
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+import numpy as np  # noqa: E402
+
+import tf_fusedrec as fr  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+GLOBAL_BATCH = 16
+
+
+def make_features(optimizer):
+    return [
+        fr.Feature("user_id", dim=4, optimizer=optimizer),
+        fr.Feature("item_id", dim=4, optimizer=optimizer),  # same spec as user_id: fused with it
+        fr.Feature("tags", dim=3, combiner="mean", optimizer=optimizer),  # ragged multi-hot, empty rows
+        fr.Feature("genres", dim=3, combiner="sum", optimizer=optimizer),  # dense multi-hot with -1 padding
+        fr.Feature("history", dim=3, optimizer=optimizer),  # [B, L] without combiner
+    ]
+
+
+def make_batch(step, seed=0):
+    """The global batch of a step. Ids collide across categories on purpose (small id ranges)."""
+    rng = np.random.default_rng([seed, step])
+    b = GLOBAL_BATCH
+    lengths = rng.integers(0, 4, b)
+    lengths[step % b] = 0  # at least one empty row
+    tag_values = rng.integers(0, 12, int(lengths.sum()))
+    genres = rng.integers(0, 12, (b, 3))
+    genres[rng.random((b, 3)) < 0.3] = -1
+    history = rng.integers(0, 12, (b, 2))
+    history[rng.random((b, 2)) < 0.2] = -1
+    return {
+        "user_id": rng.integers(0, 12, b).astype(np.int64),
+        "item_id": rng.integers(0, 12, b).astype(np.int64),
+        "tags": (tag_values.astype(np.int64), lengths),
+        "genres": genres.astype(np.int64),
+        "history": history.astype(np.int64),
+        "label": rng.random(b).astype(np.float32),
+    }
+
+
+def local_slice(batch, rank, size):
+    per = GLOBAL_BATCH // size
+    lo, hi = rank * per, (rank + 1) * per
+    out = {}
+    for k, v in batch.items():
+        if k == "tags":
+            values, lengths = v
+            starts = np.concatenate([[0], np.cumsum(lengths)])
+            out[k] = tf.RaggedTensor.from_row_lengths(values[starts[lo]:starts[hi]], lengths[lo:hi])
+        else:
+            out[k] = tf.constant(v[lo:hi])
+    return out
+
+
+class Model(tf.keras.Model):
+    def __init__(self, embedding):
+        super().__init__()
+        self.embedding = embedding
+        self.dense = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=7))
+
+    def call(self, inputs, training=None):
+        out = self.embedding({k: v for k, v in inputs.items() if k != "label"}, training=training)
+        parts = [out["user_id"], out["item_id"], out["tags"], out["genres"], tf.reduce_sum(out["history"], axis=1)]
+        return self.dense(tf.concat(parts, axis=1))[:, 0], out
+
+
+def count_alltoalls(fn, *args):
+    graph = fn.get_concrete_function(*args).graph
+    return sum(1 for op in graph.get_operations() if op.type == "HorovodAlltoall")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--layer", choices=["fused", "per_feature"], default="fused")
+    p.add_argument("--optimizer", default="adagrad")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--mode", choices=["function", "eager"], default="function")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+
+    rank, size = 0, 1
+    if "HOROVOD_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ:
+        import horovod.tensorflow as hvd
+
+        hvd.init()
+        rank, size = hvd.rank(), hvd.size()
+    optimizer = {"name": args.optimizer, "learning_rate": 0.1}
+    features = make_features(optimizer)
+    layer_cls = fr.FusedEmbedding if args.layer == "fused" else fr.PerFeatureEmbedding
+    model = Model(layer_cls(features, name="sparse"))
+    opt = fr.train.make_optimizer(model, default={"name": "sgd", "learning_rate": 0.1})
+
+    def step(inputs):
+        with tf.GradientTape() as tape:
+            pred, _ = model(inputs, training=True)
+            loss = tf.reduce_mean(tf.square(pred - inputs["label"]))
+        variables = model.trainable_variables
+        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    forward = tf.function(lambda inputs: model(inputs, training=True)[1])
+    train_step = tf.function(step) if args.mode == "function" else step
+    first = local_slice(make_batch(0), rank, size)
+    outputs = {k: (v.to_tensor() if isinstance(v, tf.RaggedTensor) else v).numpy()
+               for k, v in forward(first).items()}
+    alltoalls = count_alltoalls(forward, first)
+    losses = [float(train_step(local_slice(make_batch(s), rank, size)).numpy()) for s in range(args.steps)]
+    stats = {}
+    if hasattr(model.embedding, "statistics"):
+        stats = {f"stat/{k}/{s}": int(v) for k, d in model.embedding.statistics().items() for s, v in d.items()}
+
+    tables = {}
+    for f in features:
+        for ids in [np.arange(12, dtype=np.int64)]:
+            rows = table_rows(model.embedding, f.name, ids)
+            for i, r in zip(ids, rows):
+                if r is not None:
+                    tables[f"table/{f.name}/{i}"] = r
+    os.makedirs(args.out, exist_ok=True)
+    np.savez(os.path.join(args.out, f"rank{rank}.npz"), losses=np.array(losses), alltoalls=alltoalls,
+             kernel=model.dense.kernel.numpy(), bias=model.dense.bias.numpy(),
+             **{f"out/{k}": v for k, v in outputs.items()}, **tables, **stats)
+
+
+def table_rows(layer, feature, ids):
+    """Rows this worker holds for (feature, id), None where absent."""
+    if isinstance(layer, fr.FusedEmbedding):
+        group_index = next(i for i, g in enumerate(layer.groups) if feature in g.feature_names)
+        group = layer.groups[group_index]
+        segments = np.full(len(ids), group.feature_names.index(feature), np.int32)
+        keys = fr.ops.category_unique(ids, segments, group.num_categories, group.encoding).unified_keys
+        params = layer.tables[group_index].params
+    else:
+        keys = tf.constant(ids)
+        params = layer.tfra_layer(feature).params
+    values, exists = params.lookup(keys, return_exists=True)
+    return [v if e else None for v, e in zip(values.numpy(), exists.numpy())]
+
+
+if __name__ == "__main__":
+    main()

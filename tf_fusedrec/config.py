@@ -1,0 +1,206 @@
+"""Typed configs: features, embedding specs and spec groups (FusedRec eq. 1), and their deterministic grouping.
+
+A feature's spec is ``(dim, optimizer, initializer)``. Features with equal specs are fused into one group; groups
+and the features inside them are ordered by feature name, so every worker derives the same groups, tables and
+collective names from the same config.
+"""
+
+import dataclasses
+import json
+from typing import Any, Optional, Tuple
+
+import tensorflow as tf
+
+COMBINERS = (None, "sum", "mean", "sqrtn")
+KEY_DTYPES = (tf.int32, tf.int64)
+OPTIMIZER_NAMES = ("sgd", "adagrad", "adam", "ftrl", "rmsprop")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSpec:
+    """A sparse optimizer by name and hyperparameters, e.g. ``OptimizerSpec("adagrad", (("learning_rate", 0.1),))``.
+
+    Feature and layer arguments accept a name (``"adagrad"``) or a dict (``{"name": "adagrad",
+    "learning_rate": 0.1}``); :func:`optimizer_spec` turns either into this canonical, comparable form.
+    """
+
+    name: str
+    config: Tuple[Tuple[str, Any], ...] = ()
+
+    def build(self):
+        """A fresh Keras 2 optimizer of this spec (one per group: optimizer state is per table)."""
+        classes = {
+            "sgd": tf.keras.optimizers.SGD,
+            "adagrad": tf.keras.optimizers.Adagrad,
+            "adam": tf.keras.optimizers.Adam,
+            "ftrl": tf.keras.optimizers.Ftrl,
+            "rmsprop": tf.keras.optimizers.RMSprop,
+        }
+        return classes[self.name](**dict(self.config))
+
+    def __str__(self):
+        if not self.config:
+            return self.name
+        return self.name + "(" + ", ".join(f"{k}={v}" for k, v in self.config) + ")"
+
+
+def optimizer_spec(optimizer, what="optimizer"):
+    """Canonical OptimizerSpec from a name, a dict with "name", or an OptimizerSpec; ValueError naming `what`."""
+    if isinstance(optimizer, OptimizerSpec):
+        return optimizer
+    if isinstance(optimizer, str):
+        name, config = optimizer, {}
+    elif isinstance(optimizer, dict) and "name" in optimizer:
+        config = dict(optimizer)
+        name = config.pop("name")
+    else:
+        raise ValueError(
+            f"{what}: expected an optimizer name {OPTIMIZER_NAMES} or a dict with 'name' and hyperparameters, got "
+            f"{optimizer!r} (optimizer objects carry state and cannot be shared between tables)"
+        )
+    name = name.lower()
+    if name not in OPTIMIZER_NAMES:
+        raise ValueError(f"{what}: unknown optimizer {name!r}; expected one of {OPTIMIZER_NAMES}")
+    return OptimizerSpec(name, tuple(sorted(config.items())))
+
+
+def initializer_key(initializer):
+    """A comparable description of an initializer: equal keys mean equal initial-row distributions."""
+    if hasattr(initializer, "spec_key"):
+        return initializer.spec_key()
+    config = initializer.get_config() if hasattr(initializer, "get_config") else {}
+    return (type(initializer).__name__, json.dumps(config, sort_keys=True, default=str))
+
+
+@dataclasses.dataclass(frozen=True)
+class Feature:
+    """One sparse feature.
+
+    Args:
+      name: unique feature name, the key of the input dict.
+      dim: embedding dimension, > 0.
+      combiner: None (one row per id), "sum", "mean" or "sqrtn" (one row per example).
+      initializer: initial rows of new ids; None takes the layer's default.
+      optimizer: name or dict (see OptimizerSpec); None takes the layer's default.
+      key_dtype: dtype of the ids fed for this feature, tf.int64 or tf.int32.
+      max_id_bits: ids are known to lie in [0, 2**max_id_bits); when every feature of a group declares it and it
+        fits next to the category bits, the group uses the lossless packed encoding.
+    """
+
+    name: str
+    dim: int
+    combiner: Optional[str] = None
+    initializer: Any = None
+    optimizer: Any = None
+    key_dtype: tf.DType = tf.int64
+    max_id_bits: Optional[int] = None
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"feature name must be a non-empty string, got {self.name!r}")
+        where = f"feature '{self.name}'"
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int) or self.dim <= 0:
+            raise ValueError(f"{where}: dim must be a positive int, got {self.dim!r}")
+        if self.combiner not in COMBINERS:
+            raise ValueError(f"{where}: combiner must be one of {COMBINERS}, got {self.combiner!r}")
+        key_dtype = tf.as_dtype(self.key_dtype)
+        if key_dtype not in KEY_DTYPES:
+            raise ValueError(f"{where}: key_dtype must be tf.int32 or tf.int64, got {key_dtype.name}")
+        object.__setattr__(self, "key_dtype", key_dtype)
+        if self.max_id_bits is not None and not (isinstance(self.max_id_bits, int) and 1 <= self.max_id_bits <= 63):
+            raise ValueError(f"{where}: max_id_bits must be an int in [1, 63], got {self.max_id_bits!r}")
+        if self.optimizer is not None:
+            object.__setattr__(self, "optimizer", optimizer_spec(self.optimizer, where))
+
+    def get_config(self):
+        from tf_fusedrec import initializers  # noqa: PLC0415  (initializers imports config)
+
+        return {
+            "name": self.name,
+            "dim": self.dim,
+            "combiner": self.combiner,
+            "initializer": None if self.initializer is None else initializers.serialize(self.initializer),
+            "optimizer": None if self.optimizer is None else {"name": self.optimizer.name, **dict(self.optimizer.config)},
+            "key_dtype": self.key_dtype.name,
+            "max_id_bits": self.max_id_bits,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        from tf_fusedrec import initializers  # noqa: PLC0415
+
+        config = dict(config)
+        if config.get("initializer") is not None:
+            config["initializer"] = initializers.deserialize(config["initializer"])
+        return cls(**config)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """The embedding spec of FusedRec eq. 1. `initializer_key` compares initializers by class and config."""
+
+    dim: int
+    optimizer: OptimizerSpec
+    initializer_key: Tuple[Any, ...]
+
+    def __str__(self):
+        return f"dim={self.dim}, optimizer={self.optimizer}, initializer={self.initializer_key[0]}"
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecGroup:
+    """Features of one spec, ordered by name; a feature's category index is its position here.
+
+    Attributes:
+      spec: the shared Spec.
+      feature_names: tuple of names, sorted.
+      index: position of the group in the layer's group list.
+      encoding: "packed" (lossless, every feature declares max_id_bits and they fit) or "hashed".
+      max_id_bits: the bound the packed encoding relies on (None for hashed).
+    """
+
+    spec: Spec
+    feature_names: Tuple[str, ...]
+    index: int = 0
+    encoding: str = "hashed"
+    max_id_bits: Optional[int] = None
+
+    @property
+    def name(self):
+        """Deterministic name used for the group's table and collectives."""
+        return f"group{self.index}_d{self.spec.dim}_{self.spec.optimizer.name}"
+
+    @property
+    def num_categories(self):
+        return len(self.feature_names)
+
+
+def group_features(features, default_optimizer, default_initializer):
+    """Fuses features with equal specs into SpecGroups, ordered by their first feature name.
+
+    Args:
+      features: Features with unique names.
+      default_optimizer / default_initializer: used where a feature leaves them None.
+
+    Returns:
+      (list of SpecGroup, dict feature name -> resolved initializer).
+    """
+    from tf_fusedrec.ops import packed_key_bits  # noqa: PLC0415  (keeps config importable without the op library)
+
+    by_spec = {}
+    resolved_initializers = {}
+    for feature in sorted(features, key=lambda f: f.name):
+        optimizer = feature.optimizer if feature.optimizer is not None else default_optimizer
+        initializer = feature.initializer if feature.initializer is not None else default_initializer
+        resolved_initializers[feature.name] = initializer
+        spec = Spec(feature.dim, optimizer, initializer_key(initializer))
+        by_spec.setdefault(spec, []).append(feature)
+    groups = []
+    for index, (spec, members) in enumerate(sorted(by_spec.items(), key=lambda item: item[1][0].name)):
+        names = tuple(f.name for f in members)
+        bits = [f.max_id_bits for f in members]
+        encoding, max_bits = "hashed", None
+        if all(b is not None for b in bits) and max(bits) <= packed_key_bits(len(names)):
+            encoding, max_bits = "packed", max(bits)
+        groups.append(SpecGroup(spec, names, index, encoding, max_bits))
+    return groups, resolved_initializers

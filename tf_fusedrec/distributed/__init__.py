@@ -1,0 +1,1 @@
+"""Communication backends and the stages of the distributed fused lookup."""

@@ -1,0 +1,104 @@
+"""Embedding storage: one TFRA dynamic_embedding variable (a growing hash table) and its trainable shadow.
+
+Each worker's table holds only the keys it owns (owner_of), so a layer's rows are sharded across workers, never
+copied. New keys get the spec's initializer: Keras initializers are TFRA's default value; Hashed rows are computed
+from (seed, feature, id) and inserted on the owner right before the lookup that first touches them.
+"""
+
+import collections
+
+import tensorflow as tf
+from tensorflow_recommenders_addons import dynamic_embedding as de
+
+from tf_fusedrec import initializers
+
+_NAMES = collections.Counter()
+
+
+def unique_table_name(base):
+    """base, base_1, base_2, ... in creation order: TFRA's get_variable would silently share equal names. Every worker
+    builds its layers in the same order, so the names agree across workers."""
+    count = _NAMES[base]
+    _NAMES[base] += 1
+    return base if count == 0 else f"{base}_{count}"
+
+
+def insert_missing_rows(params, keys, rows_of_missing):
+    """Inserts initial rows for the keys [U] (unique) that `params` does not hold yet.
+
+    Args:
+      params: a TFRA dynamic_embedding Variable.
+      keys: int64 [U].
+      rows_of_missing: function(bool mask [U]) -> float32 [number of True, dim], the rows of the missing keys.
+
+    Returns:
+      The upsert op.
+    """
+    _, exists = params.lookup(keys, return_exists=True)
+    missing = tf.logical_not(exists)
+    return params.upsert(tf.boolean_mask(keys, missing), rows_of_missing(missing))
+
+
+class EmbeddingTable:
+    """A sharded dynamic table of `dim`-wide float32 rows keyed by int64.
+
+    Args:
+      name: base name (made unique in the process).
+      dim: row width.
+      initializer: the spec's initializer.
+      salts: for Hashed, the int64 feature_salt of each category (index = category); one entry for a per-feature
+        table.
+    """
+
+    def __init__(self, name, dim, initializer, salts):
+        self.name = unique_table_name(name)
+        self.dim = dim
+        self.initializer = initializer
+        self.hashed = initializers.is_hashed(initializer)
+        self._salts = tf.constant(salts, tf.int64)
+        with tf.name_scope("FusedRecTable"):
+            self.params = de.get_variable(
+                self.name,
+                key_dtype=tf.int64,
+                value_dtype=tf.float32,
+                dim=dim,
+                initializer=initializers.tfra_initializer(initializer),
+            )
+            self.shadow = de.shadow_ops.ShadowVariable(self.params, name=f"{self.name}-shadow", trainable=True)
+
+    def initial_rows(self, ids, categories):
+        """Hashed initial rows of ids [n] of categories int32 [n] (None: category 0)."""
+        salts = self._salts[0] + tf.zeros_like(ids) if categories is None else tf.gather(self._salts, categories)
+        return self.initializer.rows(ids, salts, self.dim)
+
+    def lookup(self, keys, categories, inverse, training, raw_ids=None):
+        """Rows of unique keys [U] -> float32 [U, dim], trainable through the shadow unless training is False.
+
+        Args:
+          keys: int64 [U] unique table keys.
+          categories: int32 [U] category of each key, or None (per-feature table).
+          inverse: int32 [m] with keys[inverse[i]] the key of raw_ids[i], or None when keys are the raw ids.
+          training: False for inference (nothing is inserted); None or True otherwise.
+          raw_ids: int64 [m], the ids behind the keys (needed by Hashed when keys are unified keys).
+        """
+        ids = keys
+        if self.hashed and raw_ids is not None:
+            ids = tf.math.unsorted_segment_max(raw_ids, inverse, tf.size(keys))
+        if training is False:
+            values, exists = self.params.lookup(keys, return_exists=True)
+            if self.hashed:
+                values = tf.where(exists[:, None], values, self.initial_rows(ids, categories))
+            return values
+        if not self.hashed:
+            return de.shadow_ops.embedding_lookup(self.shadow, keys)
+        insert = insert_missing_rows(self.params, keys, lambda missing: self.initial_rows(
+            tf.boolean_mask(ids, missing), None if categories is None else tf.boolean_mask(categories, missing)))
+        with tf.control_dependencies([insert]):
+            return de.shadow_ops.embedding_lookup(self.shadow, tf.identity(keys))
+
+    def size(self):
+        return self.params.size()
+
+    def export(self):
+        """(keys int64 [K], rows float32 [K, dim]) held by this worker."""
+        return self.params.export()

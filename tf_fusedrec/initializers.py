@@ -1,0 +1,138 @@
+"""Initial rows for new ids.
+
+Besides Keras initializers (passed to TFRA as the table's default value), :class:`Hashed` makes the initial row a
+function of (seed, feature, id) only, so results do not depend on the number of workers, on batch order, or on
+whether the feature is fused: the fused table and a per-feature table start from the same rows.
+"""
+
+import hashlib
+
+import numpy as np
+import tensorflow as tf
+
+_C1 = 0xBF58476D1CE4E5B9
+_C2 = 0x94D049BB133111EB
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _signed(x):
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _shift_right_logical(x, k):
+    return tf.bitwise.bitwise_and(tf.bitwise.right_shift(x, k), tf.constant((1 << (64 - k)) - 1, tf.int64))
+
+
+def mix64(x):
+    """splitmix64 finalizer on int64 tensors (two's-complement wrapping arithmetic, bits as uint64)."""
+    x = tf.bitwise.bitwise_xor(x, _shift_right_logical(x, 30))
+    x = x * tf.constant(_signed(_C1), tf.int64)
+    x = tf.bitwise.bitwise_xor(x, _shift_right_logical(x, 27))
+    x = x * tf.constant(_signed(_C2), tf.int64)
+    return tf.bitwise.bitwise_xor(x, _shift_right_logical(x, 31))
+
+
+def feature_salt(seed, feature_name):
+    """Stable int64 salt of (seed, feature): the same in every process and on every worker."""
+    digest = hashlib.blake2b(f"{int(seed)}/{feature_name}".encode(), digest_size=8).digest()
+    return _signed(int.from_bytes(digest, "little"))
+
+
+class Hashed:
+    """Deterministic per-key initializer: row = stddev * N(0, 1) drawn from a hash of (seed, feature, id).
+
+    Args:
+      seed: int.
+      stddev: standard deviation of the entries.
+    """
+
+    def __init__(self, seed=0, stddev=0.05):
+        if not isinstance(seed, int):
+            raise ValueError(f"Hashed: seed must be an int, got {seed!r}")
+        if not stddev > 0:
+            raise ValueError(f"Hashed: stddev must be > 0, got {stddev!r}")
+        self.seed = seed
+        self.stddev = float(stddev)
+
+    def rows(self, ids, salts, dim, dtype=tf.float32):
+        """Initial rows.
+
+        Args:
+          ids: int64 [n].
+          salts: int64 [n], feature_salt(seed, feature) of each id's feature.
+          dim: Python int.
+
+        Returns:
+          dtype [n, dim].
+        """
+        base = mix64(tf.bitwise.bitwise_xor(tf.cast(ids, tf.int64), salts))
+        columns = tf.range(1, dim + 1, dtype=tf.int64) * tf.constant(_signed(_GOLDEN), tf.int64)
+        bits = mix64(base[:, None] + columns[None, :])
+        # Box-Muller on two 24-bit uniforms in (0, 1) taken from the high and low bits.
+        u1 = (tf.cast(_shift_right_logical(bits, 40), tf.float64) + 0.5) / 2.0**24
+        u2 = (tf.cast(tf.bitwise.bitwise_and(bits, tf.constant(0xFFFFFF, tf.int64)), tf.float64) + 0.5) / 2.0**24
+        normal = tf.sqrt(-2.0 * tf.math.log(u1)) * tf.cos(2.0 * np.pi * u2)
+        return tf.cast(self.stddev * normal, dtype)
+
+    def tfra_default(self):
+        """What TFRA's table gets as initializer: the layers insert hashed rows themselves, so a placeholder."""
+        return tf.keras.initializers.Zeros()
+
+    def spec_key(self):
+        return ("Hashed", self.seed, self.stddev)
+
+    def get_config(self):
+        return {"seed": self.seed, "stddev": self.stddev}
+
+    def __eq__(self, other):
+        return isinstance(other, Hashed) and self.spec_key() == other.spec_key()
+
+    def __hash__(self):
+        return hash(self.spec_key())
+
+    def __repr__(self):
+        return f"Hashed(seed={self.seed}, stddev={self.stddev})"
+
+
+def Constant(value=0.0):  # noqa: N802  (mirrors the Keras class name)
+    """Every entry of a new row is `value`."""
+    return tf.keras.initializers.Constant(value)
+
+
+def Zeros():  # noqa: N802
+    return tf.keras.initializers.Zeros()
+
+
+def RandomNormal(mean=0.0, stddev=0.05, seed=None):  # noqa: N802
+    """TFRA's default: random rows (not reproducible across worker counts; prefer Hashed for that)."""
+    return tf.keras.initializers.RandomNormal(mean=mean, stddev=stddev, seed=seed)
+
+
+def is_hashed(initializer):
+    return isinstance(initializer, Hashed)
+
+
+def tfra_initializer(initializer):
+    """The initializer handed to TFRA's dynamic_embedding variable."""
+    return initializer.tfra_default() if is_hashed(initializer) else initializer
+
+
+def serialize(initializer):
+    if is_hashed(initializer):
+        return {"class_name": "Hashed", "config": initializer.get_config()}
+    return tf.keras.initializers.serialize(initializer)
+
+
+def deserialize(config):
+    if isinstance(config, dict) and config.get("class_name") == "Hashed":
+        return Hashed(**config["config"])
+    return tf.keras.initializers.deserialize(config)
+
+
+def get(identifier):
+    """An initializer from an instance, a serialized dict or a Keras name ("zeros", "random_normal")."""
+    if identifier is None or is_hashed(identifier) or callable(identifier):
+        return identifier
+    if isinstance(identifier, dict):
+        return deserialize(identifier)
+    return tf.keras.initializers.get(identifier)

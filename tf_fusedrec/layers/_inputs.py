@@ -1,0 +1,119 @@
+"""Per-feature input checks, flattening to valid ids, and the inverse: rows back to the feature's output layout.
+
+Shared by FusedEmbedding and PerFeatureEmbedding so both accept exactly the same inputs and combine identically.
+Accepted inputs per feature: ids [B] -> [B, dim]; ids [B, L] (padding -1) or a tf.RaggedTensor [B, None] -> with
+combiner None [B, L, dim] (ragged stays ragged), with sum | mean | sqrtn [B, dim]. Padding (-1) and empty rows
+contribute nothing; an empty row gives zeros.
+"""
+
+import collections
+
+import tensorflow as tf
+
+FlatFeature = collections.namedtuple("FlatFeature", ["ids", "layout"])
+_Layout = collections.namedtuple(
+    "_Layout", ["kind", "shape", "positions", "rows_of", "ragged", "num_rows", "static_shape"]
+)
+
+
+def check_input_dict(features, inputs, layer_name):
+    """ValueError naming the feature when a configured feature is missing or an unknown one is given."""
+    if not isinstance(inputs, dict):
+        raise ValueError(f"{layer_name}: inputs must be a dict feature name -> ids, got {type(inputs).__name__}")
+    names = {f.name for f in features}
+    missing = sorted(names - set(inputs))
+    unknown = sorted(set(inputs) - names)
+    if missing:
+        raise ValueError(f"{layer_name}: feature '{missing[0]}' is missing from the inputs (missing: {missing})")
+    if unknown:
+        raise ValueError(f"{layer_name}: unknown feature '{unknown[0]}' in the inputs (configured: {sorted(names)})")
+
+
+def flatten_feature(feature, ids):
+    """Checks one feature's ids and returns its valid ids flattened, plus what is needed to rebuild the output.
+
+    Returns:
+      (FlatFeature(ids int64 [n], layout), list of assertion ops that must run before the ids are used).
+
+    Raises:
+      ValueError / TypeError naming the feature for a wrong dtype or rank (statically known).
+    """
+    where = f"feature '{feature.name}'"
+    ragged = isinstance(ids, tf.RaggedTensor)
+    if not ragged:
+        ids = tf.convert_to_tensor(ids)
+    if not ids.dtype.is_integer:
+        raise TypeError(f"{where}: ids must be {feature.key_dtype.name}, got {ids.dtype.name}")
+    if ids.dtype != feature.key_dtype:
+        raise TypeError(
+            f"{where}: ids must be {feature.key_dtype.name} (the feature's key_dtype), got {ids.dtype.name}"
+        )
+    if ragged:
+        if ids.ragged_rank != 1 or ids.shape.rank != 2:
+            raise ValueError(f"{where}: ragged ids must have shape [B, None], got {ids.shape}")
+        values = ids.flat_values
+        rows_of = ids.value_rowids()
+        num_rows = ids.nrows()
+        kind, shape = "ragged", None
+    else:
+        rank = ids.shape.rank
+        if rank not in (1, 2):
+            raise ValueError(f"{where}: ids must have shape [B] or [B, L] (or be ragged), got shape {ids.shape}")
+        shape = tf.shape(ids, out_type=tf.int64)
+        values = tf.reshape(ids, [-1])
+        if rank == 1:
+            kind = "dense1"
+            rows_of = tf.range(tf.size(values, out_type=tf.int64))
+            num_rows = shape[0]
+        else:
+            kind = "dense2"
+            rows_of = tf.range(tf.size(values, out_type=tf.int64)) // tf.maximum(shape[1], 1)
+            num_rows = shape[0]
+    values = tf.cast(values, tf.int64)
+    checks = [
+        tf.debugging.assert_greater_equal(
+            values,
+            tf.constant(-1, tf.int64),
+            message=f"{where}: ids must be >= 0 (-1 marks padding); found a negative id",
+        )
+    ]
+    if feature.max_id_bits is not None:
+        checks.append(
+            tf.debugging.assert_less(
+                values,
+                tf.constant(1 << feature.max_id_bits, tf.int64),
+                message=f"{where}: id does not fit in max_id_bits={feature.max_id_bits} (ids must be < "
+                f"2**{feature.max_id_bits})",
+            )
+        )
+    positions = tf.where(values >= 0)[:, 0]
+    layout = _Layout(
+        kind, shape, positions, tf.gather(rows_of, positions), ids if ragged else None, num_rows, ids.shape
+    )
+    return FlatFeature(tf.gather(values, positions), layout), checks
+
+
+def unflatten_rows(feature, rows, layout):
+    """Rows of the valid ids [n, dim] -> the feature's output (see module docstring), with static shapes set."""
+    dim = feature.dim
+    rows = tf.ensure_shape(rows, [None, dim])
+    batch = layout.static_shape[0]
+    if feature.combiner is None:
+        if layout.kind == "ragged":
+            total = tf.shape(layout.ragged.flat_values, out_type=tf.int64)[0]
+            dense = tf.scatter_nd(layout.positions[:, None], rows, tf.stack([total, dim]))
+            return layout.ragged.with_flat_values(dense)
+        total = tf.reduce_prod(layout.shape)
+        dense = tf.scatter_nd(layout.positions[:, None], rows, tf.stack([total, dim]))
+        out = tf.reshape(dense, tf.concat([layout.shape, [dim]], axis=0))
+        out.set_shape(layout.static_shape.concatenate([dim]))
+        return out
+    sums = tf.math.unsorted_segment_sum(rows, layout.rows_of, layout.num_rows)
+    sums.set_shape([batch, dim])
+    if feature.combiner == "sum":
+        return sums
+    counts = tf.math.unsorted_segment_sum(tf.ones_like(layout.rows_of, rows.dtype), layout.rows_of, layout.num_rows)
+    counts = tf.maximum(counts, 1.0)[:, None]
+    if feature.combiner == "mean":
+        return sums / counts
+    return sums / tf.sqrt(counts)

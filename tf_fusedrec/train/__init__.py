@@ -1,0 +1,108 @@
+"""Training helpers: one optimizer object that updates every table with its group's optimizer.
+
+``fr.train.make_optimizer(model, default="adam")`` finds the model's FusedEmbedding / PerFeatureEmbedding layers
+and returns a :class:`GroupedOptimizer`. Each table's variables go to a TFRA ``DynamicEmbeddingOptimizer`` built
+from that group's OptimizerSpec; every other variable goes to the default (dense) optimizer.
+
+Semantics with N workers, when each worker's loss is the mean over its local batch (equal local batch sizes):
+dense gradients are averaged over workers (Horovod allreduce), and embedding gradients, which the embeddings
+all-to-all has already delivered to the owner summed over the workers that asked for a row, are divided by N. The
+update is then the one a single worker makes on the union of the batches with the loss averaged over it.
+"""
+
+import tensorflow as tf
+from tensorflow_recommenders_addons import dynamic_embedding as de
+
+from tf_fusedrec import config as cfg
+
+
+def _embedding_layers(model):
+    from tf_fusedrec.layers import FusedEmbedding, PerFeatureEmbedding  # noqa: PLC0415
+
+    kinds = (FusedEmbedding, PerFeatureEmbedding)
+    if isinstance(model, kinds):
+        return [model]
+    if isinstance(model, (list, tuple)):
+        return [m for m in model if isinstance(m, kinds)]
+    return [m for m in model.submodules if isinstance(m, kinds)]
+
+
+def _build(optimizer):
+    if isinstance(optimizer, (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer)):
+        return optimizer
+    return cfg.optimizer_spec(optimizer, "default optimizer").build()
+
+
+class GroupedOptimizer:
+    """Applies each group's optimizer to its table and the default optimizer to the dense variables.
+
+    Use ``apply_gradients(zip(grads, vars))`` in a custom loop, or ``minimize(loss, var_list, tape)``.
+    """
+
+    def __init__(self, groups, default, comm):
+        self.comm = comm
+        self.dense = de.DynamicEmbeddingOptimizer(_build(default))
+        self.sparse = []
+        self._owner = {}
+        for spec, variables in groups:
+            optimizer = de.DynamicEmbeddingOptimizer(spec.build())
+            self.sparse.append((spec, optimizer, variables))
+            for v in variables:
+                self._owner[id(v)] = optimizer
+
+    @property
+    def iterations(self):
+        return self.dense.iterations
+
+    def apply_gradients(self, grads_and_vars):
+        per_optimizer = {}
+        dense = []
+        for grad, var in grads_and_vars:
+            if grad is None:
+                continue
+            optimizer = self._owner.get(id(var))
+            if optimizer is None:
+                dense.append((grad, var))
+                continue
+            if self.comm.size > 1:
+                grad = _scale(grad, 1.0 / self.comm.size)
+            per_optimizer.setdefault(id(optimizer), (optimizer, []))[1].append((grad, var))
+        if self.comm.size > 1 and dense:
+            import horovod.tensorflow as hvd  # noqa: PLC0415
+
+            reduced = hvd.grouped_allreduce([tf.convert_to_tensor(g) for g, _ in dense], op=hvd.Average,
+                                            name="FusedRec/dense_gradients")
+            dense = list(zip(reduced, [v for _, v in dense]))
+        ops = []
+        for optimizer, pairs in per_optimizer.values():
+            ops.append(optimizer.apply_gradients(pairs))
+        if dense:
+            ops.append(self.dense.apply_gradients(dense))
+        return tf.group(*[o for o in ops if o is not None])
+
+    def minimize(self, loss, var_list, tape=None):
+        if tape is None:
+            raise ValueError("GroupedOptimizer.minimize needs the GradientTape that recorded the loss")
+        grads = tape.gradient(loss, var_list)
+        return self.apply_gradients(zip(grads, var_list))
+
+
+def _scale(grad, factor):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
+    return grad * factor
+
+
+def make_optimizer(model, default="adam", comm=None):
+    """A GroupedOptimizer for `model` (a Keras model, an embedding layer, or a list of layers).
+
+    Args:
+      model: where to find FusedEmbedding / PerFeatureEmbedding layers.
+      default: optimizer of the dense variables: a name, a dict with "name", or a Keras optimizer instance.
+      comm: defaults to the embedding layers' comm.
+    """
+    layers = _embedding_layers(model)
+    if not layers:
+        raise ValueError("make_optimizer: no FusedEmbedding or PerFeatureEmbedding layer found in the model")
+    groups = [g for layer in layers for g in layer.optimizer_groups()]
+    return GroupedOptimizer(groups, default, comm if comm is not None else layers[0].comm)
