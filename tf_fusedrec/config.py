@@ -28,13 +28,18 @@ class OptimizerSpec:
     config: Tuple[Tuple[str, Any], ...] = ()
 
     def build(self):
-        """A fresh Keras 2 optimizer of this spec (one per group: optimizer state is per table)."""
+        """A fresh Keras 2 optimizer of this spec (one per group: optimizer state is per table).
+
+        The legacy (OptimizerV2) classes: they run in eager, tf.function and tf.compat.v1 graphs alike, which the
+        new Keras optimizers do not with TFRA's TrainableWrappers.
+        """
+        legacy = tf.keras.optimizers.legacy
         classes = {
-            "sgd": tf.keras.optimizers.SGD,
-            "adagrad": tf.keras.optimizers.Adagrad,
-            "adam": tf.keras.optimizers.Adam,
-            "ftrl": tf.keras.optimizers.Ftrl,
-            "rmsprop": tf.keras.optimizers.RMSprop,
+            "sgd": legacy.SGD,
+            "adagrad": legacy.Adagrad,
+            "adam": legacy.Adam,
+            "ftrl": legacy.Ftrl,
+            "rmsprop": legacy.RMSprop,
         }
         return classes[self.name](**dict(self.config))
 

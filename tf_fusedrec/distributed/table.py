@@ -64,7 +64,24 @@ class EmbeddingTable:
                 dim=dim,
                 initializer=initializers.tfra_initializer(initializer),
             )
-            self.shadow = de.shadow_ops.ShadowVariable(self.params, name=f"{self.name}-shadow", trainable=True)
+            # TF2 (eager construction, tf.function steps): a ShadowVariable is the trainable handle. TFRA allows it
+            # only in eager mode; in a tf.compat.v1 graph each lookup creates a TrainableWrapper instead.
+            self.shadow = None
+            if tf.executing_eagerly():
+                self.shadow = de.shadow_ops.ShadowVariable(self.params, name=f"{self.name}-shadow", trainable=True)
+        self._graph_trainables = []
+
+    @property
+    def trainable_variables(self):
+        """What the optimizer updates: the shadow, or (graph mode) the TrainableWrappers of the lookups so far."""
+        return [self.shadow] if self.shadow is not None else list(self._graph_trainables)
+
+    def _trainable_lookup(self, keys):
+        if self.shadow is not None:
+            return de.shadow_ops.embedding_lookup(self.shadow, keys)
+        rows, trainable = de.embedding_lookup(self.params, keys, name=f"{self.name}-lookup", return_trainable=True)
+        self._graph_trainables.append(trainable)
+        return rows
 
     def initial_rows(self, ids, categories):
         """Hashed initial rows of ids [n] of categories int32 [n] (None: category 0)."""
@@ -90,11 +107,11 @@ class EmbeddingTable:
                 values = tf.where(exists[:, None], values, self.initial_rows(ids, categories))
             return values
         if not self.hashed:
-            return de.shadow_ops.embedding_lookup(self.shadow, keys)
+            return self._trainable_lookup(keys)
         insert = insert_missing_rows(self.params, keys, lambda missing: self.initial_rows(
             tf.boolean_mask(ids, missing), None if categories is None else tf.boolean_mask(categories, missing)))
         with tf.control_dependencies([insert]):
-            return de.shadow_ops.embedding_lookup(self.shadow, tf.identity(keys))
+            return self._trainable_lookup(tf.identity(keys))
 
     def size(self):
         return self.params.size()

@@ -68,8 +68,8 @@ class FusedEmbedding(tf.keras.layers.Layer):
             seed = initializer.seed if initializers.is_hashed(initializer) else 0
             salts = [initializers.feature_salt(seed, n) for n in group.feature_names]
             self.tables.append(EmbeddingTable(f"{self.name}/{group.name}", group.spec.dim, initializer, salts))
-        # Tracked by Keras as the layer's trainable weights.
-        self._shadows = [t.shadow for t in self.tables]
+        # Tracked by Keras as the layer's trainable weights (empty in a tf.compat.v1 graph, see EmbeddingTable).
+        self._shadows = [t.shadow for t in self.tables if t.shadow is not None]
         self._stat_order = [n for g in self._groups for n in g.feature_names]
         self._statistics = tf.Variable(
             tf.zeros([len(self._stat_order), len(STATISTICS)], tf.int64), trainable=False, name="statistics"
@@ -82,10 +82,10 @@ class FusedEmbedding(tf.keras.layers.Layer):
 
     def optimizer_groups(self):
         """[(OptimizerSpec, [trainable table variables])] per group, for fr.train.make_optimizer."""
-        return [(g.spec.optimizer, [t.shadow]) for g, t in zip(self._groups, self.tables)]
+        return [(g.spec.optimizer, t.trainable_variables) for g, t in zip(self._groups, self.tables)]
 
     def embedding_variables(self):
-        return [t.shadow for t in self.tables]
+        return [v for t in self.tables for v in t.trainable_variables]
 
     def collective_prefix(self, group):
         return f"FusedRec/{self.name}/{group.name}"

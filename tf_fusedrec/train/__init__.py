@@ -33,13 +33,16 @@ def _build(optimizer):
     return cfg.optimizer_spec(optimizer, "default optimizer").build()
 
 
-class GroupedOptimizer:
+class GroupedOptimizer(tf.keras.optimizers.Optimizer):
     """Applies each group's optimizer to its table and the default optimizer to the dense variables.
 
-    Use ``apply_gradients(zip(grads, vars))`` in a custom loop, or ``minimize(loss, var_list, tape)``.
+    Use ``apply_gradients(zip(grads, vars))`` in a custom loop, ``minimize(loss, var_list, tape)``, or pass it to
+    ``model.compile(optimizer=...)`` for ``model.fit``. It is a Keras optimizer only so that Keras accepts it: all
+    state lives in the wrapped optimizers, and ``iterations`` counts calls of apply_gradients.
     """
 
-    def __init__(self, groups, default, comm):
+    def __init__(self, groups, default, comm, name="GroupedOptimizer"):
+        super().__init__(name=name)
         self.comm = comm
         self.dense = de.DynamicEmbeddingOptimizer(_build(default))
         self.sparse = []
@@ -50,11 +53,7 @@ class GroupedOptimizer:
             for v in variables:
                 self._owner[id(v)] = optimizer
 
-    @property
-    def iterations(self):
-        return self.dense.iterations
-
-    def apply_gradients(self, grads_and_vars):
+    def apply_gradients(self, grads_and_vars, name=None, **kwargs):  # noqa: ARG002  (Keras passes extras)
         per_optimizer = {}
         dense = []
         for grad, var in grads_and_vars:
@@ -78,7 +77,8 @@ class GroupedOptimizer:
             ops.append(optimizer.apply_gradients(pairs))
         if dense:
             ops.append(self.dense.apply_gradients(dense))
-        return tf.group(*[o for o in ops if o is not None])
+        with tf.control_dependencies([o for o in ops if o is not None]):
+            return self.iterations.assign_add(1)
 
     def minimize(self, loss, var_list, tape=None):
         if tape is None:
