@@ -209,3 +209,166 @@ def group_features(features, default_optimizer, default_initializer):
             encoding, max_bits = "packed", max(bits)
         groups.append(SpecGroup(spec, names, index, encoding, max_bits))
     return groups, resolved_initializers
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Experiment configs (configs/*.yaml), parsed in one place: load_config().
+# ---------------------------------------------------------------------------------------------------------------
+
+DATA_SOURCES = ("synthetic", "criteo", "movielens")
+MODELS = ("dlrm", "dcn")
+
+
+@dataclasses.dataclass
+class FeatureConfig:
+    """A sparse feature: its embedding (dim, combiner, optimizer, initializer, max_id_bits) and, for synthetic data,
+    its id distribution (vocab, zipf exponent, hotness: an int or [lo, hi] for variable length)."""
+
+    name: str
+    dim: int
+    vocab: int = 100_000
+    zipf: float = 1.05
+    hotness: Any = 1
+    combiner: Optional[str] = None
+    optimizer: Any = None
+    initializer: Any = None
+    max_id_bits: Optional[int] = None
+
+    def to_feature(self):
+        from tf_fusedrec import initializers  # noqa: PLC0415
+
+        combiner = self.combiner
+        if combiner is None and self.hotness != 1:
+            combiner = "sum"
+        return Feature(self.name, self.dim, combiner=combiner, optimizer=self.optimizer,
+                       initializer=initializers.get(self.initializer), max_id_bits=self.max_id_bits)
+
+
+@dataclasses.dataclass
+class DataConfig:
+    source: str = "synthetic"
+    path: Optional[str] = None
+    num_dense: int = 13
+    seed: int = 0
+    eval_batches: int = 8
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    name: str = "dlrm"
+    bottom_mlp: Tuple[int, ...] = (64, 16)
+    top_mlp: Tuple[int, ...] = (64, 32)
+    cross_layers: int = 2
+    deep_mlp: Tuple[int, ...] = (64, 32)
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    batch_size: int = 2048  # per worker
+    steps: int = 200
+    sparse_optimizer: Any = "adagrad"  # default of features that name none
+    dense_optimizer: Any = dataclasses.field(default_factory=lambda: {"name": "adam", "learning_rate": 0.001})
+    checkpoint_every: int = 100
+    log_every: int = 10
+
+
+@dataclasses.dataclass
+class ExperimentConfig:
+    name: str
+    features: list
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+
+    def embedding_features(self):
+        return [f.to_feature() for f in self.features]
+
+
+def _fields(cls):
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _build(cls, raw, where):
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a mapping, got {raw!r}")
+    known = _fields(cls)
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ValueError(f"{where}: unknown key '{unknown[0]}' (known keys: {sorted(known)})")
+    values = {}
+    for k, v in raw.items():
+        if isinstance(v, list) and k != "hotness":
+            v = tuple(v)
+        values[k] = v
+    missing = [n for n, f in known.items() if n not in values and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ValueError(f"{where}: missing required key '{missing[0]}'")
+    return cls(**values)
+
+
+def _expand_features(raw_features, defaults, where):
+    if not isinstance(raw_features, list) or not raw_features:
+        raise ValueError(f"{where}.features: expected a non-empty list of features")
+    expanded = []
+    for i, entry in enumerate(raw_features):
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}.features[{i}]: expected a mapping, got {entry!r}")
+        entry = {**defaults, **entry}
+        repeat, start = entry.pop("repeat", None), entry.pop("start", 1)
+        names = [entry.get("name")] if repeat is None else [str(entry["name"]).format(i=start + j) for j in range(repeat)]
+        for name in names:
+            expanded.append((f"{where}.features[{i}] ({name})", {**entry, "name": name}))
+    features, seen = [], set()
+    for field, entry in expanded:
+        feature = _build(FeatureConfig, entry, field)
+        if not isinstance(feature.dim, int) or feature.dim <= 0:
+            raise ValueError(f"{field}: dim must be a positive int, got {feature.dim!r}")
+        if not isinstance(feature.vocab, int) or feature.vocab <= 0:
+            raise ValueError(f"{field}: vocab must be a positive int, got {feature.vocab!r}")
+        if feature.name in seen:
+            raise ValueError(f"{field}: feature '{feature.name}' is defined twice")
+        seen.add(feature.name)
+        try:
+            feature.to_feature()
+        except ValueError as e:
+            raise ValueError(f"{field}: {e}") from None
+        features.append(feature)
+    return features
+
+
+def parse_config(raw, where="config"):
+    """An ExperimentConfig from a parsed YAML mapping; ValueError naming the offending field."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a mapping at the top level")
+    known = {"name", "features", "feature_defaults", "data", "model", "train"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown key '{unknown[0]}' (known keys: {sorted(known)})")
+    if "features" not in raw:
+        raise ValueError(f"{where}: missing required key 'features'")
+    data = _build(DataConfig, raw.get("data"), f"{where}.data")
+    if data.source not in DATA_SOURCES:
+        raise ValueError(f"{where}.data.source: must be one of {DATA_SOURCES}, got {data.source!r}")
+    if data.source != "synthetic" and not data.path:
+        raise ValueError(f"{where}.data.path: required for source {data.source!r}")
+    model = _build(ModelConfig, raw.get("model"), f"{where}.model")
+    if model.name not in MODELS:
+        raise ValueError(f"{where}.model.name: must be one of {MODELS}, got {model.name!r}")
+    train = _build(TrainConfig, raw.get("train"), f"{where}.train")
+    for key in ("batch_size", "steps"):
+        if not isinstance(getattr(train, key), int) or getattr(train, key) <= 0:
+            raise ValueError(f"{where}.train.{key}: must be a positive int, got {getattr(train, key)!r}")
+    features = _expand_features(raw["features"], raw.get("feature_defaults") or {}, where)
+    return ExperimentConfig(name=raw.get("name", where), features=features, data=data, model=model, train=train)
+
+
+def load_config(path):
+    """Reads configs/*.yaml into an ExperimentConfig."""
+    import yaml  # noqa: PLC0415
+
+    with open(path) as f:
+        raw = yaml.safe_load(f)
+    return parse_config(raw, where=str(path))

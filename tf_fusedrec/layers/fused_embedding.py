@@ -70,6 +70,8 @@ class FusedEmbedding(tf.keras.layers.Layer):
             self.tables.append(EmbeddingTable(f"{self.name}/{group.name}", group.spec.dim, initializer, salts))
         # Tracked by Keras as the layer's trainable weights (empty in a tf.compat.v1 graph, see EmbeddingTable).
         self._shadows = [t.shadow for t in self.tables if t.shadow is not None]
+        # Tracked so tf.train.Checkpoint saves the tables' contents (the shadows only hold one step's rows).
+        self._table_params = [t.params for t in self.tables]
         self._stat_order = [n for g in self._groups for n in g.feature_names]
         self._statistics = tf.Variable(
             tf.zeros([len(self._stat_order), len(STATISTICS)], tf.int64), trainable=False, name="statistics"

@@ -72,6 +72,7 @@ class PerFeatureEmbedding(tf.keras.layers.Layer):
                 )
             self._layers[f.name] = layer
         self._shadows = [self._layers[n].shadow for n in sorted(self._layers)]
+        self._table_params = [self._layers[n].params for n in sorted(self._layers)]
 
     @staticmethod
     def _hashed_rows(initializer, salt, dim):

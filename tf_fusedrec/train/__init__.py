@@ -16,15 +16,17 @@ from tensorflow_recommenders_addons import dynamic_embedding as de
 from tf_fusedrec import config as cfg
 
 
-def _embedding_layers(model):
-    from tf_fusedrec.layers import FusedEmbedding, PerFeatureEmbedding  # noqa: PLC0415
+def _is_embedding_layer(obj):
+    """FusedEmbedding, PerFeatureEmbedding, or any layer exposing optimizer_groups() and comm."""
+    return hasattr(obj, "optimizer_groups") and hasattr(obj, "comm")
 
-    kinds = (FusedEmbedding, PerFeatureEmbedding)
-    if isinstance(model, kinds):
+
+def _embedding_layers(model):
+    if _is_embedding_layer(model):
         return [model]
     if isinstance(model, (list, tuple)):
-        return [m for m in model if isinstance(m, kinds)]
-    return [m for m in model.submodules if isinstance(m, kinds)]
+        return [m for m in model if _is_embedding_layer(m)]
+    return [m for m in model.submodules if _is_embedding_layer(m)]
 
 
 def _build(optimizer):
@@ -45,13 +47,10 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
         super().__init__(name=name)
         self.comm = comm
         self.dense = de.DynamicEmbeddingOptimizer(_build(default))
-        self.sparse = []
-        self._owner = {}
-        for spec, variables in groups:
-            optimizer = de.DynamicEmbeddingOptimizer(spec.build())
-            self.sparse.append((spec, optimizer, variables))
-            for v in variables:
-                self._owner[id(v)] = optimizer
+        # Checkpointed: the optimizers (with their slots). Not checkpointed: which variable goes where, keyed by
+        # id() as a string (a checkpoint cannot hold int keys) and rebuilt with the model.
+        self.sparse = [de.DynamicEmbeddingOptimizer(spec.build()) for spec, _ in groups]
+        self._var_index = {str(id(v)): i for i, (_, variables) in enumerate(groups) for v in variables}
 
     def apply_gradients(self, grads_and_vars, name=None, **kwargs):  # noqa: ARG002  (Keras passes extras)
         per_optimizer = {}
@@ -59,13 +58,13 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
         for grad, var in grads_and_vars:
             if grad is None:
                 continue
-            optimizer = self._owner.get(id(var))
-            if optimizer is None:
+            index = self._var_index.get(str(id(var)))
+            if index is None:
                 dense.append((grad, var))
                 continue
             if self.comm.size > 1:
                 grad = _scale(grad, 1.0 / self.comm.size)
-            per_optimizer.setdefault(id(optimizer), (optimizer, []))[1].append((grad, var))
+            per_optimizer.setdefault(index, []).append((grad, var))
         if self.comm.size > 1 and dense:
             import horovod.tensorflow as hvd  # noqa: PLC0415
 
@@ -73,8 +72,8 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
                                             name="FusedRec/dense_gradients")
             dense = list(zip(reduced, [v for _, v in dense]))
         ops = []
-        for optimizer, pairs in per_optimizer.values():
-            ops.append(optimizer.apply_gradients(pairs))
+        for index, pairs in sorted(per_optimizer.items()):
+            ops.append(self.sparse[index].apply_gradients(pairs))
         if dense:
             ops.append(self.dense.apply_gradients(dense))
         with tf.control_dependencies([o for o in ops if o is not None]):

@@ -1,0 +1,351 @@
+"""Distributed tests: tests/distributed/scenario.py trained alone (1 worker) and under horovodrun (2 Gloo workers).
+
+Each configuration runs once per session in a subprocess (the ``scenario`` fixture caches its result directory);
+the tests then compare the per-rank npz files the runs write:
+
+* lossless: FusedEmbedding == PerFeatureEmbedding (first-step outputs, losses, tables, dense weights), SGD and Adagrad,
+  with 1 and with 2 workers;
+* worker-count independence: 2 workers == 1 worker (tables as the union over ranks, dense weights, outputs);
+* sharding: each (feature, id) row on exactly one rank, owner_of(id, 2), and exactly the rows the batches touched;
+* one all-to-all pair per spec group (fused) vs per feature (per_feature), none with 1 worker;
+* per-feature statistics survive fusion (ids, unique_sent, unique_looked_up checked against NumPy);
+* eager training steps == tf.function steps.
+
+Most runs trace with ``--autograph off`` (about half the time of a run); the main configuration (2 workers, fused,
+Adagrad, tf.function) keeps the default AutoGraph path, so comparisons against it also cover that path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("horovod.tensorflow", reason="Horovod (horovod.tensorflow) is not importable")
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIO = Path(__file__).resolve().with_name("scenario.py")
+HOROVODRUN = Path(sys.executable).with_name("horovodrun")
+
+STEPS = 20  # training steps of every run
+RTOL, ATOL = 1e-6, 1e-7  # float tolerance of every comparison
+RUN_TIMEOUT_S = 300
+OPTIMIZERS = ["sgd", "adagrad"]
+# Runs that keep AutoGraph on (scenario.py's default); every other run passes --autograph off.
+AUTOGRAPH_ON = {(2, "fused", "adagrad", "function")}
+# Set by horovodrun for its workers; scenario.py takes their presence to mean "I am a Horovod worker".
+_WORKER_ENV = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
+               "HOROVOD_CROSS_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")
+
+
+def _load_scenario_module():
+    spec = importlib.util.spec_from_file_location("fusedrec_distributed_scenario", SCENARIO)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sc = _load_scenario_module()
+FEATURES = [f.name for f in sc.make_features("sgd")]
+NUM_GROUPS = len({f.dim for f in sc.make_features("sgd")})  # one optimizer and initializer: a spec per dim
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Running the scenario
+# --------------------------------------------------------------------------------------------------------------
+
+class Run:
+    """The npz files of one scenario run, one dict per rank."""
+
+    def __init__(self, name, out_dir, workers, log):
+        self.name, self.workers, self.log = name, workers, log
+        self.ranks = []
+        for r in range(workers):
+            path = Path(out_dir) / f"rank{r}.npz"
+            assert path.exists(), f"{name}: rank {r} wrote no {path.name}\n{_tail(log)}"
+            with np.load(path) as z:
+                self.ranks.append({k: z[k] for k in z.files})
+
+    def tables(self):
+        """{(feature, id): (rank, row)} over all ranks; a row held by two ranks fails."""
+        rows = {}
+        for r, data in enumerate(self.ranks):
+            for k, v in data.items():
+                if k.startswith("table/"):
+                    _, feature, i = k.split("/")
+                    key = (feature, int(i))
+                    assert key not in rows, f"{self.name}: row {key} is held by ranks {rows[key][0]} and {r}"
+                    rows[key] = (r, v)
+        return rows
+
+    def outputs(self, rank):
+        return {k[len("out/"):]: v for k, v in self.ranks[rank].items() if k.startswith("out/")}
+
+    def stats(self, rank):
+        """{feature: {stat: int}} recorded after the last step."""
+        out = {}
+        for k, v in self.ranks[rank].items():
+            if k.startswith("stat/"):
+                _, feature, stat = k.split("/")
+                out.setdefault(feature, {})[stat] = int(v)
+        return out
+
+
+def _tail(text, n=4000):
+    return text if len(text) <= n else "...\n" + text[-n:]
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if k not in _WORKER_ENV}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def _execute(cmd, timeout):
+    """Runs cmd in its own process group; on timeout ends that group (horovodrun and its workers)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        log, _ = proc.communicate(timeout=timeout)
+        return proc.returncode, log
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                log, _ = proc.communicate(timeout=10)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            log, _ = proc.communicate()
+        return None, log or ""
+
+
+def _run_scenario(out_dir, workers, layer, optimizer, steps, mode):
+    autograph = "on" if (workers, layer, optimizer, mode) in AUTOGRAPH_ON else "off"
+    args = [str(SCENARIO), "--layer", layer, "--optimizer", optimizer, "--steps", str(steps), "--mode", mode,
+            "--autograph", autograph, "--out", str(out_dir)]
+    if workers == 1:
+        cmd = [sys.executable] + args
+    else:
+        assert HOROVODRUN.exists(), f"horovod is importable but {HOROVODRUN} does not exist"
+        cmd = [str(HOROVODRUN), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo", sys.executable] + args
+    name = f"{layer}/{optimizer}/{workers} worker(s)/{mode}/{steps} steps/autograph {autograph}"
+    start = time.monotonic()
+    rc, log = _execute(cmd, RUN_TIMEOUT_S)
+    took = time.monotonic() - start
+    if rc is None:
+        raise AssertionError(f"{name}: timed out after {RUN_TIMEOUT_S} s: {' '.join(cmd)}\n{_tail(log)}")
+    if rc != 0:
+        raise AssertionError(f"{name}: exit status {rc} after {took:.0f} s: {' '.join(cmd)}\n{_tail(log)}")
+    return Run(name, out_dir, workers, log)
+
+
+@pytest.fixture(scope="session")
+def scenario(tmp_path_factory):
+    """scenario(workers, layer, optimizer, steps=STEPS, mode="function") -> Run, each configuration run once."""
+    cache = {}
+
+    def get(workers, layer, optimizer, steps=STEPS, mode="function"):
+        key = (workers, layer, optimizer, steps, mode)
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"{layer}-{optimizer}-w{workers}-{mode}-s{steps}")
+            try:
+                cache[key] = _run_scenario(out, *key[:3], steps, mode)
+            except AssertionError as e:  # remembered: a failed configuration is not run again
+                cache[key] = e
+        if isinstance(cache[key], AssertionError):
+            pytest.fail(str(cache[key]), pytrace=False)
+        return cache[key]
+
+    return get
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Comparisons and the NumPy side of the scenario's data
+# --------------------------------------------------------------------------------------------------------------
+
+def assert_close(got, want, what):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=what)
+
+
+def assert_same_tables(a, b):
+    ta, tb = a.tables(), b.tables()
+    only_a, only_b = sorted(set(ta) - set(tb)), sorted(set(tb) - set(ta))
+    assert not only_a and not only_b, (f"rows differ: only in {a.name}: {only_a[:10]} ({len(only_a)}); "
+                                       f"only in {b.name}: {only_b[:10]} ({len(only_b)})")
+    for key in sorted(ta):
+        assert_close(ta[key][1], tb[key][1], f"table row {key}: {a.name} vs {b.name}")
+
+
+def assert_same_dense(a, ra, b, rb):
+    for name in ("kernel", "bias"):
+        assert_close(a.ranks[ra][name], b.ranks[rb][name], f"dense {name}: {a.name} rank {ra} vs {b.name} rank {rb}")
+
+
+def valid_ids(batch, rank, size):
+    """{feature: int64 ids of the rank's slice of a global batch, padding (-1) dropped}, as scenario.local_slice."""
+    per = sc.GLOBAL_BATCH // size
+    lo, hi = rank * per, (rank + 1) * per
+    values, lengths = batch["tags"]
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    ids = {
+        "user_id": batch["user_id"][lo:hi],
+        "item_id": batch["item_id"][lo:hi],
+        "tags": values[starts[lo]:starts[hi]],
+        "genres": batch["genres"][lo:hi].ravel(),
+        "history": batch["history"][lo:hi].ravel(),
+    }
+    assert sorted(ids) == sorted(FEATURES)
+    return {k: v[v >= 0] for k, v in ids.items()}
+
+
+def owner_of(ids, num_ranks):
+    from tf_fusedrec.ops import reference  # NumPy: owner = mix64(id) mod N
+
+    return reference.owner_of(np.asarray(ids, np.int64), num_ranks)
+
+
+def test_scenario_data_is_nontrivial():
+    """The premises the other tests rely on: ids collide across categories, padding and empty rows occur."""
+    batch = sc.make_batch(STEPS - 1)
+    ids = valid_ids(batch, 0, 1)
+    assert set(ids["user_id"]) & set(ids["item_id"]), "no id shared by two categories of one group"
+    assert (batch["genres"] == -1).any() and (batch["tags"][1] == 0).any()
+    assert NUM_GROUPS == 2 and len(FEATURES) == 5
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 1. Lossless: fused == per-feature
+# --------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_fused_equals_per_feature(scenario, workers, optimizer):
+    fused = scenario(workers, "fused", optimizer)
+    per_feature = scenario(workers, "per_feature", optimizer)
+    for r in range(workers):
+        out_f, out_p = fused.outputs(r), per_feature.outputs(r)
+        assert sorted(out_f) == sorted(out_p) == sorted(FEATURES)
+        for name in FEATURES:
+            assert_close(out_f[name], out_p[name], f"rank {r} first-step output {name}: fused vs per_feature")
+        losses = fused.ranks[r]["losses"]
+        assert losses.shape == (STEPS,) and np.isfinite(losses).all()
+        assert_close(losses, per_feature.ranks[r]["losses"], f"rank {r} losses: fused vs per_feature")
+        assert_same_dense(fused, r, per_feature, r)
+    assert_same_tables(fused, per_feature)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 2. Worker-count independence: 2 workers == 1 worker
+# --------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_two_workers_equal_one_worker(scenario, optimizer):
+    two = scenario(2, "fused", optimizer)
+    one = scenario(1, "fused", optimizer)
+    assert_same_tables(two, one)
+    for r in range(2):
+        assert_same_dense(two, r, one, 0)
+    out_one = one.outputs(0)
+    for name in FEATURES:
+        joined = np.concatenate([two.outputs(r)[name] for r in range(2)], axis=0)
+        assert_close(joined, out_one[name], f"first-step output {name}: ranks 0,1 concatenated vs 1 worker")
+    # Each rank's loss is the mean over its half of the batch: their mean is the 1-worker loss of every step.
+    mean_two = np.mean([two.ranks[r]["losses"] for r in range(2)], axis=0)
+    np.testing.assert_allclose(mean_two, one.ranks[0]["losses"], rtol=1e-5, atol=1e-6,
+                               err_msg="mean of the 2 workers' losses vs 1-worker loss, per step")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 3. Sharding
+# --------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layer", ["fused", "per_feature"])
+def test_rows_sharded_by_owner(scenario, layer):
+    run = scenario(2, layer, "adagrad")
+    tables = run.tables()  # fails if a row is on two ranks
+    seen = {name: set() for name in FEATURES}
+    for s in range(STEPS):
+        for name, ids in valid_ids(sc.make_batch(s), 0, 1).items():
+            seen[name].update(int(i) for i in ids)
+    expected = {(name, i) for name, ids in seen.items() for i in ids}
+    assert set(tables) == expected, (f"rows not touched by any batch: {sorted(set(tables) - expected)}; "
+                                     f"touched rows missing: {sorted(expected - set(tables))}")
+    keys = sorted(tables)
+    owners = owner_of([i for _, i in keys], 2)
+    wrong = [(key, tables[key][0], int(o)) for key, o in zip(keys, owners) if tables[key][0] != o]
+    assert not wrong, f"rows on a rank other than owner_of(id, 2), as ((feature, id), rank, owner): {wrong}"
+    for r in range(2):
+        assert any(rank == r for rank, _ in tables.values()), f"rank {r} holds no row"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 4. All-to-all count of the forward graph
+# --------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("workers,layer,expected", [
+    (2, "fused", 2 * NUM_GROUPS),
+    (2, "per_feature", 2 * len(FEATURES)),
+    (1, "fused", 0),
+    (1, "per_feature", 0),
+])
+def test_alltoall_count(scenario, workers, layer, expected):
+    run = scenario(workers, layer, "adagrad")
+    counts = [int(run.ranks[r]["alltoalls"]) for r in range(workers)]
+    assert counts == [expected] * workers, f"{run.name}: HorovodAlltoall ops per rank {counts}, expected {expected}"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 5. Per-feature statistics survive fusion
+# --------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_statistics(scenario, workers):
+    run = scenario(workers, "fused", "adagrad")
+    batch = sc.make_batch(STEPS - 1)  # statistics are those of the last call, the last training step
+    global_ids = valid_ids(batch, 0, 1)
+    stats = [run.stats(r) for r in range(workers)]
+    for r in range(workers):
+        assert sorted(stats[r]) == sorted(FEATURES), f"rank {r}: statistics of {sorted(stats[r])}"
+        local = valid_ids(batch, r, workers)
+        for name in FEATURES:
+            got = stats[r][name]
+            assert got["ids"] == local[name].size, f"rank {r} {name}: ids {got}, slice has {local[name].size}"
+            want_sent = np.unique(local[name]).size
+            assert got["unique_sent"] == want_sent, f"rank {r} {name}: unique_sent {got}, expected {want_sent}"
+            distinct = np.unique(global_ids[name])
+            owned = int((owner_of(distinct, workers) == r).sum())
+            assert got["unique_looked_up"] == owned, (
+                f"rank {r} {name}: unique_looked_up {got}, but rank {r} owns {owned} of the batch's distinct ids")
+    for name in FEATURES:
+        total = sum(stats[r][name]["unique_looked_up"] for r in range(workers))
+        distinct = np.unique(global_ids[name]).size
+        assert total == distinct, f"{name}: unique_looked_up sums to {total} over ranks, {distinct} distinct ids"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# 6. Eager training steps == tf.function steps
+# --------------------------------------------------------------------------------------------------------------
+
+def test_eager_equals_function(scenario):
+    # Eager over all STEPS costs less than two short runs: it skips the training step's tracing.
+    eager = scenario(2, "fused", "adagrad", mode="eager")
+    function = scenario(2, "fused", "adagrad")
+    assert_same_tables(eager, function)
+    for r in range(2):
+        assert_close(eager.ranks[r]["losses"], function.ranks[r]["losses"], f"rank {r} losses: eager vs function")
+        assert_same_dense(eager, r, function, r)

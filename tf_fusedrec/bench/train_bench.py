@@ -1,0 +1,227 @@
+"""`python -m tf_fusedrec.bench`: the same model, data and steps with each embedding layer, side by side.
+
+    horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python -m tf_fusedrec.bench \
+        [--config configs/criteo_synthetic.yaml] [--steps 10] [--repeats 3] [--out bench_results]
+
+Modes: fused (FusedEmbedding), per_feature (one TFRA HvdAllToAllEmbedding per feature, the baseline),
+fused_nodedup and fused_source_hash (the ablations), tfra_hand_fused (TFRA's per-dim hand fusion). Every mode is
+built in one process and trains on the same pre-generated batches; after a warm-up the modes alternate, each
+repeat timing `--steps` steps of every mode, so drift on the machine hits all modes alike. Reported per mode:
+samples/s over all workers (median of repeats), all-to-all calls per step (forward + backward), mean bytes per
+all-to-all, seconds per step spent in the forward all-to-alls (waiting for peers included), and each ratio to
+per_feature. A second pass trains fused, per_feature and tfra_hand_fused on synthetic configs with M features for
+M in --sweep. Writes OUT/bench.json, OUT/bench.png and prints the table the README shows.
+"""
+
+import argparse
+import copy
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tf_fusedrec import config as cfg
+from tf_fusedrec.train import app
+
+MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused")
+BASELINE = "per_feature"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m tf_fusedrec.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=app.DEFAULT_CONFIG)
+    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--batch-size", type=int, help="per worker (default: the config's)")
+    p.add_argument("--steps", type=int, default=10, help="timed steps per mode and repeat")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--batches", type=int, default=8, help="distinct pre-generated batches, cycled")
+    p.add_argument("--sweep", default="4,8,16,26,52", help="feature counts M for the second pass ('' to skip)")
+    p.add_argument("--sweep-steps", type=int, default=5)
+    p.add_argument("--out", default="bench_results")
+    return p.parse_args(argv)
+
+
+def build_embedding(mode, features, config):
+    if mode == "tfra_hand_fused":
+        from tf_fusedrec.bench.strawman import HandFusedTFRAEmbedding  # noqa: PLC0415
+
+        return HandFusedTFRAEmbedding(features, optimizer=config.train.sparse_optimizer, name="sparse")
+    return app.make_embedding(mode, features, config)
+
+
+class Runner:
+    """One mode: its own tables, model, optimizer and compiled train step, on shared batches."""
+
+    def __init__(self, mode, config, batches):
+        import tf_fusedrec as fr  # noqa: PLC0415
+
+        self.mode = mode
+        self.model = app.make_model(config, build_embedding(mode, config.embedding_features(), config))
+        self.optimizer = fr.train.make_optimizer(self.model, default=config.train.dense_optimizer)
+        self.batches = batches
+        self.i = 0
+        loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
+        model, optimizer = self.model, self.optimizer
+
+        @tf.function(autograph=False)
+        def step(features, labels):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(labels, model(features, training=True))
+            variables = model.trainable_variables
+            optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+            return loss
+
+        self.step = step
+
+    def run(self, steps):
+        loss = None
+        for _ in range(steps):
+            features, labels = self.batches[self.i % len(self.batches)]
+            self.i += 1
+            loss = self.step(features, labels)
+        return float(loss)
+
+    def alltoall_ops(self):
+        features, labels = self.batches[0]
+        return app.count_alltoall_ops(self.step.get_concrete_function(features, labels))
+
+
+def measure(config, modes, args, rank, size, meter, log):
+    batch_size = args.batch_size or config.train.batch_size
+    data = app.make_dataset(config, batch_size, rank, size).take(args.batches)
+    batches = [(f, y) for f, y in data]
+    runners = {}
+    for mode in modes:
+        log(f"  building {mode}")
+        runners[mode] = Runner(mode, config, batches)
+        runners[mode].run(args.warmup)
+    samples = {m: [] for m in modes}
+    traffic = {m: [] for m in modes}
+    for r in range(args.repeats):
+        for mode in modes:
+            if meter is not None:
+                meter.reset()
+            t0 = time.perf_counter()
+            runners[mode].run(args.steps)
+            elapsed = time.perf_counter() - t0
+            samples[mode].append(batch_size * size * args.steps / elapsed)
+            if meter is not None:
+                traffic[mode].append(meter.per_step(args.steps))
+        log(f"  repeat {r + 1}/{args.repeats}: " + ", ".join(f"{m} {samples[m][-1]:,.0f}" for m in modes))
+    results = {}
+    for mode in modes:
+        entry = {"samples_per_s": float(np.median(samples[mode])), "samples_per_s_repeats": samples[mode],
+                 "alltoall_ops_in_step_graph": runners[mode].alltoall_ops()}
+        if traffic[mode]:
+            for key in traffic[mode][0]:
+                entry[key] = float(np.median([t[key] for t in traffic[mode]]))
+        results[mode] = entry
+    return results
+
+
+def sweep_config(base, num_features):
+    """base with M = num_features features: half of dim 16, half of dim 8, the first feature's data settings."""
+    config = copy.deepcopy(base)
+    template = base.features[0]
+    config.features = [
+        cfg.FeatureConfig(name=f"F{i + 1}", dim=16 if i < num_features // 2 else 8, vocab=template.vocab,
+                          zipf=template.zipf, hotness=1, optimizer=template.optimizer,
+                          max_id_bits=template.max_id_bits)
+        for i in range(num_features)
+    ]
+    config.name = f"{base.name}_M{num_features}"
+    return config
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    rank, size = app.init_workers()
+    config = cfg.load_config(args.config)
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        print(f"error: unknown mode {unknown[0]!r}; modes are {MODES}", file=sys.stderr)
+        sys.exit(2)
+    from tf_fusedrec.distributed.meter import AlltoallMeter  # noqa: PLC0415
+
+    meter = AlltoallMeter().install() if size > 1 else None
+
+    def log(msg):
+        if rank == 0:
+            print(msg, file=sys.stderr, flush=True)
+
+    log(f"bench: {config.name}, {size} workers, batch {args.batch_size or config.train.batch_size} per worker, "
+        f"modes {modes}")
+    results = measure(config, modes, args, rank, size, meter, log)
+    sweep = {}
+    counts = [int(m) for m in args.sweep.split(",") if m]
+    sweep_modes = [m for m in ("fused", "per_feature", "tfra_hand_fused") if m in modes]
+    sweep_args = argparse.Namespace(**{**vars(args), "steps": args.sweep_steps, "repeats": 2})
+    for m in counts:
+        log(f"sweep: M = {m} features")
+        sweep[m] = measure(sweep_config(config, m), sweep_modes, sweep_args, rank, size, meter, log)
+    if rank == 0:
+        report = {"config": config.name, "workers": size, "batch_size_per_worker": args.batch_size or
+                  config.train.batch_size, "steps": args.steps, "repeats": args.repeats, "modes": results,
+                  "sweep": {str(k): v for k, v in sweep.items()},
+                  "command": "horovodrun -np %d -H localhost:%d --gloo .venv/bin/python -m tf_fusedrec.bench %s"
+                             % (size, size, " ".join(sys.argv[1:]))}
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "bench.json"), "w") as f:
+            json.dump(report, f, indent=2)
+        print(table(report))
+        chart(report, os.path.join(args.out, "bench.png"))
+        log(f"wrote {args.out}/bench.json and {args.out}/bench.png")
+
+
+def table(report):
+    modes = report["modes"]
+    base = modes.get(BASELINE, {}).get("samples_per_s")
+    lines = ["| mode | samples/s (all workers) | vs per_feature | all-to-alls / step | mean bytes / all-to-all "
+             "| forward all-to-all s / step |", "|---|---:|---:|---:|---:|---:|"]
+    for mode, r in modes.items():
+        ratio = f"{r['samples_per_s'] / base:.2f}x" if base else "-"
+        calls = r.get("alltoall_calls_per_step", r["alltoall_ops_in_step_graph"])
+        lines.append(f"| {mode} | {r['samples_per_s']:,.0f} | {ratio} | {calls:.0f} | "
+                     f"{r.get('alltoall_mean_message_bytes', 0):,.0f} | "
+                     f"{r.get('forward_alltoall_seconds_per_step', 0):.4f} |")
+    if report["sweep"]:
+        sweep_modes = list(next(iter(report["sweep"].values())))
+        lines += ["", "| features M | " + " | ".join(f"{m} samples/s" for m in sweep_modes) + " | fused vs per_feature |",
+                  "|---:|" + "---:|" * (len(sweep_modes) + 1)]
+        for m, r in report["sweep"].items():
+            ratio = (f"{r['fused']['samples_per_s'] / r['per_feature']['samples_per_s']:.2f}x"
+                     if "fused" in r and "per_feature" in r else "-")
+            lines.append(f"| {m} | " + " | ".join(f"{r[x]['samples_per_s']:,.0f}" for x in sweep_modes) +
+                         f" | {ratio} |")
+    return "\n".join(lines)
+
+
+def chart(report, path):
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, axes = plt.subplots(1, 2 if report["sweep"] else 1, figsize=(12 if report["sweep"] else 6, 4.5))
+    axes = np.atleast_1d(axes)
+    modes = report["modes"]
+    axes[0].bar(list(modes), [r["samples_per_s"] for r in modes.values()], color="tab:blue")
+    axes[0].set_ylabel("samples/s (all workers)")
+    axes[0].set_title(f"{report['config']}, {report['workers']} workers")
+    axes[0].tick_params(axis="x", rotation=30)
+    if report["sweep"]:
+        counts = sorted(report["sweep"], key=int)
+        for mode in next(iter(report["sweep"].values())):
+            axes[1].plot([int(c) for c in counts], [report["sweep"][c][mode]["samples_per_s"] for c in counts],
+                         marker="o", label=mode)
+        axes[1].set_xlabel("number of sparse features M")
+        axes[1].set_ylabel("samples/s (all workers)")
+        axes[1].set_title("samples/s against M")
+        axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)

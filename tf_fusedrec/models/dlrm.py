@@ -1,0 +1,54 @@
+"""DLRM (Naumov et al. 2019): bottom MLP on dense features, pairwise dot interaction, top MLP."""
+
+import tensorflow as tf
+
+from tf_fusedrec.models import _blocks
+
+
+class DLRM(tf.keras.Model):
+    """DLRM on top of an embedding layer.
+
+    Embeddings whose dim differs from the bottom MLP's output are projected to it (one linear map per dim), so
+    groups of several dims (several specs) can interact.
+
+    Args:
+      embedding: FusedEmbedding or PerFeatureEmbedding.
+      bottom_mlp: widths of the bottom MLP; the last is the interaction dim.
+      top_mlp: widths of the top MLP before the final logit.
+      num_dense: number of dense features (0: none; then the interaction runs over embeddings only).
+    """
+
+    def __init__(self, embedding, bottom_mlp=(64, 16), top_mlp=(64, 32), num_dense=13, seed=0, name="dlrm"):
+        super().__init__(name=name)
+        self.embedding = embedding
+        self.feature_names = sorted(f.name for f in embedding.features)
+        self.num_dense = num_dense
+        self.interaction_dim = bottom_mlp[-1]
+        self.bottom = _blocks.mlp(bottom_mlp, "bottom_mlp", seed=seed) if num_dense else None
+        dims = sorted({f.dim for f in embedding.features if f.dim != self.interaction_dim})
+        self.projections = {
+            str(d): tf.keras.layers.Dense(self.interaction_dim, use_bias=False, name=f"project_d{d}",
+                                          kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed + 100 + d))
+            for d in dims
+        }
+        self._dims = {f.name: f.dim for f in embedding.features}
+        self.top = _blocks.mlp(list(top_mlp) + [1], "top_mlp", last_activation=None, seed=seed + 1000)
+
+    def call(self, inputs, training=None):
+        outputs = self.embedding(_blocks.sparse_inputs(inputs), training=training)
+        vectors = []
+        for name, x in zip(self.feature_names, _blocks.pooled(outputs, self.feature_names)):
+            if self._dims[name] != self.interaction_dim:
+                x = self.projections[str(self._dims[name])](x)
+            vectors.append(x)
+        if self.bottom is not None:
+            dense = self.bottom(inputs["dense"])
+            vectors = [dense] + vectors
+        stacked = tf.stack(vectors, axis=1)  # [B, F, d]
+        products = tf.matmul(stacked, stacked, transpose_b=True)  # [B, F, F]
+        f = len(vectors)
+        upper = tf.constant([[i < j for j in range(f)] for i in range(f)])
+        interactions = tf.boolean_mask(products, tf.broadcast_to(upper, tf.shape(products)))
+        interactions = tf.reshape(interactions, [-1, f * (f - 1) // 2])
+        parts = [interactions] + ([dense] if self.bottom is not None else [])
+        return self.top(tf.concat(parts, axis=1))[:, 0]
