@@ -86,13 +86,19 @@ def lookup(group, received, table, training, fusion="deferred"):
     """
     if fusion == "source_hash":
         unified, inverse = tf.unique(received[:, 0], out_idx=tf.int32)
-        rows = table.lookup(unified, None, None, training)
+        categories = ids = None
+        if group.encoding == "packed":
+            # Packed keys still carry the category, so new rows start where the other modes' do. Hashed keys do not:
+            # their initial rows come from the fused key itself (deterministic, but not the per-feature rows).
+            categories, ids = ops.decode_unified_keys(unified, group.num_categories)
+        rows = table.lookup(unified, categories, ids, training)
         unknown = tf.fill([group.num_categories], tf.constant(-1, tf.int64))
         return Lookup(_gather_rows(rows, inverse), unknown)
     ids = received[:, 0]
     categories = tf.cast(received[:, 1], tf.int32)
     unique = ops.category_unique(ids, categories, group.num_categories, group.encoding, name="category_unique")
-    rows = table.lookup(unique.unified_keys, unique.unique_segment_ids, unique.inverse, training, raw_ids=ids)
+    unique_ids = tf.math.unsorted_segment_max(ids, unique.inverse, tf.size(unique.unified_keys))
+    rows = table.lookup(unique.unified_keys, unique.unique_segment_ids, unique_ids, training)
     return Lookup(_gather_rows(rows, unique.inverse), tf.cast(unique.segment_counts, tf.int64))
 
 

@@ -88,19 +88,18 @@ class EmbeddingTable:
         salts = self._salts[0] + tf.zeros_like(ids) if categories is None else tf.gather(self._salts, categories)
         return self.initializer.rows(ids, salts, self.dim)
 
-    def lookup(self, keys, categories, inverse, training, raw_ids=None):
+    def lookup(self, keys, categories, ids, training):
         """Rows of unique keys [U] -> float32 [U, dim], trainable through the shadow unless training is False.
 
         Args:
           keys: int64 [U] unique table keys.
-          categories: int32 [U] category of each key, or None (per-feature table).
-          inverse: int32 [m] with keys[inverse[i]] the key of raw_ids[i], or None when keys are the raw ids.
+          categories: int32 [U] category of each key, or None (category 0: a per-feature table).
+          ids: int64 [U] the id behind each key (Hashed initial rows are a function of (category, id)), or None when
+            the keys are the ids.
           training: False for inference (nothing is inserted); None or True otherwise.
-          raw_ids: int64 [m], the ids behind the keys (needed by Hashed when keys are unified keys).
         """
-        ids = keys
-        if self.hashed and raw_ids is not None:
-            ids = tf.math.unsorted_segment_max(raw_ids, inverse, tf.size(keys))
+        if ids is None:
+            ids = keys
         if training is False:
             values, exists = self.params.lookup(keys, return_exists=True)
             if self.hashed:

@@ -5,6 +5,8 @@ owner and an embeddings all-to-all. Inputs, outputs, combiners, sharding (owner_
 as FusedEmbedding's, so the two can be compared number for number.
 """
 
+import re
+
 import tensorflow as tf
 from tensorflow_recommenders_addons import dynamic_embedding as de
 from tensorflow_recommenders_addons.dynamic_embedding.python.ops.shadow_embedding_ops import HvdVariable
@@ -16,6 +18,11 @@ from tf_fusedrec.distributed import comm as comm_lib
 from tf_fusedrec.distributed.table import insert_missing_rows, unique_table_name
 from tf_fusedrec.layers import _common
 from tf_fusedrec.layers import _inputs
+
+
+def scope_safe(name):
+    """A name TensorFlow accepts as a name scope (TFRA's layers open one with their name): other characters -> '_'."""
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", name)
 
 
 def owner_partition(keys, num_ranks):
@@ -60,7 +67,7 @@ class PerFeatureEmbedding(tf.keras.layers.Layer):
                 embedding_size=f.dim,
                 key_dtype=tf.int64,
                 initializer=initializers.tfra_initializer(initializer),
-                name=unique_table_name(f"{self.name}-{f.name}"),
+                name=unique_table_name(scope_safe(f"{self.name}-{f.name}")),
                 mpi_size=self.comm.size,
                 partitioner=owner_partition,
             )
