@@ -10,6 +10,7 @@ table contents keyed by (feature, id), the forward graph's all-to-all count, and
 """
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -23,14 +24,18 @@ import tensorflow as tf  # noqa: E402
 GLOBAL_BATCH = 16
 
 
-def make_features(optimizer):
-    return [
+def make_features(optimizer, max_id_bits=None):
+    """max_id_bits set: every group uses the packed encoding (the ids here are < 12)."""
+    features = [
         fr.Feature("user_id", dim=4, optimizer=optimizer),
         fr.Feature("item_id", dim=4, optimizer=optimizer),  # same spec as user_id: fused with it
         fr.Feature("tags", dim=3, combiner="mean", optimizer=optimizer),  # ragged multi-hot, empty rows
         fr.Feature("genres", dim=3, combiner="sum", optimizer=optimizer),  # dense multi-hot with -1 padding
         fr.Feature("history", dim=3, optimizer=optimizer),  # [B, L] without combiner
     ]
+    if max_id_bits is not None:
+        features = [dataclasses.replace(f, max_id_bits=max_id_bits) for f in features]
+    return features
 
 
 def make_batch(step, seed=0):
@@ -87,7 +92,7 @@ def count_alltoalls(fn, *args):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--layer", choices=["fused", "per_feature"], default="fused")
+    p.add_argument("--layer", choices=["fused", "fused_packed", "per_feature"], default="fused")
     p.add_argument("--optimizer", default="adagrad")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--mode", choices=["function", "eager"], default="function")
@@ -104,8 +109,8 @@ def main():
         hvd.init()
         rank, size = hvd.rank(), hvd.size()
     optimizer = {"name": args.optimizer, "learning_rate": 0.1}
-    features = make_features(optimizer)
-    layer_cls = fr.FusedEmbedding if args.layer == "fused" else fr.PerFeatureEmbedding
+    features = make_features(optimizer, max_id_bits=20 if args.layer == "fused_packed" else None)
+    layer_cls = fr.PerFeatureEmbedding if args.layer == "per_feature" else fr.FusedEmbedding
     model = Model(layer_cls(features, name="sparse"))
     opt = fr.train.make_optimizer(model, default={"name": "sgd", "learning_rate": 0.1})
 

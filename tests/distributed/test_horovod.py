@@ -249,6 +249,20 @@ def test_fused_equals_per_feature(scenario, workers, optimizer):
     assert_same_tables(fused, per_feature)
 
 
+def test_packed_groups_lossless(scenario):
+    # Packed groups send one reversible int64 per (category, id) pair instead of an (id, category) row.
+    packed = scenario(2, "fused_packed", "adagrad")
+    per_feature = scenario(2, "per_feature", "adagrad")
+    assert int(packed.ranks[0]["alltoalls"]) == 2 * NUM_GROUPS
+    for r in range(2):
+        out_f, out_p = packed.outputs(r), per_feature.outputs(r)
+        for name in FEATURES:
+            assert_close(out_f[name], out_p[name], f"rank {r} first-step output {name}: packed vs per_feature")
+        assert_close(packed.ranks[r]["losses"], per_feature.ranks[r]["losses"], f"rank {r} losses")
+        assert_same_dense(packed, r, per_feature, r)
+    assert_same_tables(packed, per_feature)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # 2. Worker-count independence: 2 workers == 1 worker
 # --------------------------------------------------------------------------------------------------------------

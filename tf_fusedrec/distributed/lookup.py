@@ -17,13 +17,18 @@ import tensorflow as tf
 from tf_fusedrec import ops
 
 InputDist = collections.namedtuple(
-    "InputDist", ["received", "received_splits", "recover_index", "feature_sizes", "unique_sent"]
+    "InputDist",
+    ["received_ids", "received_segments", "received_splits", "recover_index", "feature_sizes", "unique_sent"],
 )
 Lookup = collections.namedtuple("Lookup", ["embeddings", "unique_looked_up"])
 
 
 def input_dist(group, ids_per_feature, comm, prefix, dedup="segment", fusion="deferred"):
     """Fuses the group's ids and sends each unique (category, id) pair to its owner.
+
+    The keys all-to-all carries a pair in one tensor: for a packed group as its packed key (segment << (63 - b)) | id,
+    8 bytes and reversible; for a hashed group as an (id, category) row, 16 bytes. Either way the owner recovers the
+    category exactly.
 
     Args:
       group: SpecGroup.
@@ -32,9 +37,9 @@ def input_dist(group, ids_per_feature, comm, prefix, dedup="segment", fusion="de
       prefix: deterministic collective name prefix.
 
     Returns:
-      InputDist: received int64 [m, 2] (id, category) or [m, 1] (fused key, source_hash); received_splits int32
-      [N]; recover_index int32 [n] (I_r: fused position -> position in the send buffer); feature_sizes int32 [M];
-      unique_sent int64 [M] unique pairs sent per category.
+      InputDist: received_ids int64 [m] (fused keys for source_hash); received_segments int32 [m] (None for
+      source_hash); received_splits int32 [N]; recover_index int32 [n] (I_r: fused position -> position in the send
+      buffer); feature_sizes int32 [M]; unique_sent int64 [M] pairs sent per category.
     """
     num_categories = group.num_categories
     with tf.name_scope("fuse"):
@@ -44,27 +49,35 @@ def input_dist(group, ids_per_feature, comm, prefix, dedup="segment", fusion="de
     if fusion == "source_hash":
         fused = ops.category_unique(keys, segments, num_categories, group.encoding, name="source_hash_unique")
         unique_keys, unique_segments, inverse = fused.unified_keys, fused.unique_segment_ids, fused.inverse
-        owner_keys, payload_columns = unique_keys, [unique_keys]
+    elif dedup == "segment":
+        unique = ops.segment_unique(keys, segments)
+        unique_keys, unique_segments, inverse = unique.unique_keys, unique.unique_segment_ids, unique.inverse
     else:
-        if dedup == "segment":
-            unique = ops.segment_unique(keys, segments)
-            unique_keys, unique_segments, inverse = unique.unique_keys, unique.unique_segment_ids, unique.inverse
-        else:
-            unique_keys, unique_segments = keys, segments
-            inverse = tf.range(tf.size(keys, out_type=tf.int32))
-        owner_keys, payload_columns = unique_keys, [unique_keys, tf.cast(unique_segments, tf.int64)]
+        unique_keys, unique_segments = keys, segments
+        inverse = tf.range(tf.size(keys, out_type=tf.int32))
     unique_sent = tf.math.bincount(unique_segments, minlength=num_categories, maxlength=num_categories, dtype=tf.int64)
+    sent_segments = None if fusion == "source_hash" else unique_segments
 
-    payload = tf.stack(payload_columns, axis=1)
     if comm.size == 1:
         splits = tf.size(unique_keys, out_type=tf.int32)[None]
-        return InputDist(payload, splits, inverse, feature_sizes, unique_sent)
-    part = ops.partition_by_owner(owner_keys, comm.size, name="partition")
-    payload = tf.gather(payload, part.order)
+        return InputDist(unique_keys, sent_segments, splits, inverse, feature_sizes, unique_sent)
+    part = ops.partition_by_owner(unique_keys, comm.size, segment_ids=sent_segments, name="partition")
     # I_r = I_s after I_u: where each fused position's unique pair sits in the send buffer.
     recover_index = tf.gather(tf.math.invert_permutation(part.order), inverse)
-    received, received_splits = comm.alltoall(payload, part.splits, name=f"{prefix}/keys")
-    return InputDist(received, received_splits, recover_index, feature_sizes, unique_sent)
+    name = f"{prefix}/keys"
+    if fusion == "source_hash":
+        received, received_splits = comm.alltoall(part.keys, part.splits, name=name)
+        return InputDist(received, None, received_splits, recover_index, feature_sizes, unique_sent)
+    if group.encoding == "packed":
+        key_bits = ops.packed_key_bits(num_categories)
+        packed = tf.bitwise.bitwise_or(tf.bitwise.left_shift(tf.cast(part.segment_ids, tf.int64), key_bits), part.keys)
+        received, received_splits = comm.alltoall(packed, part.splits, name=name)
+        received_segments, received_ids = ops.decode_unified_keys(received, num_categories)
+    else:
+        pairs = tf.stack([part.keys, tf.cast(part.segment_ids, tf.int64)], axis=1)
+        received, received_splits = comm.alltoall(pairs, part.splits, name=name)
+        received_ids, received_segments = received[:, 0], tf.cast(received[:, 1], tf.int32)
+    return InputDist(received_ids, received_segments, received_splits, recover_index, feature_sizes, unique_sent)
 
 
 @tf.custom_gradient
@@ -77,7 +90,7 @@ def _gather_rows(rows, index):
     return tf.gather(rows, index), grad
 
 
-def lookup(group, received, table, training, fusion="deferred"):
+def lookup(group, dist, table, training, fusion="deferred"):
     """On the owner: unique over the received pairs from all peers, table lookup, gather to received order.
 
     Returns:
@@ -85,7 +98,7 @@ def lookup(group, received, table, training, fusion="deferred"):
       for source_hash where categories are gone).
     """
     if fusion == "source_hash":
-        unified, inverse = tf.unique(received[:, 0], out_idx=tf.int32)
+        unified, inverse = tf.unique(dist.received_ids, out_idx=tf.int32)
         categories = ids = None
         if group.encoding == "packed":
             # Packed keys still carry the category, so new rows start where the other modes' do. Hashed keys do not:
@@ -94,10 +107,13 @@ def lookup(group, received, table, training, fusion="deferred"):
         rows = table.lookup(unified, categories, ids, training)
         unknown = tf.fill([group.num_categories], tf.constant(-1, tf.int64))
         return Lookup(_gather_rows(rows, inverse), unknown)
-    ids = received[:, 0]
-    categories = tf.cast(received[:, 1], tf.int32)
+    ids, categories = dist.received_ids, dist.received_segments
     unique = ops.category_unique(ids, categories, group.num_categories, group.encoding, name="category_unique")
-    unique_ids = tf.math.unsorted_segment_max(ids, unique.inverse, tf.size(unique.unified_keys))
+    unique_ids = None  # the id of each unique pair: only Hashed initial rows need it
+    if table.hashed and group.encoding == "packed":
+        _, unique_ids = ops.decode_unified_keys(unique.unified_keys, group.num_categories)
+    elif table.hashed:
+        unique_ids = tf.math.unsorted_segment_max(ids, unique.inverse, tf.size(unique.unified_keys))
     rows = table.lookup(unique.unified_keys, unique.unique_segment_ids, unique_ids, training)
     return Lookup(_gather_rows(rows, unique.inverse), tf.cast(unique.segment_counts, tf.int64))
 

@@ -103,7 +103,7 @@ class FusedEmbedding(tf.keras.layers.Layer):
                     with tf.name_scope("input_dist"):
                         dist = lookup_lib.input_dist(group, ids, self.comm, prefix, self.dedup, self.fusion)
                     with tf.name_scope("lookup"):
-                        looked = lookup_lib.lookup(group, dist.received, table, training, self.fusion)
+                        looked = lookup_lib.lookup(group, dist, table, training, self.fusion)
                     with tf.name_scope("output_dist"):
                         rows = lookup_lib.output_dist(looked.embeddings, dist, self.comm, prefix,
                                                       group.num_categories)

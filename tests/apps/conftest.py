@@ -1,0 +1,211 @@
+"""Shared helpers of the app tests (python -m tf_fusedrec.train / tf_fusedrec.bench, the models, the YAML configs).
+
+* ``tiny_config(...)`` -- a fresh dict of the tiny experiment every app test trains: 4 sparse features (A1, A2 of
+  dim 8; B1 of dim 4; B2 of dim 4, multi-hot with 0 to 3 ids), vocab 1000, 3 dense features, batch 64, DLRM with
+  bottom MLP [8, 4] (interaction dim 4: the dim-8 features are projected) and top MLP [8]; DCN-v2 with 1 cross
+  layer and deep MLP [8] when ``model_name="dcn"``. One optimizer, two dims: two spec groups.
+* ``write_config(path, raw)`` -- writes such a dict as YAML.
+* ``run_app(module, args, workers=1)`` -- runs ``python -m <module> args`` in a subprocess, alone or under
+  ``horovodrun -np N -H localhost:N --gloo`` (found next to sys.executable), in its own process group with a
+  timeout that ends the whole group, and returns an :class:`AppRun` whose ``describe()`` (command, exit status and
+  the tail of stdout and stderr) goes into every failure message.
+* ``summaries(run)`` -- the ``summary: {...}`` lines the train app printed, as (rank, dict).
+
+The helpers are reached through the session fixture ``apps`` (a namespace), so the test modules need not import
+this file.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = Path(sys.executable)
+HOROVODRUN = PYTHON.with_name("horovodrun")
+RUN_TIMEOUT_S = 300  # per subprocess; the machine is shared, so generous
+# Set by horovodrun for its workers; the apps take their presence to mean "I am a Horovod worker".
+_WORKER_ENV = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
+               "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK")
+
+TINY_FEATURES = ("A1", "A2", "B1", "B2")
+TINY_DIMS = {"A1": 8, "A2": 8, "B1": 4, "B2": 4}
+TINY_BATCH = 64
+
+_TINY = {
+    "name": "tiny",
+    "data": {"source": "synthetic", "num_dense": 3, "seed": 0, "eval_batches": 2},
+    "feature_defaults": {"vocab": 1000, "zipf": 1.1, "max_id_bits": 10,
+                         "optimizer": {"name": "adagrad", "learning_rate": 0.05}},
+    "features": [
+        {"name": "A{i}", "repeat": 2, "dim": 8},
+        {"name": "B1", "dim": 4},
+        {"name": "B2", "dim": 4, "hotness": [0, 3]},
+    ],
+    "model": {"name": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8], "cross_layers": 1, "deep_mlp": [8]},
+    "train": {"batch_size": TINY_BATCH, "steps": 6, "checkpoint_every": 2, "log_every": 1,
+              "dense_optimizer": {"name": "adam", "learning_rate": 0.01}},
+}
+
+
+def tiny_config(model_name="dlrm", **sections):
+    """A fresh raw (YAML-shaped) dict of the tiny experiment with model.name = model_name; ``sections`` update its
+    top-level mappings, e.g. ``tiny_config(train={"steps": 4})`` (merged into "train") or ``features=[...]``
+    (replaced)."""
+    raw = copy.deepcopy(_TINY)
+    raw["model"]["name"] = model_name
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(raw.get(key), dict):
+            raw[key].update(copy.deepcopy(value))
+        else:
+            raw[key] = copy.deepcopy(value)
+    return raw
+
+
+def write_config(path, raw):
+    import yaml  # noqa: PLC0415
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def _tail(text, n=4000):
+    return text if len(text) <= n else "...\n" + text[-n:]
+
+
+@dataclasses.dataclass
+class AppRun:
+    cmd: list
+    rc: "int | None"  # None: timed out
+    stdout: str
+    stderr: str
+    took: float
+
+    def describe(self):
+        status = f"timed out after {RUN_TIMEOUT_S} s" if self.rc is None else f"exit status {self.rc}"
+        return (f"{' '.join(self.cmd)}\n{status} after {self.took:.0f} s\n--- stdout (tail) ---\n{_tail(self.stdout)}"
+                f"\n--- stderr (tail) ---\n{_tail(self.stderr)}")
+
+    def expect_ok(self):
+        assert self.rc == 0, self.describe()
+        return self
+
+    def expect_error(self, *fragments, rc=2):
+        """Exit status `rc`, an 'error: ...' line on stderr containing every fragment, no traceback."""
+        assert self.rc == rc, f"expected exit status {rc}\n{self.describe()}"
+        errors = [line for line in self.stderr.splitlines() if re.match(r"^(\[\d+\]<stderr>:)?error: ", line)]
+        assert errors, f"no 'error: ...' line on stderr\n{self.describe()}"
+        text = "\n".join(errors)
+        for fragment in fragments:
+            assert fragment in text, f"{fragment!r} is not in the error message {text!r}\n{self.describe()}"
+        assert "Traceback" not in self.stderr, f"a traceback instead of a clean error\n{self.describe()}"
+        return text
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if k not in _WORKER_ENV}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def _execute(cmd, timeout):
+    """Runs cmd in its own process group; on timeout ends that group (horovodrun and its workers)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out, err
+    except subprocess.TimeoutExpired:
+        out, err = "", ""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                out, err = proc.communicate(timeout=10)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            out, err = proc.communicate()
+        return None, out or "", err or ""
+
+
+def run_app(module, args, workers=1, timeout=RUN_TIMEOUT_S):
+    """``python -m module args`` alone (workers=1) or under horovodrun with `workers` Gloo workers on localhost."""
+    args = [str(a) for a in args]
+    if workers == 1:
+        cmd = [str(PYTHON), "-m", module] + args
+    else:
+        assert HOROVODRUN.exists(), f"horovod is importable but {HOROVODRUN} does not exist"
+        cmd = [str(HOROVODRUN), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo",
+               str(PYTHON), "-m", module] + args
+    start = time.monotonic()
+    rc, out, err = _execute(cmd, timeout)
+    return AppRun(cmd, rc, out, err, time.monotonic() - start)
+
+
+_SUMMARY = re.compile(r"^(?:\[(\d+)\]<stdout>:)?summary: (.*)$")
+
+
+def summaries(run):
+    """[(rank, dict)] of the 'summary: {json}' lines on stdout (rank 0 when horovodrun added no prefix)."""
+    found = []
+    for line in run.stdout.splitlines():
+        m = _SUMMARY.match(line)
+        if m:
+            try:
+                body = json.loads(m.group(2))
+            except json.JSONDecodeError as e:
+                raise AssertionError(f"summary line is not JSON ({e}): {line!r}\n{run.describe()}") from None
+            assert isinstance(body, dict), f"summary is not a JSON object: {line!r}\n{run.describe()}"
+            found.append((int(m.group(1) or 0), body))
+    return found
+
+
+def the_summary(run):
+    """The one summary of a run, printed by rank 0 only."""
+    found = summaries(run)
+    assert len(found) == 1, f"expected one 'summary: ' line, found {len(found)}\n{run.describe()}"
+    assert found[0][0] == 0, f"the summary was printed by rank {found[0][0]}, not rank 0\n{run.describe()}"
+    return found[0][1]
+
+
+def require_horovod():
+    """Skips the calling test when Horovod is not importable (as tests/distributed does)."""
+    pytest.importorskip("horovod.tensorflow", reason="Horovod (horovod.tensorflow) is not importable")
+
+
+@pytest.fixture(scope="session")
+def apps():
+    return types.SimpleNamespace(
+        ROOT=ROOT, PYTHON=PYTHON, HOROVODRUN=HOROVODRUN, RUN_TIMEOUT_S=RUN_TIMEOUT_S,
+        TINY_FEATURES=TINY_FEATURES, TINY_DIMS=TINY_DIMS, TINY_BATCH=TINY_BATCH,
+        tiny_config=tiny_config, write_config=write_config, run_app=run_app,
+        summaries=summaries, the_summary=the_summary, require_horovod=require_horovod,
+    )
+
+
+@pytest.fixture
+def tiny_yaml(tmp_path):
+    """tiny_yaml(model_name="dlrm", name="tiny.yaml", **sections) -> path of the tiny config in tmp_path."""
+
+    def make(model_name="dlrm", name="tiny.yaml", **sections):
+        return write_config(tmp_path / name, tiny_config(model_name, **sections))
+
+    return make

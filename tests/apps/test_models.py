@@ -1,0 +1,168 @@
+"""DLRM and DCN-v2 on FusedEmbedding and on PerFeatureEmbedding (in-process, one worker).
+
+The tiny features of conftest (two dims, a multi-hot feature), batches from tf_fusedrec.data.synthetic_dataset:
+
+* the two embedding layers start from equal Hashed rows, so the same model (same seeds) gives the same logits [B]
+  on either, in training and inference calls;
+* gradients reach every dense variable and the embedding tables;
+* DLRM projects embeddings whose dim is not the interaction dim (bottom_mlp[-1]);
+* num_dense=0 works for both models (the batch then has no "dense" key).
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_fusedrec as fr
+from tf_fusedrec import config as cfg
+from tf_fusedrec import data
+from tf_fusedrec import models
+
+RTOL, ATOL = 1e-5, 1e-6
+MODELS = ["dlrm", "dcn"]
+LAYERS = ["fused", "per_feature"]
+
+
+def tiny(apps, num_dense=3, **features_kw):
+    return cfg.parse_config(apps.tiny_config(data={"num_dense": num_dense}, **features_kw))
+
+
+def batch_of(config, step=0):
+    inputs = [data.SparseInput(f.name, f.vocab, f.zipf, tuple(f.hotness) if isinstance(f.hotness, list)
+                               else f.hotness) for f in config.features]
+    ds = data.synthetic_dataset(inputs, config.data.num_dense, 64, seed=0, start_step=step, steps=step + 1)
+    return next(iter(ds))
+
+
+_counter = iter(range(10**6))
+
+
+def build(config, model_name, layer_kind, bottom_mlp=None):
+    features = config.embedding_features()
+    name = f"sparse_{layer_kind}_{next(_counter)}"
+    if layer_kind == "fused":
+        embedding = fr.FusedEmbedding(features, optimizer="adagrad", name=name)
+    else:
+        embedding = fr.PerFeatureEmbedding(features, optimizer="adagrad", name=name)
+    m = config.model
+    if model_name == "dlrm":
+        return models.DLRM(embedding, bottom_mlp=bottom_mlp or m.bottom_mlp, top_mlp=m.top_mlp,
+                           num_dense=config.data.num_dense)
+    return models.DCNv2(embedding, cross_layers=m.cross_layers, deep_mlp=m.deep_mlp, num_dense=config.data.num_dense)
+
+
+def test_batch_premises(apps):
+    """What the other tests rely on: both dims, a ragged multi-hot feature with empty rows, dense features."""
+    config = tiny(apps)
+    features, labels = batch_of(config)
+    assert sorted(features) == sorted(list(apps.TINY_FEATURES) + ["dense"])
+    assert isinstance(features["B2"], tf.RaggedTensor)
+    assert (features["B2"].row_lengths().numpy() == 0).any() and (features["B2"].row_lengths().numpy() > 1).any()
+    assert features["dense"].shape == (64, 3) and labels.shape == (64,)
+    assert {f.dim for f in config.features} == {4, 8} and config.model.bottom_mlp[-1] == 4
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+def test_fused_and_per_feature_give_the_same_logits(apps, model_name):
+    config = tiny(apps)
+    features, _ = batch_of(config)
+    fused = build(config, model_name, "fused")
+    per_feature = build(config, model_name, "per_feature")
+    for training in (False, True):
+        got = fused(features, training=training)
+        want = per_feature(features, training=training)
+        assert got.shape == (64,) and want.shape == (64,), (got.shape, want.shape)
+        assert np.isfinite(got.numpy()).all()
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=RTOL, atol=ATOL,
+                                   err_msg=f"{model_name} logits (training={training}): fused vs per_feature")
+    # not a degenerate model: the logits depend on the example
+    assert np.std(got.numpy()) > 0
+    # the same dense weights (seeded), so the only thing that could differ is the embedding layer
+    dense_f, dense_p = dense_variables(fused), dense_variables(per_feature)
+    assert [tuple(v.shape) for v in dense_f] == [tuple(v.shape) for v in dense_p] and dense_f
+    for a, b in zip(dense_f, dense_p):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=f"{a.name} vs {b.name}")
+
+
+def dense_variables(model):
+    tables = {id(v) for v in model.embedding.embedding_variables()}
+    return [v for v in model.trainable_variables if id(v) not in tables]
+
+
+@pytest.mark.parametrize("layer_kind", LAYERS)
+@pytest.mark.parametrize("model_name", MODELS)
+def test_gradients_reach_dense_variables_and_tables(apps, model_name, layer_kind):
+    config = tiny(apps)
+    features, labels = batch_of(config)
+    model = build(config, model_name, layer_kind)
+    loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
+    with tf.GradientTape() as tape:
+        loss = loss_fn(labels, model(features, training=True))
+    variables = model.trainable_variables
+    grads = tape.gradient(loss, variables)
+    tables = model.embedding.embedding_variables()
+    assert tables and {id(v) for v in tables} <= {id(v) for v in variables}, \
+        "the embedding tables are not among the model's trainable variables"
+    expected_tables = 2 if layer_kind == "fused" else len(apps.TINY_FEATURES)
+    assert len(tables) == expected_tables, [v.name for v in tables]
+    dense = dense_variables(model)
+    assert dense, "no dense variables"
+    missing = [v.name for v, g in zip(variables, grads) if g is None]
+    assert not missing, f"{model_name}/{layer_kind}: no gradient for {missing}"
+    for v, g in zip(variables, grads):
+        values = g.values if isinstance(g, tf.IndexedSlices) else g
+        assert np.isfinite(values.numpy()).all(), v.name
+    # the gradients are not all zero (the loss depends on the embeddings and on the dense weights)
+    for group in (tables, dense):
+        norms = [float(tf.norm(g.values if isinstance(g, tf.IndexedSlices) else g))
+                 for v, g in zip(variables, grads) if any(v is w for w in group)]
+        assert max(norms) > 0, norms
+
+
+@pytest.mark.parametrize("layer_kind", LAYERS)
+def test_dlrm_projects_other_dims(apps, layer_kind):
+    config = tiny(apps)
+    features, _ = batch_of(config)
+    # interaction dim 4: the dim-8 features are projected to 4
+    model = build(config, "dlrm", layer_kind)
+    logits = model(features, training=True)
+    assert logits.shape == (64,) and np.isfinite(logits.numpy()).all()
+    assert sorted(model.projections) == ["8"]
+    assert model.projections["8"].kernel.shape == (8, 4)
+    # interaction dim 8: the dim-4 features are projected to 8
+    model = build(config, "dlrm", layer_kind, bottom_mlp=(8, 8))
+    logits = model(features, training=True)
+    assert logits.shape == (64,) and np.isfinite(logits.numpy()).all()
+    assert sorted(model.projections) == ["4"]
+    assert model.projections["4"].kernel.shape == (4, 8)
+    # 4 features + the bottom MLP's output: 5 vectors, 10 pairwise interactions, + the dense vector -> top MLP
+    assert model.top.layers[0].kernel.shape[0] == 5 * 4 // 2 + 8
+
+
+def test_dlrm_with_one_dim_has_no_projection(apps):
+    config = tiny(apps, features=[{"name": "A{i}", "repeat": 3, "dim": 4}])
+    features, _ = batch_of(config)
+    model = build(config, "dlrm", "fused")
+    assert model(features, training=True).shape == (64,)
+    assert not model.projections
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+def test_no_dense_features(apps, model_name):
+    config = tiny(apps, num_dense=0)
+    features, _ = batch_of(config)
+    assert "dense" not in features
+    fused = build(config, model_name, "fused")
+    per_feature = build(config, model_name, "per_feature")
+    got = fused(features, training=True)
+    want = per_feature(features, training=True)
+    assert got.shape == (64,) and np.isfinite(got.numpy()).all()
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=RTOL, atol=ATOL)
+    if model_name == "dlrm":
+        assert fused.bottom is None
+        # 4 embedding vectors only: 6 pairwise interactions feed the top MLP
+        assert fused.top.layers[0].kernel.shape[0] == 4 * 3 // 2
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(fused(features, training=True))
+    grads = tape.gradient(loss, fused.trainable_variables)
+    assert all(g is not None for g in grads), [v.name for v, g in zip(fused.trainable_variables, grads) if g is None]
