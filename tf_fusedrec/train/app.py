@@ -80,12 +80,14 @@ def make_dataset(config, batch_size, rank, size, held_out=False, start_step=0, s
         return data.synthetic_dataset(inputs, d.num_dense, batch_size, seed=d.seed, rank=rank, num_ranks=size,
                                       steps=steps, held_out=held_out, start_step=start_step)
     if d.source == "criteo":
+        # Criteo files have no split: the first eval_batches batches of each worker are held out from training.
         ds = data.criteo_dataset(d.path, batch_size, rank=rank, num_ranks=size, num_dense=d.num_dense)
-    else:
-        ds = data.movielens_dataset(d.path, batch_size, rank=rank, num_ranks=size,
-                                    split="test" if held_out else "train", seed=d.seed)
-    ds = ds.skip(start_step) if not held_out else ds
-    return ds.repeat() if not held_out else ds
+        if held_out:
+            return ds.take(d.eval_batches)
+        return ds.skip(d.eval_batches).repeat().skip(start_step)
+    ds = data.movielens_dataset(d.path, batch_size, rank=rank, num_ranks=size,
+                                split="test" if held_out else "train", seed=d.seed)
+    return ds if held_out else ds.repeat().skip(start_step)
 
 
 def check_features_match(config, sample):
