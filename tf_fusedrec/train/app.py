@@ -86,7 +86,7 @@ def make_dataset(config, batch_size, rank, size, held_out=False, start_step=0, s
             return ds.take(d.eval_batches)
         return ds.skip(d.eval_batches).repeat().skip(start_step)
     ds = data.movielens_dataset(d.path, batch_size, rank=rank, num_ranks=size,
-                                split="test" if held_out else "train", seed=d.seed)
+                                split="test" if held_out else "train", seed=d.seed, shuffle=not held_out)
     return ds if held_out else ds.repeat().skip(start_step)
 
 
