@@ -324,7 +324,7 @@ def _expand_features(raw_features, defaults, where):
     features, seen = [], set()
     for field, entry in expanded:
         feature = _build(FeatureConfig, entry, field)
-        if not isinstance(feature.dim, int) or feature.dim <= 0:
+        if isinstance(feature.dim, bool) or not isinstance(feature.dim, int) or feature.dim <= 0:
             raise ValueError(f"{field}: dim must be a positive int, got {feature.dim!r}")
         if not isinstance(feature.vocab, int) or feature.vocab <= 0:
             raise ValueError(f"{field}: vocab must be a positive int, got {feature.vocab!r}")
@@ -358,9 +358,10 @@ def parse_config(raw, where="config"):
     if model.name not in MODELS:
         raise ValueError(f"{where}.model.name: must be one of {MODELS}, got {model.name!r}")
     train = _build(TrainConfig, raw.get("train"), f"{where}.train")
-    for key in ("batch_size", "steps"):
-        if not isinstance(getattr(train, key), int) or getattr(train, key) <= 0:
-            raise ValueError(f"{where}.train.{key}: must be a positive int, got {getattr(train, key)!r}")
+    for key in ("batch_size", "steps", "checkpoint_every", "log_every"):
+        value = getattr(train, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{where}.train.{key}: must be a positive int, got {value!r}")
     features = _expand_features(raw["features"], raw.get("feature_defaults") or {}, where)
     return ExperimentConfig(name=raw.get("name", where), features=features, data=data, model=model, train=train)
 

@@ -140,7 +140,11 @@ def sweep_config(base, num_features):
 def main(argv=None):
     args = parse_args(argv)
     rank, size = app.init_workers()
-    config = cfg.load_config(args.config)
+    try:
+        config = cfg.load_config(args.config)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     modes = [m for m in args.modes.split(",") if m]
     unknown = [m for m in modes if m not in MODES]
     if unknown:

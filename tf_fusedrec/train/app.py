@@ -154,8 +154,8 @@ def count_alltoall_ops(concrete_function):
 def run(args):
     rank, size = init_workers()
     config = cfg.load_config(args.config)
-    steps = args.steps or config.train.steps
-    batch_size = args.batch_size or config.train.batch_size
+    steps = args.steps if args.steps is not None else config.train.steps
+    batch_size = args.batch_size if args.batch_size is not None else config.train.batch_size
     if steps <= 0 or batch_size <= 0:
         raise ValueError("--steps and --batch-size must be positive")
     import tf_fusedrec as fr  # noqa: PLC0415

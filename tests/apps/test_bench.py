@@ -1,0 +1,120 @@
+"""`python -m tf_fusedrec.bench` under horovodrun with two Gloo workers, on the tiny config of conftest.
+
+One short run (2 timed steps, 1 repeat, sweep over M = 2 and 4 features) checked for what it writes and prints:
+OUT/bench.json with every mode and the sweep, OUT/bench.png, and the table on stdout. Nothing here asserts on
+timings or on ratios between modes: only that they were measured (> 0). An unknown --modes value exits with 2.
+"""
+
+import json
+import math
+import os
+
+import pytest
+
+import tf_fusedrec as fr
+from tf_fusedrec import config as cfg
+
+MODULE = "tf_fusedrec.bench"
+MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused")
+SWEEP_MODES = ("fused", "per_feature", "tfra_hand_fused")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory, apps):
+    """{run, out, report, config} of one 2-worker benchmark run (run once per module)."""
+    apps.require_horovod()
+    where = tmp_path_factory.mktemp("bench")
+    config = apps.write_config(where / "tiny.yaml", apps.tiny_config())
+    out = where / "out"
+    run = apps.run_app(MODULE, ["--config", config, "--steps", 2, "--repeats", 1, "--warmup", 1, "--batches", 2,
+                                "--sweep", "2,4", "--sweep-steps", 1, "--out", out], workers=2)
+    result = {"run": run, "out": out, "config": config, "report": None}
+    if run.rc == 0 and (out / "bench.json").exists():
+        with open(out / "bench.json") as f:
+            result["report"] = json.load(f)
+    return result
+
+
+def ok(bench):
+    run = bench["run"]
+    run.expect_ok()
+    assert bench["report"] is not None, f"no {bench['out'] / 'bench.json'}\n{run.describe()}"
+    return run, bench["report"]
+
+
+def check_mode_entry(entry, what):
+    assert isinstance(entry, dict), f"{what}: {entry!r}"
+    sps = entry.get("samples_per_s")
+    assert isinstance(sps, float) and math.isfinite(sps) and sps > 0, f"{what}: samples_per_s {sps!r}"
+    ops = entry.get("alltoall_ops_in_step_graph")
+    assert isinstance(ops, int) and not isinstance(ops, bool) and ops > 0, f"{what}: alltoall_ops_in_step_graph {ops!r}"
+    calls = entry.get("alltoall_calls_per_step")
+    assert isinstance(calls, (int, float)) and calls > 0, f"{what}: alltoall_calls_per_step {calls!r}"
+    mean_bytes = entry.get("alltoall_mean_message_bytes")
+    assert isinstance(mean_bytes, (int, float)) and mean_bytes > 0, f"{what}: alltoall_mean_message_bytes {mean_bytes!r}"
+    # the meter counts what the graph holds: one call per all-to-all op per step
+    assert calls == ops, f"{what}: {calls} all-to-all calls per step, {ops} all-to-all ops in the step graph"
+
+
+def test_bench_exits_0_and_writes_the_report(bench):
+    run, report = ok(bench)
+    assert report["workers"] == 2 and report["config"] == "tiny", report
+    assert report["batch_size_per_worker"] == 64 and report["steps"] == 2 and report["repeats"] == 1, report
+    assert list(report["modes"]) == list(MODES), list(report["modes"])
+    for mode in MODES:
+        check_mode_entry(report["modes"][mode], mode)
+        assert len(report["modes"][mode]["samples_per_s_repeats"]) == 1, report["modes"][mode]
+
+
+def test_bench_alltoall_counts(bench):
+    _, report = ok(bench)
+    config = cfg.load_config(bench["config"])
+    groups = len(fr.FusedEmbedding(config.embedding_features()).groups)
+    features = len(config.features)
+    dims = len({f.dim for f in config.features})
+    modes = report["modes"]
+    assert modes["per_feature"]["alltoall_calls_per_step"] > modes["fused"]["alltoall_calls_per_step"], modes
+    for mode in ("fused", "fused_nodedup", "fused_source_hash"):
+        assert modes[mode]["alltoall_ops_in_step_graph"] == 3 * groups, (mode, modes[mode])
+    assert modes["per_feature"]["alltoall_ops_in_step_graph"] == 3 * features, modes["per_feature"]
+    assert modes["tfra_hand_fused"]["alltoall_ops_in_step_graph"] == 3 * dims, modes["tfra_hand_fused"]
+
+
+def test_bench_sweep(bench):
+    _, report = ok(bench)
+    sweep = report["sweep"]
+    assert sorted(sweep) == ["2", "4"], sorted(sweep)
+    for m, entry in sweep.items():
+        assert sorted(entry) == sorted(SWEEP_MODES), (m, sorted(entry))
+        for mode in SWEEP_MODES:
+            check_mode_entry(entry[mode], f"sweep M={m} {mode}")
+        # one table per feature for per_feature: 3 all-to-alls per feature
+        assert entry["per_feature"]["alltoall_ops_in_step_graph"] == 3 * int(m), (m, entry["per_feature"])
+
+
+def test_bench_png(bench):
+    ok(bench)
+    path = bench["out"] / "bench.png"
+    assert path.exists(), f"no {path}"
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 1000, (len(data), data[:8])
+
+
+def test_bench_prints_the_table(bench):
+    run, _ = ok(bench)
+    assert "| fused |" in run.stdout and "vs per_feature" in run.stdout, run.describe()
+    for mode in MODES:
+        assert f"| {mode} |" in run.stdout, f"no row for {mode}\n{run.describe()}"
+    # sweep rows
+    assert "| 2 |" in run.stdout and "| 4 |" in run.stdout, run.describe()
+    # rank 0 prints the table, rank 1 does not
+    assert "[1]<stdout>:| fused |" not in run.stdout, run.describe()
+    assert str(bench["out"]) in run.stderr and "bench.json" in run.stderr, run.describe()
+
+
+def test_bench_unknown_mode_exits_2(apps, tiny_yaml, tmp_path):
+    out = tmp_path / "out"
+    run = apps.run_app(MODULE, ["--config", tiny_yaml(), "--modes", "fused,warp_speed", "--out", out])
+    run.expect_error("warp_speed")
+    assert not os.path.exists(out / "bench.json")
