@@ -39,7 +39,8 @@ def input_dist(group, ids_per_feature, comm, prefix, dedup="segment", fusion="de
     Returns:
       InputDist: received_ids int64 [m] (fused keys for source_hash); received_segments int32 [m] (None for
       source_hash); received_splits int32 [N]; recover_index int32 [n] (I_r: fused position -> position in the send
-      buffer); feature_sizes int32 [M]; unique_sent int64 [M] pairs sent per category.
+      buffer); feature_sizes int32 [M]; unique_sent int64 [M] pairs sent per category (None with one worker and
+      dedup="segment": no sender-side unique runs then, and the count is the lookup's).
     """
     num_categories = group.num_categories
     with tf.name_scope("fuse"):
@@ -49,13 +50,19 @@ def input_dist(group, ids_per_feature, comm, prefix, dedup="segment", fusion="de
     if fusion == "source_hash":
         fused = ops.category_unique(keys, segments, num_categories, group.encoding, name="source_hash_unique")
         unique_keys, unique_segments, inverse = fused.unified_keys, fused.unique_segment_ids, fused.inverse
-    elif dedup == "segment":
+    elif dedup == "segment" and comm.size > 1:
         unique = ops.segment_unique(keys, segments)
         unique_keys, unique_segments, inverse = unique.unique_keys, unique.unique_segment_ids, unique.inverse
     else:
+        # Nothing to save by deduplicating before a send (dedup="none", or one worker, where the lookup's
+        # category_unique is the only unique the pairs need).
         unique_keys, unique_segments = keys, segments
         inverse = tf.range(tf.size(keys, out_type=tf.int32))
-    unique_sent = tf.math.bincount(unique_segments, minlength=num_categories, maxlength=num_categories, dtype=tf.int64)
+    if fusion != "source_hash" and dedup == "segment" and comm.size == 1:
+        unique_sent = None  # the lookup's per-category unique counts, filled in by the layer
+    else:
+        unique_sent = tf.math.bincount(unique_segments, minlength=num_categories, maxlength=num_categories,
+                                       dtype=tf.int64)
     sent_segments = None if fusion == "source_hash" else unique_segments
 
     if comm.size == 1:

@@ -109,9 +109,12 @@ class FusedEmbedding(tf.keras.layers.Layer):
                                                       group.num_categories)
                 for i, name in enumerate(group.feature_names):
                     outputs[name] = _inputs.unflatten_rows(self._feature[name], rows[i], flats[name].layout)
-                stat_rows.append(tf.stack([tf.cast(dist.feature_sizes, tf.int64), dist.unique_sent,
+                unique_sent = looked.unique_looked_up if dist.unique_sent is None else dist.unique_sent
+                stat_rows.append(tf.stack([tf.cast(dist.feature_sizes, tf.int64), unique_sent,
                                            looked.unique_looked_up], axis=1))
         update = self._statistics.assign(tf.concat(stat_rows, axis=0))
+        if tf.compat.v1.executing_eagerly_outside_functions():
+            return outputs  # eager and tf.function run the stateful update without being asked
         return {name: _common.after([update], out) for name, out in outputs.items()}
 
     def statistics(self):
