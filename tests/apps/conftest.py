@@ -20,10 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
 import time
 import types
@@ -31,13 +28,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.subprocess_runner import ROOT, execute, tail
+
 PYTHON = Path(sys.executable)
 HOROVODRUN = PYTHON.with_name("horovodrun")
 RUN_TIMEOUT_S = 300  # per subprocess; the machine is shared, so generous
-# Set by horovodrun for its workers; the apps take their presence to mean "I am a Horovod worker".
-_WORKER_ENV = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
-               "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK")
 
 TINY_FEATURES = ("A1", "A2", "B1", "B2")
 TINY_DIMS = {"A1": 8, "A2": 8, "B1": 4, "B2": 4}
@@ -82,10 +77,6 @@ def write_config(path, raw):
     return path
 
 
-def _tail(text, n=4000):
-    return text if len(text) <= n else "...\n" + text[-n:]
-
-
 @dataclasses.dataclass
 class AppRun:
     cmd: list
@@ -96,8 +87,8 @@ class AppRun:
 
     def describe(self):
         status = f"timed out after {RUN_TIMEOUT_S} s" if self.rc is None else f"exit status {self.rc}"
-        return (f"{' '.join(self.cmd)}\n{status} after {self.took:.0f} s\n--- stdout (tail) ---\n{_tail(self.stdout)}"
-                f"\n--- stderr (tail) ---\n{_tail(self.stderr)}")
+        return (f"{' '.join(self.cmd)}\n{status} after {self.took:.0f} s\n--- stdout (tail) ---\n{tail(self.stdout)}"
+                f"\n--- stderr (tail) ---\n{tail(self.stderr)}")
 
     def expect_ok(self):
         assert self.rc == 0, self.describe()
@@ -115,37 +106,6 @@ class AppRun:
         return text
 
 
-def _env():
-    env = {k: v for k, v in os.environ.items() if k not in _WORKER_ENV}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    return env
-
-
-def _execute(cmd, timeout):
-    """Runs cmd in its own process group; on timeout ends that group (horovodrun and its workers)."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        return proc.returncode, out, err
-    except subprocess.TimeoutExpired:
-        out, err = "", ""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                out, err = proc.communicate(timeout=10)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        else:
-            out, err = proc.communicate()
-        return None, out or "", err or ""
-
-
 def run_app(module, args, workers=1, timeout=RUN_TIMEOUT_S):
     """``python -m module args`` alone (workers=1) or under horovodrun with `workers` Gloo workers on localhost."""
     args = [str(a) for a in args]
@@ -156,7 +116,7 @@ def run_app(module, args, workers=1, timeout=RUN_TIMEOUT_S):
         cmd = [str(HOROVODRUN), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo",
                str(PYTHON), "-m", module] + args
     start = time.monotonic()
-    rc, out, err = _execute(cmd, timeout)
+    rc, out, err = execute(cmd, timeout)
     return AppRun(cmd, rc, out, err, time.monotonic() - start)
 
 

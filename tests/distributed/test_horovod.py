@@ -18,9 +18,6 @@ Adagrad, tf.function) keeps the default AutoGraph path, so comparisons against i
 from __future__ import annotations
 
 import importlib.util
-import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,9 +25,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.subprocess_runner import execute, tail
+
 pytest.importorskip("horovod.tensorflow", reason="Horovod (horovod.tensorflow) is not importable")
 
-ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = Path(__file__).resolve().with_name("scenario.py")
 HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 
@@ -40,9 +38,6 @@ RUN_TIMEOUT_S = 300
 OPTIMIZERS = ["sgd", "adagrad"]
 # Runs that keep AutoGraph on (scenario.py's default); every other run passes --autograph off.
 AUTOGRAPH_ON = {(2, "fused", "adagrad", "function")}
-# Set by horovodrun for its workers; scenario.py takes their presence to mean "I am a Horovod worker".
-_WORKER_ENV = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
-               "HOROVOD_CROSS_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")
 
 
 def _load_scenario_module():
@@ -69,7 +64,7 @@ class Run:
         self.ranks = []
         for r in range(workers):
             path = Path(out_dir) / f"rank{r}.npz"
-            assert path.exists(), f"{name}: rank {r} wrote no {path.name}\n{_tail(log)}"
+            assert path.exists(), f"{name}: rank {r} wrote no {path.name}\n{tail(log)}"
             with np.load(path) as z:
                 self.ranks.append({k: z[k] for k in z.files})
 
@@ -98,40 +93,6 @@ class Run:
         return out
 
 
-def _tail(text, n=4000):
-    return text if len(text) <= n else "...\n" + text[-n:]
-
-
-def _env():
-    env = {k: v for k, v in os.environ.items() if k not in _WORKER_ENV}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    return env
-
-
-def _execute(cmd, timeout):
-    """Runs cmd in its own process group; on timeout ends that group (horovodrun and its workers)."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=timeout)
-        return proc.returncode, log
-    except subprocess.TimeoutExpired:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                log, _ = proc.communicate(timeout=10)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        else:
-            log, _ = proc.communicate()
-        return None, log or ""
-
-
 def _run_scenario(out_dir, workers, layer, optimizer, steps, mode):
     autograph = "on" if (workers, layer, optimizer, mode) in AUTOGRAPH_ON else "off"
     args = [str(SCENARIO), "--layer", layer, "--optimizer", optimizer, "--steps", str(steps), "--mode", mode,
@@ -143,12 +104,12 @@ def _run_scenario(out_dir, workers, layer, optimizer, steps, mode):
         cmd = [str(HOROVODRUN), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo", sys.executable] + args
     name = f"{layer}/{optimizer}/{workers} worker(s)/{mode}/{steps} steps/autograph {autograph}"
     start = time.monotonic()
-    rc, log = _execute(cmd, RUN_TIMEOUT_S)
+    rc, log, _ = execute(cmd, RUN_TIMEOUT_S, merge_stderr=True)
     took = time.monotonic() - start
     if rc is None:
-        raise AssertionError(f"{name}: timed out after {RUN_TIMEOUT_S} s: {' '.join(cmd)}\n{_tail(log)}")
+        raise AssertionError(f"{name}: timed out after {RUN_TIMEOUT_S} s: {' '.join(cmd)}\n{tail(log)}")
     if rc != 0:
-        raise AssertionError(f"{name}: exit status {rc} after {took:.0f} s: {' '.join(cmd)}\n{_tail(log)}")
+        raise AssertionError(f"{name}: exit status {rc} after {took:.0f} s: {' '.join(cmd)}\n{tail(log)}")
     return Run(name, out_dir, workers, log)
 
 

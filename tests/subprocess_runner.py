@@ -1,0 +1,50 @@
+"""Running the project's programs in subprocesses from tests: alone or under horovodrun, in their own process group,
+with a timeout that ends the whole group (horovodrun and its workers), in an environment without the variables that
+would make a child believe it is a Horovod worker."""
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Set by horovodrun for its workers; the programs take their presence to mean "I am a Horovod worker".
+WORKER_ENV = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
+              "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK")
+
+
+def tail(text, n=4000):
+    return text if len(text) <= n else "...\n" + text[-n:]
+
+
+def child_env():
+    env = {k: v for k, v in os.environ.items() if k not in WORKER_ENV}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def execute(cmd, timeout, merge_stderr=False):
+    """Runs cmd from the repository root. Returns (exit status or None on timeout, stdout, stderr); with
+    merge_stderr, stderr is folded into stdout and returned as ""."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out, err or ""
+    except subprocess.TimeoutExpired:
+        out, err = "", ""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                out, err = proc.communicate(timeout=10)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        else:
+            out, err = proc.communicate()
+        return None, out or "", err or ""
