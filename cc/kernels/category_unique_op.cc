@@ -6,7 +6,6 @@
 #include "cc/kernels/kernel_util.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
-#include "tensorflow/core/lib/gtl/cleanup.h"
 
 namespace tensorflow {
 namespace fusedrec {
@@ -23,19 +22,14 @@ template <typename K>
 struct CategoryUniqueFunctor<CPUDevice, K> {
   Status operator()(OpKernelContext* ctx, const Tensor& keys, const Tensor& segment_ids, int64_t num_segments,
                     KeyEncoding encoding) {
-    const int64_t n = keys.NumElements();
-    Tensor* inverse = nullptr;
-    TF_RETURN_IF_ERROR(ctx->allocate_output(1, TensorShape({n}), &inverse));
-    // Kept per thread between calls, like the table: only its capacity survives (it is cleared here).
-    static thread_local impl::PairSet<K> unique;
-    unique.entries.clear();
-    auto release = gtl::MakeCleanup([] {
-      if (unique.entries.capacity() > impl::kMaxRetainedSlots) decltype(unique.entries)().swap(unique.entries);
+    return WithUniquePairs<K>(ctx, keys, segment_ids, /*inverse_index=*/1, [&](const impl::PairSet<K>& unique) {
+      return EncodeUniquePairs(ctx, unique, num_segments, encoding);
     });
-    impl::PairDedup<K>(keys.flat<K>().data(), segment_ids.flat<int32>().data(), n, NumCpuThreads(ctx),
-                       CpuRunner(ctx), inverse->flat<int32>().data(), &unique);
+  }
 
-    // Unique pairs are few next to N, so encoding and checking them here is cheaper than per input key.
+  // Unique pairs are few next to N, so encoding and checking them here is cheaper than per input key.
+  static Status EncodeUniquePairs(OpKernelContext* ctx, const impl::PairSet<K>& unique, int64_t num_segments,
+                                  KeyEncoding encoding) {
     const int64_t u = unique.size();
     Tensor *unified_keys = nullptr, *unique_segment_ids = nullptr, *segment_counts = nullptr;
     TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({u}), &unified_keys));

@@ -68,6 +68,24 @@ inline impl::ParallelRunner CpuRunner(OpKernelContext* ctx) {
   };
 }
 
+// Deduplicates the (segment_ids[i], keys[i]) pairs, writes the inverse into output `inverse_index`, and hands the
+// unique pairs to `use`. The PairSet is a per-thread buffer kept between calls (like the table's slots), released
+// after use once it grew past kMaxRetainedSlots.
+template <typename K, typename Use>
+Status WithUniquePairs(OpKernelContext* ctx, const Tensor& keys, const Tensor& segment_ids, int inverse_index,
+                       Use use) {
+  const int64_t n = keys.NumElements();
+  Tensor* inverse = nullptr;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(inverse_index, TensorShape({n}), &inverse));
+  static thread_local impl::PairSet<K> unique;
+  unique.entries.clear();
+  impl::PairDedup<K>(keys.flat<K>().data(), segment_ids.flat<int32>().data(), n, NumCpuThreads(ctx),
+                     CpuRunner(ctx), inverse->flat<int32>().data(), &unique);
+  const Status status = use(static_cast<const impl::PairSet<K>&>(unique));
+  if (unique.entries.capacity() > impl::kMaxRetainedSlots) decltype(unique.entries)().swap(unique.entries);
+  return status;
+}
+
 }  // namespace fusedrec
 }  // namespace tensorflow
 

@@ -5,7 +5,6 @@
 #include "cc/kernels/kernel_util.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
-#include "tensorflow/core/lib/gtl/cleanup.h"
 
 namespace tensorflow {
 namespace fusedrec {
@@ -15,32 +14,23 @@ using CPUDevice = Eigen::ThreadPoolDevice;
 template <typename K>
 struct SegmentUniqueFunctor<CPUDevice, K> {
   Status operator()(OpKernelContext* ctx, const Tensor& keys, const Tensor& segment_ids) {
-    const int64_t n = keys.NumElements();
-    Tensor* inverse = nullptr;
-    TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({n}), &inverse));
-    // Kept per thread between calls, like the table: only its capacity survives (it is cleared here).
-    static thread_local impl::PairSet<K> unique;
-    unique.entries.clear();
-    auto release = gtl::MakeCleanup([] {
-      if (unique.entries.capacity() > impl::kMaxRetainedSlots) decltype(unique.entries)().swap(unique.entries);
+    return WithUniquePairs<K>(ctx, keys, segment_ids, /*inverse_index=*/2, [ctx](const impl::PairSet<K>& unique) {
+      const TensorShape shape({unique.size()});
+      Tensor *unique_keys = nullptr, *unique_segment_ids = nullptr, *counts = nullptr;
+      TF_RETURN_IF_ERROR(ctx->allocate_output(0, shape, &unique_keys));
+      TF_RETURN_IF_ERROR(ctx->allocate_output(1, shape, &unique_segment_ids));
+      TF_RETURN_IF_ERROR(ctx->allocate_output(3, shape, &counts));
+      auto k = unique_keys->flat<K>();
+      auto s = unique_segment_ids->flat<int32>();
+      auto c = counts->flat<int32>();
+      for (int64_t j = 0; j < unique.size(); ++j) {
+        const auto& e = unique.entries[j];
+        k(j) = e.key;
+        s(j) = e.segment;
+        c(j) = e.count;
+      }
+      return OkStatus();
     });
-    impl::PairDedup<K>(keys.flat<K>().data(), segment_ids.flat<int32>().data(), n, NumCpuThreads(ctx),
-                       CpuRunner(ctx), inverse->flat<int32>().data(), &unique);
-    const TensorShape shape({unique.size()});
-    Tensor *unique_keys = nullptr, *unique_segment_ids = nullptr, *counts = nullptr;
-    TF_RETURN_IF_ERROR(ctx->allocate_output(0, shape, &unique_keys));
-    TF_RETURN_IF_ERROR(ctx->allocate_output(1, shape, &unique_segment_ids));
-    TF_RETURN_IF_ERROR(ctx->allocate_output(3, shape, &counts));
-    auto k = unique_keys->flat<K>();
-    auto s = unique_segment_ids->flat<int32>();
-    auto c = counts->flat<int32>();
-    for (int64_t j = 0; j < unique.size(); ++j) {
-      const auto& e = unique.entries[j];
-      k(j) = e.key;
-      s(j) = e.segment;
-      c(j) = e.count;
-    }
-    return OkStatus();
   }
 };
 

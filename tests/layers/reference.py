@@ -13,10 +13,10 @@ import hashlib
 
 import numpy as np
 
-MASK64 = (1 << 64) - 1
-C1 = np.uint64(0xBF58476D1CE4E5B9)
-C2 = np.uint64(0x94D049BB133111EB)
-GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+from tf_fusedrec.ops import reference as ops_reference
+from tf_fusedrec.ops.reference import MASK64, mix64, mix64_int, to_int64
+
+GOLDEN = np.uint64(ops_reference.GOLDEN)
 
 
 def as_u64(x):
@@ -24,37 +24,10 @@ def as_u64(x):
     return np.asarray(x).astype(np.int64).view(np.uint64)
 
 
-def mix64(x):
-    """splitmix64 finalizer on uint64 arrays (wrapping arithmetic)."""
-    x = np.asarray(x, dtype=np.uint64).copy()
-    with np.errstate(over="ignore"):
-        x ^= x >> np.uint64(30)
-        x *= C1
-        x ^= x >> np.uint64(27)
-        x *= C2
-        x ^= x >> np.uint64(31)
-    return x
-
-
-def mix64_int(x):
-    """The same on one Python int (a second, scalar implementation)."""
-    x &= MASK64
-    x ^= x >> 30
-    x = (x * 0xBF58476D1CE4E5B9) & MASK64
-    x ^= x >> 27
-    x = (x * 0x94D049BB133111EB) & MASK64
-    x ^= x >> 31
-    return x
-
-
-def to_signed(u):
-    return u - (1 << 64) if u >= (1 << 63) else u
-
-
 def feature_salt(seed, name):
     """Documented salt: blake2b-64 of "seed/name", little-endian, as a signed int64."""
     digest = hashlib.blake2b(f"{int(seed)}/{name}".encode(), digest_size=8).digest()
-    return to_signed(int.from_bytes(digest, "little"))
+    return to_int64(int.from_bytes(digest, "little"))
 
 
 def hashed_rows(ids, salts, dim, stddev=0.05):
@@ -118,7 +91,7 @@ def unified_keys(ids, category, num_categories, encoding):
         shift = 63 - packed_segment_bits(num_categories)
         return np.array([(category << shift) | i for i in ids], np.int64)
     salt = mix64_int(category + 0x9E3779B97F4A7C15)
-    return np.array([to_signed(mix64_int((i & MASK64) ^ salt)) for i in ids], np.int64)
+    return np.array([to_int64(mix64_int((i & MASK64) ^ salt)) for i in ids], np.int64)
 
 
 # --------------------------------------------------------------------------------------------------------------

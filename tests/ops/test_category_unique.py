@@ -4,29 +4,17 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tf_fusedrec.ops.reference import GOLDEN, MASK64, mix64_int, to_int64
+
 KEY_DTYPES = [np.int32, np.int64]
 ENCODINGS = ["packed", "hashed"]
 FIELDS = ("unified_keys", "inverse", "unique_segment_ids", "segment_counts")
-MASK64 = (1 << 64) - 1
-GOLDEN = 0x9E3779B97F4A7C15
 
 # b = max(1, ceil(log2(num_segments))), worked out by hand.
 EXPECTED_BITS = {1: 1, 2: 1, 3: 2, 4: 2, 5: 3, 7: 3, 8: 3, 9: 4, 26: 5, 32: 5, 33: 6, 100: 7, 128: 7, 129: 8,
                  2**20: 20, 2**20 + 1: 21}
 
 
-def mix64_int(x):
-    x &= MASK64
-    x ^= x >> 30
-    x = (x * 0xBF58476D1CE4E5B9) & MASK64
-    x ^= x >> 27
-    x = (x * 0x94D049BB133111EB) & MASK64
-    x ^= x >> 31
-    return x
-
-
-def to_int64(u):
-    return u - (1 << 64) if u >= (1 << 63) else u
 
 
 def hashed_int(seg, key):

@@ -4,19 +4,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tf_fusedrec.ops.reference import MASK64, mix64_int
+
 KEY_DTYPES = [np.int32, np.int64]
-MASK64 = (1 << 64) - 1
 
 
-def mix64_int(x):
-    """splitmix64 finalizer with Python ints (an implementation independent of the NumPy oracle)."""
-    x &= MASK64
-    x ^= x >> 30
-    x = (x * 0xBF58476D1CE4E5B9) & MASK64
-    x ^= x >> 27
-    x = (x * 0x94D049BB133111EB) & MASK64
-    x ^= x >> 31
-    return x
 
 
 def owner_int(key, num_ranks):

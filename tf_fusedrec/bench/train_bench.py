@@ -21,7 +21,6 @@ import sys
 import time
 
 import numpy as np
-import tensorflow as tf
 
 from tf_fusedrec import config as cfg
 from tf_fusedrec.train import app
@@ -64,18 +63,7 @@ class Runner:
         self.optimizer = fr.train.make_optimizer(self.model, default=config.train.dense_optimizer)
         self.batches = batches
         self.i = 0
-        loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
-        model, optimizer = self.model, self.optimizer
-
-        @tf.function(autograph=False)
-        def step(features, labels):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(labels, model(features, training=True))
-            variables = model.trainable_variables
-            optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-            return loss
-
-        self.step = step
+        self.step = app.make_train_step(self.model, self.optimizer)
 
     def run(self, steps):
         loss = None

@@ -64,6 +64,26 @@ def _to_uint64(keys):
     return np.asarray(keys).astype(np.int64).view(np.uint64)
 
 
+MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+
+
+def mix64_int(x):
+    """mix64 on one Python int, written independently of the array version so each checks the other."""
+    x &= MASK64
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & MASK64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & MASK64
+    x ^= x >> 31
+    return x
+
+
+def to_int64(u):
+    """A uint64 bit pattern held in a Python int, read as int64."""
+    return u - (1 << 64) if u >= (1 << 63) else u
+
+
 def mix64(x):
     """The splitmix64 finalizer on a uint64 array (wrapping arithmetic). Returns np.uint64 array."""
     x = np.array(x, dtype=np.uint64, copy=True)

@@ -143,6 +143,25 @@ class Progress:
             print(text, file=sys.stderr, flush=True)
 
 
+def make_train_step(model, optimizer, step_var=None):
+    """The compiled step: binary cross-entropy on logits, mean over this worker's batch; counts steps in step_var."""
+    loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
+
+    # No AutoGraph: the step has no tensor-dependent Python control flow, and converting Keras and TFRA code
+    # costs more than the training run on small configs.
+    @tf.function(autograph=False)
+    def train_step(features, labels):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(features, training=True))
+        variables = model.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        if step_var is not None:
+            step_var.assign_add(1)
+        return loss
+
+    return train_step
+
+
 def count_alltoall_ops(concrete_function):
     graph = concrete_function.graph
     ops = list(graph.get_operations())
@@ -192,18 +211,7 @@ def run(args):
         raise ValueError(f"--model-dir is already at step {start} >= --steps {steps}; ask for more steps")
     dataset = make_dataset(config, batch_size, rank, size, start_step=start)
 
-    loss_fn = tf.keras.losses.BinaryCrossentropy(from_logits=True)
-
-    # No AutoGraph: the step has no tensor-dependent Python control flow, and converting Keras and TFRA code
-    # costs more than the training run on small configs.
-    @tf.function(autograph=False)
-    def train_step(features, labels):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(features, training=True))
-        variables = model.trainable_variables
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        step_var.assign_add(1)
-        return loss
+    train_step = make_train_step(model, optimizer, step_var)
 
     writer = tf.summary.create_file_writer(os.path.join(args.model_dir, "tensorboard")) \
         if args.model_dir and rank == 0 else None
