@@ -7,15 +7,13 @@ feature's optimizer. Kept in the benchmark only.
 """
 
 import tensorflow as tf
-from tensorflow_recommenders_addons import dynamic_embedding as de
 
 from tf_fusedrec import config as cfg
 from tf_fusedrec import initializers
 from tf_fusedrec.distributed import comm as comm_lib
-from tf_fusedrec.distributed.table import unique_table_name
 from tf_fusedrec.layers import _common
 from tf_fusedrec.layers import _inputs
-from tf_fusedrec.layers.per_feature_embedding import _HashedInitHvdVariable, owner_partition
+from tf_fusedrec.layers.per_feature_embedding import make_tfra_layer
 
 FEATURE_SHIFT = 48
 
@@ -32,17 +30,7 @@ class HandFusedTFRAEmbedding(tf.keras.layers.Layer):
             self._by_dim.setdefault(f.dim, []).append(f)
         self._layers, self._optimizers = {}, {}
         for dim, members in sorted(self._by_dim.items()):
-            layer = de.keras.layers.HvdAllToAllEmbedding(
-                embedding_size=dim, key_dtype=tf.int64, initializer=initializers.tfra_initializer(initializer),
-                name=unique_table_name(f"{self.name}-d{dim}"), mpi_size=self.comm.size, partitioner=owner_partition,
-            )
-            if initializers.is_hashed(initializer):
-                salt = initializers.feature_salt(initializer.seed, f"d{dim}")
-                layer.hvd_variable = _HashedInitHvdVariable(
-                    lambda ids, d=dim, s=salt: initializer.rows(ids, tf.fill(tf.shape(ids), tf.constant(s, tf.int64)),
-                                                                d),
-                    layer.name, layer.shadow, dim, mpi_size=self.comm.size,
-                )
+            layer, _ = make_tfra_layer(f"{self.name}-d{dim}", dim, initializer, f"d{dim}", self.comm)
             self._layers[dim] = layer
             first = members[0]
             self._optimizers[dim] = first.optimizer if first.optimizer is not None else self.default_optimizer

@@ -47,6 +47,32 @@ class _HashedInitHvdVariable(HvdVariable):
             return tf.identity(received), remote_sizes, indices
 
 
+def make_tfra_layer(name, dim, initializer, salt_key, comm):
+    """One TFRA HvdAllToAllEmbedding sharded by owner_of. With a Hashed initializer, new rows are inserted on the owner
+    right after the keys all-to-all, salted by feature_salt(seed, salt_key).
+
+    Returns:
+      (layer, rows_of_ids): rows_of_ids(ids int64 [n]) -> the Hashed initial rows, or None for other initializers.
+    """
+    layer = de.keras.layers.HvdAllToAllEmbedding(
+        embedding_size=dim,
+        key_dtype=tf.int64,
+        initializer=initializers.tfra_initializer(initializer),
+        name=unique_table_name(scope_safe(name)),
+        mpi_size=comm.size,
+        partitioner=owner_partition,
+    )
+    if not initializers.is_hashed(initializer):
+        return layer, None
+    salt = tf.constant(initializers.feature_salt(initializer.seed, salt_key), tf.int64)
+
+    def rows_of_ids(ids):
+        return initializer.rows(ids, tf.fill(tf.shape(ids), salt), dim)
+
+    layer.hvd_variable = _HashedInitHvdVariable(rows_of_ids, layer.name, layer.shadow, dim, mpi_size=comm.size)
+    return layer, rows_of_ids
+
+
 @tf.keras.utils.register_keras_serializable(package="FusedRec")
 class PerFeatureEmbedding(tf.keras.layers.Layer):
     """One TFRA HvdAllToAllEmbedding per feature (the baseline). Same arguments and call as FusedEmbedding."""
@@ -58,32 +84,16 @@ class PerFeatureEmbedding(tf.keras.layers.Layer):
         self.default_optimizer = cfg.optimizer_spec(optimizer, f"{self.name}: optimizer")
         self.default_initializer = initializers.get(initializer) or _common.default_initializer()
         self.comm = comm_lib.get_comm(comm)
-        self._layers, self._optimizers, self._initializers = {}, {}, {}
+        self._feature = {f.name: f for f in self.features}
+        self._layers, self._optimizers, self._fresh_rows = {}, {}, {}
         for f in sorted(self.features, key=lambda f: f.name):
             initializer = f.initializer if f.initializer is not None else self.default_initializer
-            self._initializers[f.name] = initializer
             self._optimizers[f.name] = f.optimizer if f.optimizer is not None else self.default_optimizer
-            layer = de.keras.layers.HvdAllToAllEmbedding(
-                embedding_size=f.dim,
-                key_dtype=tf.int64,
-                initializer=initializers.tfra_initializer(initializer),
-                name=unique_table_name(scope_safe(f"{self.name}-{f.name}")),
-                mpi_size=self.comm.size,
-                partitioner=owner_partition,
+            self._layers[f.name], self._fresh_rows[f.name] = make_tfra_layer(
+                f"{self.name}-{f.name}", f.dim, initializer, f.name, self.comm
             )
-            if initializers.is_hashed(initializer):
-                salt = initializers.feature_salt(initializer.seed, f.name)
-                rows = self._hashed_rows(initializer, salt, f.dim)
-                layer.hvd_variable = _HashedInitHvdVariable(
-                    rows, layer.name, layer.shadow, f.dim, mpi_size=self.comm.size
-                )
-            self._layers[f.name] = layer
         self._shadows = [self._layers[n].shadow for n in sorted(self._layers)]
         self._table_params = [self._layers[n].params for n in sorted(self._layers)]
-
-    @staticmethod
-    def _hashed_rows(initializer, salt, dim):
-        return lambda ids: initializer.rows(ids, tf.fill(tf.shape(ids), tf.constant(salt, tf.int64)), dim)
 
     @property
     def groups(self):
@@ -108,24 +118,18 @@ class PerFeatureEmbedding(tf.keras.layers.Layer):
         outputs = {}
         with tf.control_dependencies(checks):
             for name in sorted(self._layers):
-                feature, layer = next(f for f in self.features if f.name == name), self._layers[name]
+                feature, layer, fresh = self._feature[name], self._layers[name], self._fresh_rows[name]
                 ids = tf.identity(flats[name].ids)
-                initializer = self._initializers[name]
                 if training is False:
-                    values, exists = layer.params.lookup(ids, return_exists=True)
-                    if initializers.is_hashed(initializer):
-                        salt = initializers.feature_salt(initializer.seed, name)
-                        fresh = self._hashed_rows(initializer, salt, feature.dim)(ids)
-                        values = tf.where(exists[:, None], values, fresh)
-                    rows = values
+                    rows, exists = layer.params.lookup(ids, return_exists=True)
+                    if fresh is not None:
+                        rows = tf.where(exists[:, None], rows, fresh(ids))
                 else:
-                    if self.comm.size == 1 and initializers.is_hashed(initializer):
+                    if self.comm.size == 1 and fresh is not None:
                         # TFRA skips the relocation with one worker: insert here, where the ids are local.
-                        salt = initializers.feature_salt(initializer.seed, name)
                         unique_ids, _ = tf.unique(ids)
-                        fresh = self._hashed_rows(initializer, salt, feature.dim)
                         insert = insert_missing_rows(
-                            layer.params, unique_ids, lambda m: fresh(tf.boolean_mask(unique_ids, m))
+                            layer.params, unique_ids, lambda m: fresh(tf.boolean_mask(unique_ids, m))  # noqa: B023
                         )
                         ids = _common.after([insert], ids)
                     rows = layer(ids)
