@@ -274,3 +274,10 @@ def expect_error(call, match, *values):
 @pytest.fixture(name="check")
 def check_fixture():
     return types.SimpleNamespace(assert_same=assert_same, expect_error=expect_error, ERRORS=ERRORS)
+
+
+@pytest.fixture(autouse=True)
+def fresh_keras_session():
+    """Each test starts from a clear Keras session: layer and table names of earlier tests are free again."""
+    tf.keras.backend.clear_session()
+    yield

@@ -217,6 +217,7 @@ def group_features(features, default_optimizer, default_initializer):
 
 DATA_SOURCES = ("synthetic", "criteo", "movielens")
 MODELS = ("dlrm", "dcn")
+PIPELINES = ("sync", "dbp", "fwp")
 
 
 @dataclasses.dataclass
@@ -270,6 +271,9 @@ class TrainConfig:
     dense_optimizer: Any = dataclasses.field(default_factory=lambda: {"name": "adam", "learning_rate": 0.001})
     checkpoint_every: int = 100
     log_every: int = 10
+    pipeline: str = "sync"  # TrainPipeline schedule: sync | dbp | fwp
+    micro_batches: int = 2  # k of the fwp schedule
+    cluster_samples: bool = False  # key-centric sample clustering of the fwp micro-batches
 
 
 @dataclasses.dataclass
@@ -358,7 +362,11 @@ def parse_config(raw, where="config"):
     if model.name not in MODELS:
         raise ValueError(f"{where}.model.name: must be one of {MODELS}, got {model.name!r}")
     train = _build(TrainConfig, raw.get("train"), f"{where}.train")
-    for key in ("batch_size", "steps", "checkpoint_every", "log_every"):
+    if train.pipeline not in PIPELINES:
+        raise ValueError(f"{where}.train.pipeline: must be one of {PIPELINES}, got {train.pipeline!r}")
+    if not isinstance(train.cluster_samples, bool):
+        raise ValueError(f"{where}.train.cluster_samples: must be true or false, got {train.cluster_samples!r}")
+    for key in ("batch_size", "steps", "checkpoint_every", "log_every", "micro_batches"):
         value = getattr(train, key)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{where}.train.{key}: must be a positive int, got {value!r}")

@@ -8,7 +8,7 @@ import pytest
 
 import tf_fusedrec as fr
 from tf_fusedrec import config as cfg
-from tf_fusedrec.train import app
+from tf_fusedrec.train import app, experiment
 
 
 def parse(raw):
@@ -211,15 +211,15 @@ def test_top_level_must_be_a_mapping():
 def test_check_features_match(apps):
     config = parse(apps.tiny_config())
     sample = {name: object() for name in apps.TINY_FEATURES}
-    app.check_features_match(config, sample)  # no error
-    app.check_features_match(config, {**sample, "dense": object()})  # "dense" is not a sparse feature
+    experiment.check_features_match(config, sample)  # no error
+    experiment.check_features_match(config, {**sample, "dense": object()})  # "dense" is not a sparse feature
 
 
 def test_check_features_match_data_feature_missing_from_config(apps):
     config = parse(apps.tiny_config())
     sample = {**{name: object() for name in apps.TINY_FEATURES}, "C9": object(), "dense": object()}
     with pytest.raises(ValueError) as info:
-        app.check_features_match(config, sample)
+        experiment.check_features_match(config, sample)
     assert "'C9'" in str(info.value) and "missing from features" in str(info.value), str(info.value)
 
 
@@ -227,7 +227,7 @@ def test_check_features_match_configured_feature_not_in_data(apps):
     config = parse(apps.tiny_config())
     sample = {"A1": object(), "A2": object(), "B2": object(), "dense": object()}
     with pytest.raises(ValueError) as info:
-        app.check_features_match(config, sample)
+        experiment.check_features_match(config, sample)
     assert "'B1'" in str(info.value) and "not in the" in str(info.value), str(info.value)
 
 

@@ -15,7 +15,7 @@ import tf_fusedrec as fr
 from tf_fusedrec import config as cfg
 
 MODULE = "tf_fusedrec.bench"
-MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused")
+MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused", "fused_dbp", "fused_fwp")
 SWEEP_MODES = ("fused", "per_feature", "tfra_hand_fused")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -75,8 +75,15 @@ def test_bench_alltoall_counts(bench):
     dims = len({f.dim for f in config.features})
     modes = report["modes"]
     assert modes["per_feature"]["alltoall_calls_per_step"] > modes["fused"]["alltoall_calls_per_step"], modes
-    for mode in ("fused", "fused_nodedup", "fused_source_hash"):
+    for mode in ("fused", "fused_nodedup", "fused_source_hash", "fused_dbp"):
         assert modes[mode]["alltoall_ops_in_step_graph"] == 3 * groups, (mode, modes[mode])
+    # fwp: per micro-batch and group, the next batch's keys, the embeddings and their gradients.
+    k = config.train.micro_batches
+    assert modes["fused_fwp"]["alltoall_ops_in_step_graph"] == 3 * k * groups, modes["fused_fwp"]
+    for mode in ("fused_dbp", "fused_fwp"):
+        busy, exposed = (modes[mode][key] for key in ("alltoall_busy_seconds_per_step",
+                                                      "exposed_alltoall_seconds_per_step"))
+        assert 0 < exposed <= busy, (mode, busy, exposed)
     assert modes["per_feature"]["alltoall_ops_in_step_graph"] == 3 * features, modes["per_feature"]
     assert modes["tfra_hand_fused"]["alltoall_ops_in_step_graph"] == 3 * dims, modes["tfra_hand_fused"]
 

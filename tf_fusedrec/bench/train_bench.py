@@ -4,12 +4,14 @@
         [--config configs/criteo_synthetic.yaml] [--steps 10] [--repeats 3] [--out bench_results]
 
 Modes: fused (FusedEmbedding), per_feature (one TFRA HvdAllToAllEmbedding per feature, the baseline),
-fused_nodedup and fused_source_hash (the ablations), tfra_hand_fused (TFRA's per-dim hand fusion). Every mode is
-built in one process and trains on the same pre-generated batches; after a warm-up the modes alternate, each
-repeat timing `--steps` steps of every mode, so drift on the machine hits all modes alike. Reported per mode:
-samples/s over all workers (median of repeats), all-to-all calls per step (forward + backward), mean bytes per
-all-to-all, seconds per step spent in the forward all-to-alls (waiting for peers included), and each ratio to
-per_feature. A second pass trains fused, per_feature and tfra_hand_fused on synthetic configs with M features for
+fused_nodedup and fused_source_hash (the ablations), tfra_hand_fused (TFRA's per-dim hand fusion), and fused_dbp /
+fused_fwp (FusedEmbedding trained by fr.train.TrainPipeline with the dual-buffer and frozen-window schedules; k and
+sample clustering from the config's train.micro_batches and train.cluster_samples). Every mode is built in one
+process and trains on the same pre-generated batches; after a warm-up the modes alternate, each repeat timing
+`--steps` steps of every mode, so drift on the machine hits all modes alike. Reported per mode: samples/s over all
+workers (median of repeats), all-to-all calls per step (forward + backward), mean bytes per all-to-all, seconds per
+step spent in the forward all-to-alls (waiting for peers included), the time per step at least one all-to-all was
+in flight and the part of it no dense compute hid (exposed), and each ratio to per_feature. A second pass trains fused, per_feature and tfra_hand_fused on synthetic configs with M features for
 M in --sweep. Writes OUT/bench.json, OUT/bench.png and prints the table the README shows.
 """
 
@@ -21,17 +23,20 @@ import sys
 import time
 
 import numpy as np
+import tensorflow as tf
 
 from tf_fusedrec import config as cfg
-from tf_fusedrec.train import app
+from tf_fusedrec.distributed import comm as comm_lib
+from tf_fusedrec.train import experiment
 
-MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused")
+MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused", "fused_dbp", "fused_fwp")
+PIPELINED = {"fused_dbp": "dbp", "fused_fwp": "fwp"}
 BASELINE = "per_feature"
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m tf_fusedrec.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default=app.DEFAULT_CONFIG)
+    p.add_argument("--config", default=experiment.DEFAULT_CONFIG)
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--batch-size", type=int, help="per worker (default: the config's)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per mode and repeat")
@@ -44,48 +49,51 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def build_embedding(mode, features, config):
+def build_embedding(mode, features, config, comm):
     if mode == "tfra_hand_fused":
         from tf_fusedrec.bench.strawman import HandFusedTFRAEmbedding  # noqa: PLC0415
 
-        return HandFusedTFRAEmbedding(features, optimizer=config.train.sparse_optimizer, name="sparse")
-    return app.make_embedding(mode, features, config)
+        return HandFusedTFRAEmbedding(features, optimizer=config.train.sparse_optimizer, comm=comm, name="sparse")
+    return experiment.make_embedding("fused" if mode in PIPELINED else mode, features, config, comm=comm)
 
 
 class Runner:
-    """One mode: its own tables, model, optimizer and compiled train step, on shared batches."""
+    """One mode: its own tables (in a variable scope named after the config and the mode), model, optimizer and
+    TrainPipeline, on the shared batches, cycled."""
 
-    def __init__(self, mode, config, batches):
+    def __init__(self, mode, config, batches, comm, meter):
         import tf_fusedrec as fr  # noqa: PLC0415
 
         self.mode = mode
-        self.model = app.make_model(config, build_embedding(mode, config.embedding_features(), config))
+        with tf.compat.v1.variable_scope(f"{config.name}/{mode}"):
+            embedding = build_embedding(mode, config.embedding_features(), config, comm)
+        self.model = experiment.make_model(config, embedding)
         self.optimizer = fr.train.make_optimizer(self.model, default=config.train.dense_optimizer)
-        self.batches = batches
-        self.i = 0
-        self.step = app.make_train_step(self.model, self.optimizer)
+        schedule = PIPELINED.get(mode, "sync")
+        fwp = schedule == "fwp"
+        self.pipeline = fr.train.TrainPipeline(
+            self.model, self.optimizer, experiment.binary_cross_entropy(), batches.repeat(), schedule=schedule,
+            micro_batches=config.train.micro_batches if fwp else 1,
+            cluster_samples=config.train.cluster_samples if fwp else False, meter=meter)
 
     def run(self, steps):
         loss = None
         for _ in range(steps):
-            features, labels = self.batches[self.i % len(self.batches)]
-            self.i += 1
-            loss = self.step(features, labels)
+            loss = self.pipeline.progress()
         return float(loss)
 
     def alltoall_ops(self):
-        features, labels = self.batches[0]
-        return app.count_alltoall_ops(self.step.get_concrete_function(features, labels))
+        return experiment.count_alltoall_ops(self.pipeline.concrete_step())
 
 
-def measure(config, modes, args, rank, size, meter, log):
+def measure(config, modes, args, comm, meter, log):
     batch_size = args.batch_size or config.train.batch_size
-    data = app.make_dataset(config, batch_size, rank, size).take(args.batches)
-    batches = [(f, y) for f, y in data]
+    batches = experiment.make_dataset(config, batch_size, comm.rank, comm.size).take(args.batches).cache()
+    layer_comm = meter.wrap(comm) if meter is not None else comm
     runners = {}
     for mode in modes:
         log(f"  building {mode}")
-        runners[mode] = Runner(mode, config, batches)
+        runners[mode] = Runner(mode, config, batches, layer_comm, meter)
         runners[mode].run(args.warmup)
     samples = {m: [] for m in modes}
     traffic = {m: [] for m in modes}
@@ -96,13 +104,14 @@ def measure(config, modes, args, rank, size, meter, log):
             t0 = time.perf_counter()
             runners[mode].run(args.steps)
             elapsed = time.perf_counter() - t0
-            samples[mode].append(batch_size * size * args.steps / elapsed)
+            samples[mode].append(batch_size * comm.size * args.steps / elapsed)
             if meter is not None:
                 traffic[mode].append(meter.per_step(args.steps))
         log(f"  repeat {r + 1}/{args.repeats}: " + ", ".join(f"{m} {samples[m][-1]:,.0f}" for m in modes))
     results = {}
     for mode in modes:
         entry = {"samples_per_s": float(np.median(samples[mode])), "samples_per_s_repeats": samples[mode],
+                 "step_seconds": batch_size * comm.size / float(np.median(samples[mode])),
                  "alltoall_ops_in_step_graph": runners[mode].alltoall_ops()}
         if traffic[mode]:
             for key in traffic[mode][0]:
@@ -127,7 +136,8 @@ def sweep_config(base, num_features):
 
 def main(argv=None):
     args = parse_args(argv)
-    rank, size = app.init_workers()
+    comm = comm_lib.init_workers()
+    rank, size = comm.rank, comm.size
     try:
         config = cfg.load_config(args.config)
     except (ValueError, FileNotFoundError) as e:
@@ -140,7 +150,7 @@ def main(argv=None):
         sys.exit(2)
     from tf_fusedrec.distributed.meter import AlltoallMeter  # noqa: PLC0415
 
-    meter = AlltoallMeter().install() if size > 1 else None
+    meter = AlltoallMeter() if size > 1 else None
 
     def log(msg):
         if rank == 0:
@@ -148,14 +158,14 @@ def main(argv=None):
 
     log(f"bench: {config.name}, {size} workers, batch {args.batch_size or config.train.batch_size} per worker, "
         f"modes {modes}")
-    results = measure(config, modes, args, rank, size, meter, log)
+    results = measure(config, modes, args, comm, meter, log)
     sweep = {}
     counts = [int(m) for m in args.sweep.split(",") if m]
     sweep_modes = [m for m in ("fused", "per_feature", "tfra_hand_fused") if m in modes]
     sweep_args = argparse.Namespace(**{**vars(args), "steps": args.sweep_steps, "repeats": 2})
     for m in counts:
         log(f"sweep: M = {m} features")
-        sweep[m] = measure(sweep_config(config, m), sweep_modes, sweep_args, rank, size, meter, log)
+        sweep[m] = measure(sweep_config(config, m), sweep_modes, sweep_args, comm, meter, log)
     if rank == 0:
         report = {"config": config.name, "workers": size, "batch_size_per_worker": args.batch_size or
                   config.train.batch_size, "steps": args.steps, "repeats": args.repeats, "modes": results,
@@ -173,14 +183,19 @@ def main(argv=None):
 def table(report):
     modes = report["modes"]
     base = modes.get(BASELINE, {}).get("samples_per_s")
-    lines = ["| mode | samples/s (all workers) | vs per_feature | all-to-alls / step | mean bytes / all-to-all "
-             "| forward all-to-all s / step |", "|---|---:|---:|---:|---:|---:|"]
+    fused = modes.get("fused", {}).get("samples_per_s")
+    lines = ["| mode | samples/s (all workers) | vs per_feature | vs fused | all-to-alls / step | mean bytes / all-to-all "
+             "| forward all-to-all s / step | all-to-all in flight s / step | exposed all-to-all s / step |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for mode, r in modes.items():
         ratio = f"{r['samples_per_s'] / base:.2f}x" if base else "-"
+        vs_fused = f"{r['samples_per_s'] / fused:.2f}x" if fused else "-"
         calls = r.get("alltoall_calls_per_step", r["alltoall_ops_in_step_graph"])
-        lines.append(f"| {mode} | {r['samples_per_s']:,.0f} | {ratio} | {calls:.0f} | "
+        lines.append(f"| {mode} | {r['samples_per_s']:,.0f} | {ratio} | {vs_fused} | {calls:.0f} | "
                      f"{r.get('alltoall_mean_message_bytes', 0):,.0f} | "
-                     f"{r.get('forward_alltoall_seconds_per_step', 0):.4f} |")
+                     f"{r.get('forward_alltoall_seconds_per_step', 0):.4f} | "
+                     f"{r.get('alltoall_busy_seconds_per_step', 0):.4f} | "
+                     f"{r.get('exposed_alltoall_seconds_per_step', 0):.4f} |")
     if report["sweep"]:
         sweep_modes = list(next(iter(report["sweep"].values())))
         lines += ["", "| features M | " + " | ".join(f"{m} samples/s" for m in sweep_modes) + " | fused vs per_feature |",
@@ -199,21 +214,36 @@ def chart(report, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    fig, axes = plt.subplots(1, 2 if report["sweep"] else 1, figsize=(12 if report["sweep"] else 6, 4.5))
+    panels = 2 + bool(report["sweep"])
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels, 4.8))
     axes = np.atleast_1d(axes)
     modes = report["modes"]
     axes[0].bar(list(modes), [r["samples_per_s"] for r in modes.values()], color="tab:blue")
     axes[0].set_ylabel("samples/s (all workers)")
     axes[0].set_title(f"{report['config']}, {report['workers']} workers")
     axes[0].tick_params(axis="x", rotation=30)
+    # Step time = compute + exposed all-to-all; hidden all-to-all (in flight while compute ran) drawn beside.
+    names = list(modes)
+    step_ms = np.array([modes[m]["step_seconds"] * 1e3 for m in names])
+    exposed = np.array([modes[m].get("exposed_alltoall_seconds_per_step", 0.0) * 1e3 for m in names])
+    hidden = np.array([(modes[m].get("alltoall_busy_seconds_per_step", 0.0)
+                        - modes[m].get("exposed_alltoall_seconds_per_step", 0.0)) * 1e3 for m in names])
+    x = np.arange(len(names))
+    axes[1].bar(x - 0.2, step_ms - exposed, 0.4, label="compute (step - exposed)", color="tab:green")
+    axes[1].bar(x - 0.2, exposed, 0.4, bottom=step_ms - exposed, label="exposed all-to-all", color="tab:red")
+    axes[1].bar(x + 0.2, hidden, 0.4, label="hidden all-to-all (overlapped)", color="tab:orange")
+    axes[1].set_xticks(x, names, rotation=30)
+    axes[1].set_ylabel("ms per step")
+    axes[1].set_title("step time split")
+    axes[1].legend(fontsize=8)
     if report["sweep"]:
         counts = sorted(report["sweep"], key=int)
         for mode in next(iter(report["sweep"].values())):
-            axes[1].plot([int(c) for c in counts], [report["sweep"][c][mode]["samples_per_s"] for c in counts],
+            axes[2].plot([int(c) for c in counts], [report["sweep"][c][mode]["samples_per_s"] for c in counts],
                          marker="o", label=mode)
-        axes[1].set_xlabel("number of sparse features M")
-        axes[1].set_ylabel("samples/s (all workers)")
-        axes[1].set_title("samples/s against M")
-        axes[1].legend()
+        axes[2].set_xlabel("number of sparse features M")
+        axes[2].set_ylabel("samples/s (all workers)")
+        axes[2].set_title("samples/s against M")
+        axes[2].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)

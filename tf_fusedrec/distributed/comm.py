@@ -1,36 +1,108 @@
-"""The all-to-all interface the lookup uses, with a single-process backend and a Horovod one.
+"""Everything that crosses workers goes through one comm object: all-to-all, grouped allreduce and allgather.
 
-Horovod is imported lazily, only when asked for, with an actionable error when it is missing.
+Two backends: `SingleProcessComm` (one worker; every collective is the identity and none is issued) and
+`HorovodComm` (Gloo on CPU, NCCL on GPU), the only place in the package that imports Horovod, lazily and with an
+actionable error when it is missing. `MeteredComm` (distributed/meter.py) wraps either to count what moves.
+
+Every collective takes a fixed name: in a graph, Horovod matches the collectives of the workers by name, so names
+must be equal on every worker and distinct among the collectives in flight at the same time.
+
+Order: inside a tf.function, TensorFlow's automatic control dependencies run every stateful op that takes no
+resource in program order, one after the other. Horovod's collectives are such ops, so two independent all-to-alls
+(the next batch's keys and this batch's embeddings, or two micro-batches') would wait for each other and for
+whatever was built between them, and nothing could overlap. Since Horovod matches collectives by name, not by
+order, `order_insensitive(op_types)` takes them out of that chain (they still run before the function returns, and
+after their inputs); it is declared once, for Horovod's op types, when a HorovodComm is built.
 """
 
+import os
 
-class SingleProcessComm:
-    """One worker: all-to-alls are the identity and are never issued."""
+import tensorflow as tf
+from tensorflow.python.framework import auto_control_deps
+
+HOROVOD_OP_TYPES = ("HorovodAlltoall", "HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather",
+                    "HorovodBroadcast")
+
+REDUCE_OPS = ("sum", "average")
+
+# Set by horovodrun (and by tf_fusedrec.cluster) for each worker it starts.
+LAUNCHER_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+class Comm:
+    """The interface. `rank` and `size` are ints; every method takes and returns tensors."""
 
     rank = 0
     size = 1
 
+    def alltoall(self, tensor, splits, name):
+        """Sends tensor[sum(splits[:r]):sum(splits[:r+1])] to rank r; returns (received, received_splits int32 [N])."""
+        raise NotImplementedError
+
+    def allreduce(self, tensors, name, op="average"):
+        """One grouped allreduce of a list of tensors ("sum" or "average" over workers); returns the list."""
+        raise NotImplementedError
+
+    def allgather(self, tensor, name):
+        """Concatenates every worker's tensor along axis 0, in rank order."""
+        raise NotImplementedError
+
+
+class SingleProcessComm(Comm):
+    """One worker: every collective is the identity and is never issued."""
+
     def alltoall(self, tensor, splits, name):  # noqa: ARG002
         return tensor, splits
+
+    def allreduce(self, tensors, name, op="average"):  # noqa: ARG002
+        _check_op(op)
+        return list(tensors)
+
+    def allgather(self, tensor, name):  # noqa: ARG002
+        return tensor
 
     def __repr__(self):
         return "SingleProcessComm()"
 
 
-class HorovodComm:
-    """Horovod all-to-all (Gloo on CPU, NCCL on GPU). Every collective gets the fixed name it is given."""
+class HorovodComm(Comm):
+    """Horovod collectives. Horovod must be initialised (`init_workers()` or `hvd.init()`) first."""
 
     def __init__(self):
         self._hvd = import_horovod()
+        if not self._hvd.is_initialized():
+            raise RuntimeError("comm='horovod': call hvd.init() (or fr.distributed.comm.init_workers()) before "
+                               "creating the layer")
         self.rank = self._hvd.rank()
         self.size = self._hvd.size()
+        order_insensitive(HOROVOD_OP_TYPES)
 
     def alltoall(self, tensor, splits, name):
-        """Sends tensor[sum(splits[:r]):sum(splits[:r+1])] to rank r; returns (received, received_splits)."""
         return self._hvd.alltoall(tensor, splits=splits, name=name)
+
+    def allreduce(self, tensors, name, op="average"):
+        _check_op(op)
+        hvd_op = self._hvd.Average if op == "average" else self._hvd.Sum
+        return self._hvd.grouped_allreduce([tf.convert_to_tensor(t) for t in tensors], op=hvd_op, name=name)
+
+    def allgather(self, tensor, name):
+        return self._hvd.allgather(tensor, name=name)
 
     def __repr__(self):
         return f"HorovodComm(rank={self.rank}, size={self.size})"
+
+
+def order_insensitive(op_types):
+    """Stateful ops of these types are no longer chained in program order in tf.functions traced from now on (see the
+    module docstring). For ops whose effects do not depend on each other's order only."""
+    skipped = auto_control_deps.SKIPPED_ORDER_INSENSITIVE_STATEFUL_OPS
+    if not set(op_types) <= skipped:
+        auto_control_deps.SKIPPED_ORDER_INSENSITIVE_STATEFUL_OPS = frozenset(skipped | set(op_types))
+
+
+def _check_op(op):
+    if op not in REDUCE_OPS:
+        raise ValueError(f"allreduce op must be one of {REDUCE_OPS}, got {op!r}")
 
 
 def import_horovod():
@@ -42,6 +114,19 @@ def import_horovod():
             "builds horovod==0.28.1 with HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1)"
         ) from e
     return hvd
+
+
+def launched_as_worker():
+    """True when a launcher (horovodrun, tf_fusedrec.cluster) started this process as one of several workers."""
+    return any(k in os.environ for k in LAUNCHER_ENV)
+
+
+def init_workers():
+    """The comm of this process: Horovod, initialised, when a launcher started it; one worker otherwise."""
+    if launched_as_worker():
+        import_horovod().init()
+        return HorovodComm()
+    return SingleProcessComm()
 
 
 def horovod_size():
@@ -56,7 +141,7 @@ def horovod_size():
 
 def get_comm(comm=None):
     """Resolves a comm argument: None/"auto" (horovod when initialised with size > 1), "single", "horovod", or an
-    object with rank, size and alltoall(tensor, splits, name)."""
+    object with rank, size, alltoall, allreduce and allgather (a Comm)."""
     if comm is None or comm == "auto":
         return HorovodComm() if horovod_size() > 1 else SingleProcessComm()
     if comm == "single":
@@ -66,3 +151,8 @@ def get_comm(comm=None):
     if all(hasattr(comm, a) for a in ("rank", "size", "alltoall")):
         return comm
     raise ValueError(f"comm must be None, 'auto', 'single', 'horovod' or a comm object, got {comm!r}")
+
+
+def slot_name(prefix, kind, slot):
+    """The collective name of one stage of one in-flight batch: `{prefix}/{kind}/slot{slot}`."""
+    return f"{prefix}/{kind}/slot{slot}"

@@ -5,22 +5,25 @@ copied. New keys get the spec's initializer: Keras initializers are TFRA's defau
 from (seed, feature, id) and inserted on the owner right before the lookup that first touches them.
 """
 
-import collections
-
 import tensorflow as tf
+from tensorflow.python.ops import variable_scope
 from tensorflow_recommenders_addons import dynamic_embedding as de
 
 from tf_fusedrec import initializers
 
-_NAMES = collections.Counter()
 
+def check_table_name(name, owner):
+    """TFRA's get_variable silently hands back an existing table of the same name: refuse instead, naming it.
 
-def unique_table_name(base):
-    """base, base_1, base_2, ... in creation order: TFRA's get_variable would silently share equal names. Every worker
-    builds its layers in the same order, so the names agree across workers."""
-    count = _NAMES[base]
-    _NAMES[base] += 1
-    return base if count == 0 else f"{base}_{count}"
+    Table names derive from the layer's name (and the group's), so two layers of one name in one model (or process,
+    until tf.keras.backend.clear_session()) would share rows. Every worker builds the same names."""
+    scope = variable_scope.get_variable_scope()
+    full_name = f"{scope.name}/{name}" if scope.name else name
+    if full_name in variable_scope._get_default_variable_store()._vars:  # noqa: SLF001  (TFRA's own registry)
+        raise ValueError(f"{owner}: an embedding table named '{full_name}' already exists in this process; give "
+                         f"each embedding layer a distinct name (or build them in distinct "
+                         f"tf.compat.v1.variable_scope's, or call tf.keras.backend.clear_session() between models)")
+    return name
 
 
 def insert_missing_rows(params, keys, rows_of_missing):
@@ -43,7 +46,7 @@ class EmbeddingTable:
     """A sharded dynamic table of `dim`-wide float32 rows keyed by int64.
 
     Args:
-      name: base name (made unique in the process).
+      name: the table's name, derived from the layer's and the group's; must not be taken in this process.
       dim: row width.
       initializer: the spec's initializer.
       salts: for Hashed, the int64 feature_salt of each category (index = category); one entry for a per-feature
@@ -51,7 +54,7 @@ class EmbeddingTable:
     """
 
     def __init__(self, name, dim, initializer, salts):
-        self.name = unique_table_name(name)
+        self.name = check_table_name(name, f"table {name}")
         self.dim = dim
         self.initializer = initializer
         self.hashed = initializers.is_hashed(initializer)

@@ -1,11 +1,14 @@
 """FusedEmbedding: the drop-in replacement for a dict of per-feature TFRA embedding layers."""
 
+import collections
+import contextlib
+
 import tensorflow as tf
 
 from tf_fusedrec import config as cfg
 from tf_fusedrec import initializers
 from tf_fusedrec.distributed import comm as comm_lib
-from tf_fusedrec.distributed import lookup as lookup_lib
+from tf_fusedrec.distributed.group_lookup import make_group_lookup
 from tf_fusedrec.distributed.table import EmbeddingTable
 from tf_fusedrec.layers import _common
 from tf_fusedrec.layers import _inputs
@@ -13,6 +16,11 @@ from tf_fusedrec.layers import _inputs
 DEDUP_MODES = ("segment", "none")
 FUSION_MODES = ("deferred", "source_hash")
 STATISTICS = ("ids", "unique_sent", "unique_looked_up")
+
+EmbeddingDist = collections.namedtuple("EmbeddingDist", ["inputs", "groups"])
+EmbeddingDist.__doc__ = """What FusedEmbedding.input_dist returns and lookup_and_output takes: the input dict (the
+layouts are rebuilt from it) and one GroupDist per group. Tensors only, so it can be returned from one tf.function and
+passed into the next."""
 
 
 @tf.keras.utils.register_keras_serializable(package="FusedRec")
@@ -62,12 +70,16 @@ class FusedEmbedding(tf.keras.layers.Layer):
             self.features, self.default_optimizer, self.default_initializer
         )
         self.comm = comm_lib.get_comm(comm)
-        self.tables = []
+        self.tables, self.group_lookups = [], []
         for group in self._groups:
             initializer = self._initializers[group.feature_names[0]]
             seed = initializer.seed if initializers.is_hashed(initializer) else 0
             salts = [initializers.feature_salt(seed, n) for n in group.feature_names]
-            self.tables.append(EmbeddingTable(f"{self.name}/{group.name}", group.spec.dim, initializer, salts))
+            table = EmbeddingTable(f"{self.name}/{group.name}", group.spec.dim, initializer, salts)
+            self.tables.append(table)
+            self.group_lookups.append(
+                make_group_lookup(group, table, self.comm, self.collective_prefix(group), dedup, fusion))
+        self._injection = _Injection()  # a plain object: Keras must not track the injected tensors
         # Tracked by Keras as the layer's trainable weights (empty in a tf.compat.v1 graph, see EmbeddingTable).
         self._shadows = [t.shadow for t in self.tables if t.shadow is not None]
         # Tracked so tf.train.Checkpoint saves the tables' contents (the shadows only hold one step's rows).
@@ -93,29 +105,93 @@ class FusedEmbedding(tf.keras.layers.Layer):
         return f"FusedRec/{self.name}/{group.name}"
 
     def call(self, inputs, training=None):
-        flats, checks = _common.flatten_inputs(self.features, inputs, self.name)
-        outputs, stat_rows = {}, []
+        if self._injection.outputs is not None:
+            return self._injection.take(self.features, inputs, self.name)
+        return self.lookup_and_output(self.input_dist(inputs), training=training)
+
+    def input_dist(self, inputs, slot=0, send_after=()):
+        """The first half of a call, on ids only: per group fuse -> sender unique -> partition -> keys all-to-all ->
+        category-aware unique on the owner. Reads no table, so a pipeline can run it a batch ahead of the update.
+
+        Args:
+          inputs: the call's input dict (checked here: a bad id raises before any all-to-all).
+          slot: the in-flight slot; collectives are named .../keys/slot{slot}, so batches in distinct slots can be
+            in flight at once.
+          send_after: tensors the keys all-to-alls wait for (the fuse, unique and partition before them do not):
+            a pipeline sends the next batch's keys once the current batch's rows have arrived, so they do not queue
+            in front of them.
+
+        Returns:
+          EmbeddingDist.
+        """
+        flats, checks = self.flatten(inputs)
+        dists = []
         with tf.control_dependencies(checks):
-            for group, table in zip(self._groups, self.tables):
-                with tf.name_scope(group.name):
+            for group, group_lookup in zip(self._groups, self.group_lookups):
+                with tf.name_scope(f"{group.name}/input_dist"):
                     ids = [tf.identity(flats[n].ids) for n in group.feature_names]
-                    prefix = self.collective_prefix(group)
-                    with tf.name_scope("input_dist"):
-                        dist = lookup_lib.input_dist(group, ids, self.comm, prefix, self.dedup, self.fusion)
-                    with tf.name_scope("lookup"):
-                        looked = lookup_lib.lookup(group, dist, table, training, self.fusion)
-                    with tf.name_scope("output_dist"):
-                        rows = lookup_lib.output_dist(looked.embeddings, dist, self.comm, prefix,
-                                                      group.num_categories)
-                for i, name in enumerate(group.feature_names):
-                    outputs[name] = _inputs.unflatten_rows(self._feature[name], rows[i], flats[name].layout)
-                unique_sent = looked.unique_looked_up if dist.unique_sent is None else dist.unique_sent
-                stat_rows.append(tf.stack([tf.cast(dist.feature_sizes, tf.int64), unique_sent,
-                                           looked.unique_looked_up], axis=1))
+                    dists.append(group_lookup.input_dist(ids, slot, send_after))
+        return EmbeddingDist(inputs, tuple(dists))
+
+    def flatten(self, inputs):
+        """Checks the input dict; -> ({name: FlatFeature}, the assertion ops on the ids (negative, too large))."""
+        return _common.flatten_inputs(self.features, inputs, self.name)
+
+    def lookup_and_output(self, dist, training=None, slot=0):
+        """The second half of a call: per group table read -> embeddings all-to-all -> recover -> combiners.
+
+        Args:
+          dist: an EmbeddingDist from input_dist (of this step's batch, possibly computed during the previous step).
+          training: as in call.
+          slot: the slot of the embeddings all-to-all (.../embeddings/slot{slot}).
+
+        Returns:
+          The call's output dict.
+        """
+        return self.lookup_and_output_many([dist], training=training, slots=[slot])[0]
+
+    def lookup_and_output_many(self, dists, training=None, slots=None):
+        """lookup_and_output for the micro-batches of one batch: per group ONE table read over the union of their
+        keys (the table's trainable handle sees one lookup per step), then an embeddings all-to-all per micro-batch
+        (slot slots[i], default i) that a pipeline can overlap with another micro-batch's dense compute.
+
+        Returns:
+          list of output dicts, one per dist.
+        """
+        slots = list(range(len(dists))) if slots is None else list(slots)
+        flats = [self.flatten(d.inputs)[0] for d in dists]
+        outputs = [{} for _ in dists]
+        stat_rows = []
+        for g, (group, group_lookup) in enumerate(zip(self._groups, self.group_lookups)):
+            group_dists = [d.groups[g] for d in dists]
+            with tf.name_scope(f"{group.name}/lookup"):
+                rows = group_lookup.lookup(group_dists, training)
+            for i, (dist, flat) in enumerate(zip(group_dists, flats)):
+                with tf.name_scope(f"{group.name}/output_dist"):
+                    per_feature = group_lookup.output_dist(rows[i], dist, slots[i])
+                for name, feature_rows in zip(group.feature_names, per_feature):
+                    outputs[i][name] = _inputs.unflatten_rows(self._feature[name], feature_rows, flat[name].layout)
+            stat_rows.append(tf.stack([
+                tf.cast(tf.add_n([d.feature_sizes for d in group_dists]), tf.int64),
+                tf.add_n([d.unique_sent for d in group_dists]),
+                _sum_counts([d.unique_looked_up for d in group_dists]),
+            ], axis=1))
         update = self._statistics.assign(tf.concat(stat_rows, axis=0))
         if tf.compat.v1.executing_eagerly_outside_functions():
             return outputs  # eager and tf.function run the stateful update without being asked
-        return {name: _common.after([update], out) for name, out in outputs.items()}
+        return [{name: _common.after([update], out) for name, out in o.items()} for o in outputs]
+
+    @contextlib.contextmanager
+    def injected(self, outputs):
+        """Within the block, the next call of the layer returns `outputs` (a dict from lookup_and_output) after
+        checking the call's input dict: how a pipeline runs a user's model on embeddings it computed ahead."""
+        if self._injection.outputs is not None:
+            raise RuntimeError(f"{self.name}: injected() blocks cannot nest")
+        self._injection.outputs = outputs
+        try:
+            yield
+        finally:
+            self._injection.outputs = None
 
     def statistics(self):
         """Per feature, from the last call on this worker: {"ids": ids looked up (padding excluded),
@@ -132,3 +208,20 @@ class FusedEmbedding(tf.keras.layers.Layer):
         config.update(_common.layer_config(self.features, self.default_optimizer, self.default_initializer))
         config.update({"dedup": self.dedup, "fusion": self.fusion})
         return config
+
+
+class _Injection:
+    outputs = None
+
+    def take(self, features, inputs, layer_name):
+        _inputs.check_input_dict(features, inputs, layer_name)
+        outputs, self.outputs = self.outputs, None
+        return outputs
+
+
+def _sum_counts(counts):
+    """Per-category counts summed over micro-batches; -1 (unknown) stays -1."""
+    if len(counts) == 1:
+        return counts[0]
+    total = tf.add_n(counts)
+    return tf.where(counts[0] < 0, counts[0], total)

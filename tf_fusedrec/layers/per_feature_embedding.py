@@ -15,7 +15,7 @@ from tf_fusedrec import config as cfg
 from tf_fusedrec import initializers
 from tf_fusedrec import ops
 from tf_fusedrec.distributed import comm as comm_lib
-from tf_fusedrec.distributed.table import insert_missing_rows, unique_table_name
+from tf_fusedrec.distributed.table import check_table_name, insert_missing_rows
 from tf_fusedrec.layers import _common
 from tf_fusedrec.layers import _inputs
 
@@ -47,6 +47,24 @@ class _HashedInitHvdVariable(HvdVariable):
             return tf.identity(received), remote_sizes, indices
 
 
+class TFRACommAdapter:
+    """What TFRA's HvdVariable calls as `hvd`: its two all-to-alls go through our comm object (so a MeteredComm
+    counts them) with fixed names, instead of through Horovod directly."""
+
+    def __init__(self, comm, prefix):
+        self.comm, self.prefix = comm, prefix
+
+    def alltoall(self, tensor, splits=None, name=None):  # noqa: ARG002  (TFRA passes no name)
+        kind = "embeddings" if tensor.dtype.is_floating else "keys"
+        return self.comm.alltoall(tensor, splits, name=f"{self.prefix}/{kind}")
+
+    def size(self):
+        return self.comm.size
+
+    def rank(self):
+        return self.comm.rank
+
+
 def make_tfra_layer(name, dim, initializer, salt_key, comm):
     """One TFRA HvdAllToAllEmbedding sharded by owner_of. With a Hashed initializer, new rows are inserted on the owner
     right after the keys all-to-all, salted by feature_salt(seed, salt_key).
@@ -58,10 +76,12 @@ def make_tfra_layer(name, dim, initializer, salt_key, comm):
         embedding_size=dim,
         key_dtype=tf.int64,
         initializer=initializers.tfra_initializer(initializer),
-        name=unique_table_name(scope_safe(name)),
+        name=check_table_name(scope_safe(name), f"layer {name}"),
         mpi_size=comm.size,
         partitioner=owner_partition,
     )
+    adapter = TFRACommAdapter(comm, f"FusedRec/{scope_safe(name)}")
+    layer.hvd_variable.hvd = adapter
     if not initializers.is_hashed(initializer):
         return layer, None
     salt = tf.constant(initializers.feature_salt(initializer.seed, salt_key), tf.int64)
@@ -70,6 +90,7 @@ def make_tfra_layer(name, dim, initializer, salt_key, comm):
         return initializer.rows(ids, tf.fill(tf.shape(ids), salt), dim)
 
     layer.hvd_variable = _HashedInitHvdVariable(rows_of_ids, layer.name, layer.shadow, dim, mpi_size=comm.size)
+    layer.hvd_variable.hvd = adapter
     return layer, rows_of_ids
 
 

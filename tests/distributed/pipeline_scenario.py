@@ -1,0 +1,139 @@
+"""Trains the distributed scenario's model (tests/distributed/scenario.py) with fr.train.TrainPipeline under several
+schedules in one process, one model per schedule, all from the same initial state on the same finite data.
+
+    python tests/distributed/pipeline_scenario.py --optimizer adagrad --encoding hashed --out DIR \
+        --schedules sync,dbp,fwp2,fwp4c
+    horovodrun -np 2 -H localhost:2 --gloo python tests/distributed/pipeline_scenario.py ...
+
+A schedule is sync, dbp, fwpK (fwp with K micro-batches) or fwpKc (with sample clustering). The data is a finite
+dataset of --steps batches, so the pipelines' first step (nothing prefetched) and last step (nothing to prefetch)
+both run. With --bad-step S, batch S holds a negative id; every pipeline must then stop at step S with the layer's
+error and leave the tables as they were after step S - 1.
+
+Writes DIR/rank{r}.npz with, per schedule X: X/losses, X/kernel, X/bias, X/table/{feature}/{id} rows this worker
+holds, X/slot/{name}/{feature}/{id} their optimizer slots, X/error (the error text, when one was raised).
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+import numpy as np  # noqa: E402
+
+import tf_fusedrec as fr  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import scenario as sc  # noqa: E402
+
+IDS = np.arange(12, dtype=np.int64)
+
+
+class PredictionModel(sc.Model):
+    """The scenario's model, returning the predictions only (what a pipeline's loss takes)."""
+
+    def call(self, inputs, training=None):
+        return super().call(inputs, training=training)[0]
+
+
+def mse(labels, predictions):
+    return tf.reduce_mean(tf.square(predictions - labels))
+
+
+def parse_schedule(name):
+    """"sync" | "dbp" | "fwpK" | "fwpKc" -> (schedule, micro_batches, cluster_samples)."""
+    if name in ("sync", "dbp"):
+        return name, 1, False
+    cluster = name.endswith("c")
+    return "fwp", int(name[3:-1] if cluster else name[3:]), cluster
+
+
+def dataset(steps, rank, size, bad_step=None):
+    features = [f.name for f in sc.make_features("sgd")]
+
+    def batches():
+        for step in range(steps):
+            batch = sc.local_slice(sc.make_batch(step), rank, size)
+            if step == bad_step:
+                batch["user_id"] = tf.concat([[-5], batch["user_id"][1:]], axis=0)
+            labels = batch.pop("label")
+            yield batch, labels
+
+    example, _ = next(iter(batches()))
+    signature = ({n: tf.type_spec_from_value(example[n]) for n in features}, tf.TensorSpec([None], tf.float32))
+    signature[0]["tags"] = tf.RaggedTensorSpec([None, None], tf.int64, 1, tf.int64)
+    return tf.data.Dataset.from_generator(batches, output_signature=signature)
+
+
+def slot_rows(optimizer, layer, feature, ids):
+    """{slot name: rows this worker holds for (feature, id) (None where absent)} of the feature's group."""
+    group_index = next(i for i, g in enumerate(layer.groups) if feature in g.feature_names)
+    group = layer.groups[group_index]
+    segments = np.full(len(ids), group.feature_names.index(feature), np.int32)
+    keys = fr.ops.category_unique(ids, segments, group.num_categories, group.encoding).unified_keys
+    sparse = optimizer.sparse[group_index]
+    shadow = layer.tables[group_index].shadow
+    out = {}
+    for name in sparse.get_slot_names():
+        values, exists = sparse.get_slot(shadow, name).params.lookup(keys, return_exists=True)
+        out[name] = [v if e else None for v, e in zip(values.numpy(), exists.numpy())]
+    return out
+
+
+def train(name, args, rank, size):
+    schedule, micro_batches, cluster = parse_schedule(name)
+    optimizer_spec = {"name": args.optimizer, "learning_rate": 0.1}
+    features = sc.make_features(optimizer_spec, max_id_bits=20 if args.encoding == "packed" else None)
+    with tf.compat.v1.variable_scope(name):
+        layer = fr.FusedEmbedding(features, name="sparse")
+    model = PredictionModel(layer)
+    optimizer = fr.train.make_optimizer(model, default={"name": "sgd", "learning_rate": 0.1})
+    pipe = fr.train.TrainPipeline(model, optimizer, mse, dataset(args.steps, rank, size, args.bad_step),
+                                  schedule=schedule, micro_batches=micro_batches, cluster_samples=cluster)
+    result, losses = {}, []
+    try:
+        while True:
+            losses.append(float(pipe.progress()))
+    except StopIteration:
+        pass
+    except (tf.errors.InvalidArgumentError, ValueError) as e:
+        result["error"] = np.array(str(e))
+    result.update(losses=np.array(losses), kernel=model.dense.kernel.numpy(), bias=model.dense.bias.numpy())
+    for f in features:
+        for i, row in zip(IDS, sc.table_rows(layer, f.name, IDS)):
+            if row is not None:
+                result[f"table/{f.name}/{i}"] = row
+        for slot, rows in slot_rows(optimizer, layer, f.name, IDS).items():
+            for i, row in zip(IDS, rows):
+                if row is not None:
+                    result[f"slot/{slot}/{f.name}/{i}"] = row
+    return result
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--optimizer", default="adagrad")
+    p.add_argument("--encoding", choices=["hashed", "packed"], default="hashed")
+    p.add_argument("--schedules", default="sync,dbp,fwp2")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--bad-step", type=int)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    rank, size = 0, 1
+    if "HOROVOD_RANK" in os.environ:
+        import horovod.tensorflow as hvd
+
+        hvd.init()
+        rank, size = hvd.rank(), hvd.size()
+    saved = {}
+    for name in args.schedules.split(","):
+        for key, value in train(name, args, rank, size).items():
+            saved[f"{name}/{key}"] = value
+    os.makedirs(args.out, exist_ok=True)
+    np.savez(os.path.join(args.out, f"rank{rank}.npz"), **saved)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,267 @@
+"""The distributed lookup of one spec group (FusedRec Algorithm 1, shared/DESIGN.md) as an object with three stages.
+
+* ``input_dist(ids, slot)``:  fuse -> sender unique -> partition by owner -> keys all-to-all -> category-aware unique
+  on the owner. Depends on ids only, so a pipeline may run it a batch ahead.
+* ``lookup(dists, training)``: table read of the unique keys (new keys get their initial rows) -> gather to the
+  received order. Reads the table, so it runs after the previous batch's update.
+* ``output_dist(rows, dist, slot)``: embeddings all-to-all -> recover the fused layout with one composed index ->
+  split per feature.
+
+What differs between modes is chosen once, when the object is built, never per batch:
+
+* the route (``LocalRoute`` for one worker: no partition, no all-to-all; ``AllToAllRoute`` otherwise),
+* the wire format of the keys all-to-all (``PackedWire``: one reversible int64 per pair; ``PairWire``: an
+  (id, category) row; ``KeyWire``: a pre-hashed key, for the source-hash ablation),
+* the sender's dedup (``segment_unique``, or none: ``dedup="none"``, and one worker, where the owner's unique is the
+  only one the pairs need),
+* the fusion: ``FusedGroupLookup`` (deferred hashing: the owner sees categories) or ``SourceHashGroupLookup`` (the
+  paper's "TFRA-fused" ablation: the category is hashed into the key before sending, and is lost at the owner).
+
+Collective names are ``{prefix}/{keys|embeddings}/slot{slot}``: deterministic, equal on every worker, and distinct for
+the batches (or micro-batches) a pipeline keeps in flight at once.
+"""
+
+import collections
+
+import tensorflow as tf
+
+from tf_fusedrec import ops
+from tf_fusedrec.distributed.comm import slot_name
+
+GroupDist = collections.namedtuple(
+    "GroupDist",
+    [
+        "keys",  # int64 [U]: the unique table keys this worker looks up as owner
+        "key_segments",  # int32 [U]: the category of each key
+        "key_ids",  # int64 [U]: the id behind each key (Hashed initial rows are a function of (category, id))
+        "gather_index",  # int32 [m]: received position -> position in keys (I_l)
+        "received_splits",  # int32 [N]: pairs received from each rank (= rows sent back to it)
+        "recover_index",  # int32 [n]: fused position -> position in the send buffer (I_r)
+        "feature_sizes",  # int32 [M]: valid ids per feature, in group order
+        "unique_sent",  # int64 [M]: pairs this worker sent per category
+        "unique_looked_up",  # int64 [M]: unique pairs per category looked up here (-1: categories unknown)
+    ],
+)
+GroupDist.__doc__ = "What input_dist hands to lookup and output_dist: tensors only, so it can cross tf.function calls."
+
+
+# --- wire formats of the keys all-to-all ---------------------------------------------------------------------------
+
+class PackedWire:
+    """(segment << (63 - b)) | id: 8 bytes a pair, reversible (every feature of the group declares max_id_bits)."""
+
+    def __init__(self, num_categories):
+        self.num_categories = num_categories
+        self.key_bits = ops.packed_key_bits(num_categories)
+
+    def encode(self, keys, segments):
+        return tf.bitwise.bitwise_or(tf.bitwise.left_shift(tf.cast(segments, tf.int64), self.key_bits), keys)
+
+    def decode(self, received):
+        segments, ids = ops.decode_unified_keys(received, self.num_categories)
+        return ids, segments
+
+
+class PairWire:
+    """An (id, category) int64 row: 16 bytes a pair, any int64 id."""
+
+    def encode(self, keys, segments):
+        return tf.stack([keys, tf.cast(segments, tf.int64)], axis=1)
+
+    def decode(self, received):
+        return received[:, 0], tf.cast(received[:, 1], tf.int32)
+
+
+class KeyWire:
+    """The key alone (source hashing: the category is already folded into it)."""
+
+    def encode(self, keys, segments):  # noqa: ARG002
+        return keys
+
+    def decode(self, received):
+        return received, None
+
+
+# --- routes -------------------------------------------------------------------------------------------------------
+
+class LocalRoute:
+    """One worker: every pair is its own; nothing is partitioned or sent."""
+
+    def send_keys(self, keys, segments, inverse, name, after=()):  # noqa: ARG002
+        """-> (received ids, received segments, received_splits, recover_index)."""
+        return keys, segments, tf.size(keys, out_type=tf.int32)[None], inverse
+
+    def send_rows(self, rows, splits, name):  # noqa: ARG002
+        return rows
+
+
+class AllToAllRoute:
+    """Partition the unique pairs by owner rank, then one all-to-all for the keys and one for the rows."""
+
+    def __init__(self, comm, wire):
+        self.comm, self.wire = comm, wire
+
+    def send_keys(self, keys, segments, inverse, name, after=()):
+        """`after`: tensors the all-to-all waits for (the sender's unique and partition do not)."""
+        part = ops.partition_by_owner(keys, self.comm.size, segment_ids=segments, name="partition")
+        # I_r = I_s after I_u: where each fused position's unique pair sits in the send buffer.
+        recover_index = tf.gather(tf.math.invert_permutation(part.order), inverse)
+        message = self.wire.encode(part.keys, part.segment_ids)
+        if after:
+            with tf.control_dependencies(list(after)):
+                message = tf.identity(message)
+        received, received_splits = self.comm.alltoall(message, part.splits, name=name)
+        ids, received_segments = self.wire.decode(received)
+        return ids, received_segments, received_splits, recover_index
+
+    def send_rows(self, rows, splits, name):
+        received, _ = self.comm.alltoall(rows, splits, name=name)
+        return received
+
+
+# --- sender-side dedup --------------------------------------------------------------------------------------------
+
+def segment_dedup(keys, segments):
+    """Unique (category, id) pairs before sending: -> (keys, segments, inverse)."""
+    unique = ops.segment_unique(keys, segments)
+    return unique.unique_keys, unique.unique_segment_ids, unique.inverse
+
+
+def no_dedup(keys, segments):
+    return keys, segments, tf.range(tf.size(keys, out_type=tf.int32))
+
+
+@tf.custom_gradient
+def _gather_rows(rows, index):
+    """tf.gather whose gradient sums duplicates into a dense [U, dim]: the optimizer sees each row once."""
+
+    def grad(upstream):
+        return tf.math.unsorted_segment_sum(upstream, index, tf.shape(rows)[0]), None
+
+    return tf.gather(rows, index), grad
+
+
+def _fuse(ids_per_feature, num_categories):
+    """Concatenates a group's ids; -> (keys int64 [n], segments int32 [n], feature_sizes int32 [M])."""
+    with tf.name_scope("fuse"):
+        keys = tf.concat(ids_per_feature, axis=0)
+        feature_sizes = tf.stack([tf.size(ids, out_type=tf.int32) for ids in ids_per_feature])
+        segments = tf.repeat(tf.range(num_categories, dtype=tf.int32), feature_sizes)
+    return keys, segments, feature_sizes
+
+
+def _count(segments, num_categories):
+    return tf.math.bincount(segments, minlength=num_categories, maxlength=num_categories, dtype=tf.int64)
+
+
+class GroupLookup:
+    """One spec group's routing and table. Subclasses decide what travels and how keys are formed.
+
+    Args:
+      group: SpecGroup.
+      table: the group's EmbeddingTable on this worker.
+      comm: the comm object (rank, size, alltoall, ...).
+      prefix: deterministic collective name prefix (layer and group).
+    """
+
+    def __init__(self, group, table, comm, prefix):
+        self.group, self.table, self.comm, self.prefix = group, table, comm, prefix
+
+    def input_dist(self, ids_per_feature, slot=0, send_after=()):
+        """ids: list of int64 [n_f] valid ids, in group order -> GroupDist. `send_after`: tensors the keys all-to-all
+        waits for (a pipeline sends the next batch's keys once this batch's rows have arrived)."""
+        raise NotImplementedError
+
+    def lookup(self, dists, training):
+        """Reads the rows of one or several dists (micro-batches of one batch) with ONE table lookup, so the table's
+        trainable handle sees each step once; -> list of float32 [m_i, dim] in each dist's received order."""
+        dists = list(dists)
+        if len(dists) == 1:
+            keys, segments, ids, index = dists[0].keys, dists[0].key_segments, dists[0].key_ids, [dists[0].gather_index]
+        else:
+            # The micro-batches' key sets overlap: one unique over their union, one lookup, one gather per dist.
+            keys, union_index = tf.unique(tf.concat([d.keys for d in dists], axis=0), out_idx=tf.int32)
+            num_keys = tf.size(keys)
+            segments = tf.math.unsorted_segment_max(tf.concat([d.key_segments for d in dists], 0), union_index,
+                                                    num_keys)
+            ids = tf.math.unsorted_segment_max(tf.concat([d.key_ids for d in dists], 0), union_index, num_keys)
+            offsets = tf.math.cumsum([tf.size(d.keys) for d in dists], exclusive=True)
+            index = [tf.gather(union_index, d.gather_index + offsets[i]) for i, d in enumerate(dists)]
+        rows = self.table.lookup(keys, segments, ids, training)
+        if len(index) == 1:
+            return [_gather_rows(rows, index[0])]
+        received = _gather_rows(rows, tf.concat(index, axis=0))
+        return tf.split(received, [tf.size(i) for i in index], num=len(index), axis=0)
+
+    def output_dist(self, rows, dist, slot=0):
+        """Rows in received order -> list of float32 [n_f, dim], one per feature in group order."""
+        rows = self._route.send_rows(rows, dist.received_splits, slot_name(self.prefix, "embeddings", slot))
+        fused = tf.gather(rows, dist.recover_index)
+        return tf.split(fused, dist.feature_sizes, num=self.group.num_categories, axis=0)
+
+
+class FusedGroupLookup(GroupLookup):
+    """FusedRec: (category, id) pairs travel, and the owner builds the table keys (deferred hashing).
+
+    Args:
+      dedup: "segment" (segment unique before sending) or "none" (send duplicates; the owner still deduplicates).
+    """
+
+    def __init__(self, group, table, comm, prefix, dedup="segment"):
+        super().__init__(group, table, comm, prefix)
+        wire = PackedWire(group.num_categories) if group.encoding == "packed" else PairWire()
+        self._route = LocalRoute() if comm.size == 1 else AllToAllRoute(comm, wire)
+        # One worker deduplicates once, on the owner: a sender unique would only repeat it.
+        self._dedup = segment_dedup if dedup == "segment" and comm.size > 1 else no_dedup
+        self._sent_are_looked_up = dedup == "segment" and comm.size == 1
+
+    def input_dist(self, ids_per_feature, slot=0, send_after=()):
+        num_categories = self.group.num_categories
+        keys, segments, feature_sizes = _fuse(ids_per_feature, num_categories)
+        keys, segments, inverse = self._dedup(keys, segments)
+        ids, received_segments, splits, recover_index = self._route.send_keys(
+            keys, segments, inverse, slot_name(self.prefix, "keys", slot), send_after)
+        unique = ops.category_unique(ids, received_segments, num_categories, self.group.encoding,
+                                     name="category_unique")
+        if self.group.encoding == "packed":
+            _, key_ids = ops.decode_unified_keys(unique.unified_keys, num_categories)
+        else:
+            key_ids = tf.math.unsorted_segment_max(ids, unique.inverse, tf.size(unique.unified_keys))
+        looked_up = tf.cast(unique.segment_counts, tf.int64)
+        sent = looked_up if self._sent_are_looked_up else _count(segments, num_categories)
+        return GroupDist(unique.unified_keys, unique.unique_segment_ids, key_ids, unique.inverse, splits,
+                         recover_index, feature_sizes, sent, looked_up)
+
+
+class SourceHashGroupLookup(GroupLookup):
+    """The ablation: the category is hashed into the key on the sender (one unique there), the owner sees keys only.
+
+    Packed keys still carry the category, so new rows start where FusedGroupLookup's do. Hashed keys do not: their
+    initial rows come from the fused key itself (deterministic, but not the per-feature rows).
+    """
+
+    def __init__(self, group, table, comm, prefix):
+        super().__init__(group, table, comm, prefix)
+        self._route = LocalRoute() if comm.size == 1 else AllToAllRoute(comm, KeyWire())
+
+    def input_dist(self, ids_per_feature, slot=0, send_after=()):
+        num_categories = self.group.num_categories
+        keys, segments, feature_sizes = _fuse(ids_per_feature, num_categories)
+        fused = ops.category_unique(keys, segments, num_categories, self.group.encoding, name="source_hash_unique")
+        received, _, splits, recover_index = self._route.send_keys(
+            fused.unified_keys, None, fused.inverse, slot_name(self.prefix, "keys", slot), send_after)
+        unified, inverse = tf.unique(received, out_idx=tf.int32)
+        if self.group.encoding == "packed":
+            key_segments, key_ids = ops.decode_unified_keys(unified, num_categories)
+        else:
+            key_segments, key_ids = tf.zeros_like(unified, tf.int32), unified  # category 0's salt, as before
+        unknown = tf.fill([num_categories], tf.constant(-1, tf.int64))
+        return GroupDist(unified, key_segments, key_ids, inverse, splits, recover_index, feature_sizes,
+                         _count(fused.unique_segment_ids, num_categories), unknown)
+
+
+def make_group_lookup(group, table, comm, prefix, dedup="segment", fusion="deferred"):
+    """The lookup object of a group for the layer's dedup and fusion choices."""
+    if fusion == "source_hash":
+        return SourceHashGroupLookup(group, table, comm, prefix)
+    return FusedGroupLookup(group, table, comm, prefix, dedup=dedup)

@@ -1,0 +1,116 @@
+"""Building an experiment from a configs/*.yaml: its embedding layer, model, datasets, and evaluation.
+
+Library code shared by the train CLI (train/app.py) and the benchmark (bench/train_bench.py).
+"""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+
+EMBEDDINGS = ("fused", "per_feature", "fused_nodedup", "fused_source_hash")
+DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "criteo_synthetic.yaml")
+
+
+def make_embedding(kind, features, config, comm=None, name="sparse"):
+    """The embedding layer of a kind in EMBEDDINGS, over `comm` (None: the process's default)."""
+    import tf_fusedrec as fr  # noqa: PLC0415
+
+    common = {"optimizer": config.train.sparse_optimizer, "name": name, "comm": comm}
+    if kind == "per_feature":
+        return fr.PerFeatureEmbedding(features, **common)
+    modes = {"fused": {}, "fused_nodedup": {"dedup": "none"}, "fused_source_hash": {"fusion": "source_hash"}}
+    if kind not in modes:
+        raise ValueError(f"--embedding must be one of {EMBEDDINGS}, got {kind!r}")
+    return fr.FusedEmbedding(features, **common, **modes[kind])
+
+
+def make_model(config, embedding):
+    from tf_fusedrec import models  # noqa: PLC0415
+
+    m = config.model
+    if m.name == "dlrm":
+        return models.DLRM(embedding, bottom_mlp=m.bottom_mlp, top_mlp=m.top_mlp, num_dense=config.data.num_dense)
+    return models.DCNv2(embedding, cross_layers=m.cross_layers, deep_mlp=m.deep_mlp, num_dense=config.data.num_dense)
+
+
+def make_dataset(config, batch_size, rank, size, held_out=False, start_step=0, steps=None):
+    """This worker's batches of the configured source."""
+    from tf_fusedrec import data  # noqa: PLC0415
+
+    d = config.data
+    if d.source == "synthetic":
+        inputs = [data.SparseInput(f.name, f.vocab, f.zipf, tuple(f.hotness) if isinstance(f.hotness, list)
+                                   else f.hotness) for f in config.features]
+        return data.synthetic_dataset(inputs, d.num_dense, batch_size, seed=d.seed, rank=rank, num_ranks=size,
+                                      steps=steps, held_out=held_out, start_step=start_step)
+    if d.source == "criteo":
+        # Criteo files have no split: the first eval_batches batches of each worker are held out from training.
+        ds = data.criteo_dataset(d.path, batch_size, rank=rank, num_ranks=size, num_dense=d.num_dense)
+        if held_out:
+            return ds.take(d.eval_batches)
+        return ds.skip(d.eval_batches).repeat().skip(start_step)
+    ds = data.movielens_dataset(d.path, batch_size, rank=rank, num_ranks=size,
+                                split="test" if held_out else "train", seed=d.seed, shuffle=not held_out)
+    return ds if held_out else ds.repeat().skip(start_step)
+
+
+def check_features_match(config, sample):
+    configured = {f.name for f in config.features}
+    given = {k for k in sample if k != "dense"}
+    missing = sorted(given - configured)
+    if missing:
+        raise ValueError(f"config: feature '{missing[0]}' of the {config.data.source} data is missing from features")
+    extra = sorted(configured - given)
+    if extra:
+        raise ValueError(f"config: feature '{extra[0]}' is not in the {config.data.source} data (it has "
+                         f"{sorted(given)})")
+
+
+def auc(labels, scores):
+    """Exact ROC AUC (Mann-Whitney U with tie correction)."""
+    labels = np.asarray(labels) > 0.5
+    pos, neg = labels.sum(), (~labels).sum()
+    if pos == 0 or neg == 0:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores))
+    sorted_scores = np.asarray(scores)[order]
+    i = 0
+    while i < len(scores):
+        j = i
+        while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return float((ranks[labels].sum() - pos * (pos + 1) / 2) / (pos * neg))
+
+
+def evaluate(model, config, batch_size, rank, size, comm):
+    """AUC over every worker's share of the held-out stream (config.data.eval_batches batches per worker)."""
+    scores, labels = [], []
+    held_out = make_dataset(config, batch_size, rank, size, held_out=True).take(config.data.eval_batches)
+    predict = tf.function(lambda f: tf.sigmoid(model(f, training=False)), autograph=False)
+    for features_batch, y in held_out:
+        scores.append(predict(features_batch).numpy())
+        labels.append(y.numpy())
+    scores = np.concatenate(scores) if scores else np.zeros(0)
+    labels = np.concatenate(labels) if labels else np.zeros(0)
+    if size > 1:
+        scores = comm.allgather(tf.constant(scores, tf.float32), name="FusedRec/eval_scores").numpy()
+        labels = comm.allgather(tf.constant(labels, tf.float32), name="FusedRec/eval_labels").numpy()
+    return auc(labels, scores)
+
+
+def count_alltoall_ops(concrete_function):
+    """All-to-all ops in a step's graph, nested functions (gradients) included."""
+    graph = concrete_function.graph
+    ops = list(graph.get_operations())
+    for f in graph._functions.values():  # noqa: SLF001  (nested functions, e.g. gradients)
+        ops.extend(f.graph.get_operations() if hasattr(f, "graph") else [])
+    return sum(1 for op in ops if op.type == "HorovodAlltoall")
+
+
+def binary_cross_entropy():
+    """The loss of every model here: binary cross-entropy on logits, the mean over the (micro-)batch."""
+    return tf.keras.losses.BinaryCrossentropy(from_logits=True)

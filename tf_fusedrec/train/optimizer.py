@@ -1,0 +1,106 @@
+"""Training helpers: one optimizer object that updates every table with its group's optimizer.
+
+``fr.train.make_optimizer(model, default="adam")`` finds the model's FusedEmbedding / PerFeatureEmbedding layers
+and returns a :class:`GroupedOptimizer`. Each table's variables go to a TFRA ``DynamicEmbeddingOptimizer`` built
+from that group's OptimizerSpec; every other variable goes to the default (dense) optimizer.
+
+Semantics with N workers, when each worker's loss is the mean over its local batch (equal local batch sizes):
+dense gradients are averaged over workers (Horovod allreduce), and embedding gradients, which the embeddings
+all-to-all has already delivered to the owner summed over the workers that asked for a row, are divided by N. The
+update is then the one a single worker makes on the union of the batches with the loss averaged over it.
+"""
+
+import tensorflow as tf
+from tensorflow_recommenders_addons import dynamic_embedding as de
+
+from tf_fusedrec import config as cfg
+
+
+def _is_embedding_layer(obj):
+    """FusedEmbedding, PerFeatureEmbedding, or any layer exposing optimizer_groups() and comm."""
+    return hasattr(obj, "optimizer_groups") and hasattr(obj, "comm")
+
+
+def embedding_layers(model):
+    """The embedding layers of a model, a layer, or a list of layers."""
+    if _is_embedding_layer(model):
+        return [model]
+    if isinstance(model, (list, tuple)):
+        return [m for m in model if _is_embedding_layer(m)]
+    return [m for m in model.submodules if _is_embedding_layer(m)]
+
+
+def _build(optimizer):
+    if isinstance(optimizer, (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer)):
+        return optimizer
+    return cfg.optimizer_spec(optimizer, "default optimizer").build()
+
+
+class GroupedOptimizer(tf.keras.optimizers.Optimizer):
+    """Applies each group's optimizer to its table and the default optimizer to the dense variables.
+
+    Use ``apply_gradients(zip(grads, vars))`` in a custom loop, ``minimize(loss, var_list, tape)``, or pass it to
+    ``model.compile(optimizer=...)`` for ``model.fit``. It is a Keras optimizer only so that Keras accepts it: all
+    state lives in the wrapped optimizers, and ``iterations`` counts calls of apply_gradients.
+    """
+
+    def __init__(self, groups, default, comm, name="GroupedOptimizer"):
+        super().__init__(name=name)
+        self.comm = comm
+        self.dense = de.DynamicEmbeddingOptimizer(_build(default))
+        # Checkpointed: the optimizers (with their slots). Not checkpointed: which variable goes where, keyed by
+        # id() as a string (a checkpoint cannot hold int keys) and rebuilt with the model.
+        self.sparse = [de.DynamicEmbeddingOptimizer(spec.build()) for spec, _ in groups]
+        self._var_index = {str(id(v)): i for i, (_, variables) in enumerate(groups) for v in variables}
+
+    def apply_gradients(self, grads_and_vars, name=None, **kwargs):  # noqa: ARG002  (Keras passes extras)
+        per_optimizer = {}
+        dense = []
+        for grad, var in grads_and_vars:
+            if grad is None:
+                continue
+            index = self._var_index.get(str(id(var)))
+            if index is None:
+                dense.append((grad, var))
+                continue
+            if self.comm.size > 1:
+                grad = _scale(grad, 1.0 / self.comm.size)
+            per_optimizer.setdefault(index, []).append((grad, var))
+        if self.comm.size > 1 and dense:
+            reduced = self.comm.allreduce([tf.convert_to_tensor(g) for g, _ in dense], name="FusedRec/dense_gradients",
+                                          op="average")
+            dense = list(zip(reduced, [v for _, v in dense]))
+        ops = []
+        for index, pairs in sorted(per_optimizer.items()):
+            ops.append(self.sparse[index].apply_gradients(pairs))
+        if dense:
+            ops.append(self.dense.apply_gradients(dense))
+        with tf.control_dependencies([o for o in ops if o is not None]):
+            return self.iterations.assign_add(1)
+
+    def minimize(self, loss, var_list, tape=None):
+        if tape is None:
+            raise ValueError("GroupedOptimizer.minimize needs the GradientTape that recorded the loss")
+        grads = tape.gradient(loss, var_list)
+        return self.apply_gradients(zip(grads, var_list))
+
+
+def _scale(grad, factor):
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
+    return grad * factor
+
+
+def make_optimizer(model, default="adam", comm=None):
+    """A GroupedOptimizer for `model` (a Keras model, an embedding layer, or a list of layers).
+
+    Args:
+      model: where to find FusedEmbedding / PerFeatureEmbedding layers.
+      default: optimizer of the dense variables: a name, a dict with "name", or a Keras optimizer instance.
+      comm: defaults to the embedding layers' comm.
+    """
+    layers = embedding_layers(model)
+    if not layers:
+        raise ValueError("make_optimizer: no FusedEmbedding or PerFeatureEmbedding layer found in the model")
+    groups = [g for layer in layers for g in layer.optimizer_groups()]
+    return GroupedOptimizer(groups, default, comm if comm is not None else layers[0].comm)
