@@ -8,9 +8,12 @@ Message size S is what one worker puts into the collective (the bytes the traini
 a float32 tensor of S bytes, split evenly over the N workers for the all-to-all. For each size, `calls`
 collectives are chained inside one tf.function (each consumes the previous one's output, as the rounds of a
 training step do) and the time per call is the median over --reps of (wall time of the function / calls), the
-slowest worker's. A least-squares fit of t(S) = latency + seconds_per_byte * S over the sizes gives the two
-coefficients per collective, C = (latency, seconds_per_byte) at this N: the C_a2a and C_ar of the hot-row
-replication model (HypeReca §5.2) and the link term of tf_fusedrec.cluster.model.
+slowest worker's. The all-to-all is also measured batched: `calls` independent all-to-alls in one function, which
+Horovod negotiates in the same cycle, as the per-feature all-to-alls of one round of a step; its latency is what
+each all-to-all beyond the first of a round costs. A least-squares fit (of relative residuals) of
+t(S) = latency + seconds_per_byte * S gives the two coefficients per collective, C = (latency, seconds_per_byte)
+at this N: the C_a2a and C_ar of the hot-row replication model (HypeReca §5.2) and the link term of
+tf_fusedrec.cluster.model.
 
 The bytes of an all-to-all that cross a host's link are S * W * (N - W) / N for W workers per host (each worker
 keeps 1/N of its tensor, and sends (W - 1)/N to workers of its own host over loopback); `link_bytes_per_byte`
@@ -55,19 +58,25 @@ class CollectiveComm:
         return float(self._hvd.allreduce(tf.constant([value], tf.float64), op=self._hvd.Max, name=name).numpy()[0])
 
 
-def chained(comm, kind, nbytes, calls):
-    """A tf.function running `calls` collectives of nbytes each, each on the previous one's output."""
+def collectives(comm, kind, nbytes, calls, batched):
+    """A tf.function running `calls` collectives of nbytes each: chained (each on the previous one's output: one
+    Horovod round each, like the dependent rounds of a step) or batched (independent, so Horovod negotiates them
+    together, like the per-feature all-to-alls of one round)."""
     import tensorflow as tf  # noqa: PLC0415
 
     n = max(comm.size, (nbytes // 4) // comm.size * comm.size)  # all-to-all: divisible by N
-
     splits = tf.constant([n // comm.size] * comm.size, tf.int32)
+
+    def one(x, i):
+        name = f"probe/{kind}/{'batched' if batched else 'chained'}/{nbytes}/{i}"
+        return comm.alltoall(x, splits, name)[0] if kind == "alltoall" else comm.allreduce(x, name) * 0.5
 
     @tf.function(autograph=False)
     def run(x):
+        if batched:
+            return tf.add_n([tf.reduce_sum(one(x + float(i), i)[:1]) for i in range(calls)])
         for i in range(calls):
-            name = f"probe/{kind}/{nbytes}/{i}"
-            x = comm.alltoall(x, splits, name)[0] if kind == "alltoall" else comm.allreduce(x, name) * 0.5
+            x = one(x, i)
         return tf.reduce_sum(x[:1])
 
     return run, tf.ones([n], tf.float32), n * 4
@@ -79,34 +88,43 @@ def calls_for(nbytes):
 
 
 def fit(sizes, seconds):
-    """Least squares t = a + b * S -> (a, b, r^2)."""
+    """Least squares t = a + b * S in relative terms (each point's residual divided by its time, so the small
+    messages that decide the latency weigh as much as the large ones that decide the bandwidth) -> (a, b, r^2)."""
     x, y = np.asarray(sizes, float), np.asarray(seconds, float)
     A = np.stack([np.ones_like(x), x], axis=1)
-    (a, b), *_ = np.linalg.lstsq(A, y, rcond=None)
+    (a, b), *_ = np.linalg.lstsq(A / y[:, None], np.ones_like(y), rcond=None)
     residual = y - (a + b * x)
     total = ((y - y.mean()) ** 2).sum()
     return float(a), float(b), float(1 - (residual ** 2).sum() / total) if total > 0 else 1.0
 
 
+def curve(comm, kind, sizes, reps, batched, log):
+    points = []
+    for nbytes in sizes:
+        calls = calls_for(nbytes)
+        run, x, actual = collectives(comm, kind, nbytes, calls, batched)
+        run(x).numpy()  # trace and warm up
+        times = []
+        for r in range(reps):
+            tag = f"{kind}/{int(batched)}/{nbytes}/{r}"
+            comm.max(0.0, f"probe/sync/{tag}")
+            t0 = time.perf_counter()
+            run(x).numpy()
+            times.append(comm.max((time.perf_counter() - t0) / calls, f"probe/time/{tag}"))
+        points.append({"bytes": actual, "calls": calls, "seconds": float(np.median(times)), "seconds_reps": times})
+        log(f"  {kind:9s} {'batched' if batched else 'chained'} {actual:>10,d} B "
+            f"{points[-1]['seconds'] * 1e3:9.3f} ms/call")
+    a, b, r2 = fit([p["bytes"] for p in points], [p["seconds"] for p in points])
+    return {"latency_s": a, "seconds_per_byte": b, "r2": r2, "points": points}
+
+
 def measure(comm, sizes, reps, log):
+    """Per collective: the chained curve (its fit is the collective's cost) and, for the all-to-all, the batched
+    curve (its latency is the cost of one more all-to-all in a round that already pays one)."""
     curves = {}
     for kind in ("alltoall", "allreduce"):
-        points = []
-        for nbytes in sizes:
-            calls = calls_for(nbytes)
-            run, x, actual = chained(comm, kind, nbytes, calls)
-            run(x).numpy()  # trace and warm up
-            times = []
-            for r in range(reps):
-                comm.max(0.0, f"probe/sync/{kind}/{nbytes}/{r}")
-                t0 = time.perf_counter()
-                run(x).numpy()
-                times.append(comm.max((time.perf_counter() - t0) / calls, f"probe/time/{kind}/{nbytes}/{r}"))
-            points.append({"bytes": actual, "calls_chained": calls, "seconds": float(np.median(times)),
-                           "seconds_reps": times})
-            log(f"  {kind:9s} {actual:>10,d} B  {points[-1]['seconds'] * 1e3:9.3f} ms/call")
-        a, b, r2 = fit([p["bytes"] for p in points], [p["seconds"] for p in points])
-        curves[kind] = {"latency_s": a, "seconds_per_byte": b, "r2": r2, "points": points}
+        curves[kind] = curve(comm, kind, sizes, reps, False, log)
+    curves["alltoall"]["batched"] = curve(comm, "alltoall", sizes, reps, True, log)
     return curves
 
 
@@ -146,8 +164,8 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "probe.json"), "w") as f:
         json.dump(report, f, indent=2)
-    for kind in ("alltoall", "allreduce"):
-        c = curves[kind]
+    for kind, c in (("alltoall", curves["alltoall"]), ("alltoall batched", curves["alltoall"]["batched"]),
+                    ("allreduce", curves["allreduce"])):
         print(f"{kind}: latency {c['latency_s'] * 1e6:.1f} us/call, {c['seconds_per_byte'] * 1e9:.3f} ns/byte "
               f"({1 / c['seconds_per_byte'] / 1e6 if c['seconds_per_byte'] > 0 else float('inf'):.1f} MB/s), "
               f"r^2 {c['r2']:.3f}")
@@ -164,8 +182,9 @@ def chart(report, path):
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for kind, color in (("alltoall", "tab:blue"), ("allreduce", "tab:orange")):
-        c = report[kind]
+    for kind, c, color in (("alltoall", report["alltoall"], "tab:blue"),
+                           ("alltoall batched", report["alltoall"]["batched"], "tab:green"),
+                           ("allreduce", report["allreduce"], "tab:orange")):
         x = np.array([pt["bytes"] for pt in c["points"]], float)
         ax.loglog(x, [pt["seconds"] * 1e3 for pt in c["points"]], "o", color=color, label=f"{kind} measured")
         grid = np.geomspace(x.min(), x.max(), 50)
