@@ -109,9 +109,9 @@ def test_worker_failure_status_is_passed_on(cluster_ok):  # noqa: ARG001
 def test_link_shaping_is_in_force(cluster_ok, tmp_path):  # noqa: ARG001
     # 8 MiB per worker: 4 MiB of each all-to-all crosses each host's 100 Mbit/s link, at least 0.34 s.
     rate, nbytes = "100mbit", 8 << 20
-    rc, out, _ = execute(CLUSTER + ["--hosts", "2", "--link-rate", rate, "--", sys.executable, "-m",
-                                    "tf_fusedrec.cluster.probe", "--sizes", str(nbytes), "--reps", "2", "--out",
-                                    str(tmp_path)], TIMEOUT_S, merge_stderr=True)
+    probe = [sys.executable, "-m", "tf_fusedrec.cluster.probe", "--sizes", str(nbytes), "--reps", "2",
+             "--only-alltoall", "--out", str(tmp_path)]
+    rc, out, _ = execute(CLUSTER + ["--hosts", "2", "--link-rate", rate, "--"] + probe, TIMEOUT_S, merge_stderr=True)
     assert rc == 0, tail(out)
     report = json.loads((tmp_path / "probe.json").read_text())
     assert (report["network"], report["workers"], report["hosts"]) == (rate, 2, 2)

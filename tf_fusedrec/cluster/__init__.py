@@ -50,10 +50,11 @@ CLONE_NEWNET = 0x40000000
 ETC_NETNS = "/etc/netns"  # `ip netns exec NS` bind-mounts the files of /etc/netns/NS over /etc
 REQUIRED_TOOLS = ("ip", "tc", "unshare", "hostname")
 # Set by horovodrun for its workers; never inherited from the launching environment.
-WORKER_ENV = ("FUSEDREC_CLUSTER_LINK_RATE", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
-              "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME", "HOROVOD_GLOO_RENDEZVOUS_ADDR",
-              "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_GLOO_IFACE", "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS",
-              "NCCL_SOCKET_IFNAME", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK")
+WORKER_ENV = ("FUSEDREC_CLUSTER_LINK_RATE", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",
+              "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME",
+              "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_GLOO_IFACE",
+              "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS", "NCCL_SOCKET_IFNAME", "OMPI_COMM_WORLD_RANK",
+              "OMPI_COMM_WORLD_SIZE", "PMI_RANK")
 
 
 class ClusterError(RuntimeError):
@@ -188,6 +189,7 @@ class _InNamespace:
         try:
             if self._setns(target, CLONE_NEWNET) != 0:
                 err = ctypes.get_errno()
+                os.close(self._home)
                 raise ClusterError(f"setns into {self.ns} failed: {os.strerror(err)}")
         finally:
             os.close(target)

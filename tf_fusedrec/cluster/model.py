@@ -20,9 +20,10 @@ For mode m (fused, per_feature, ...) on N workers, W per host, one step takes
   carries W * T_m * (N - W) / N bytes each way per step (the unique keys a worker sends and the rows it gets back
   depend on its own batch only, so T_m does not change with N). c_link: the probe's measured seconds per byte on
   a link (8 / rate for an ideal link; Gloo's all-to-all reaches about half of it, see the README).
-* a(N), c_link: from the probe at N where one ran; elsewhere a(N) is the line through the probes at N = 2 and 4
-  (per-peer cost of Horovod's negotiation and of Gloo's N - 1 pairwise messages), c_link from N = 2. The N = 4
-  probe ran with 2 workers per core, so this slope is an upper estimate.
+* a(N), c_link: from the probe at N where one ran (the checks), else from N = 2. The N = 4 probe ran with 2
+  workers per core, which slows Horovod's background thread as much as any per-peer cost would, so it cannot
+  give the growth of a(N) with N; the projection holds a(N) at its N = 2 value and so leaves out the per-peer
+  cost of Gloo's N - 1 pairwise messages and of Horovod's negotiation: an optimistic latency term.
 
 Reads RUNS/*/bench.json (python -m tf_fusedrec.bench) and RUNS/*/probe.json (python -m tf_fusedrec.cluster.probe)
 as `make bench-cluster` writes them, and writes OUT/model.json, OUT/model.md and OUT/model.png.
@@ -35,6 +36,7 @@ import os
 import sys
 
 from tf_fusedrec.cluster import parse_rate
+from tf_fusedrec.cluster.probe import refit
 
 PROJECT_N = (8, 16, 32, 64, 128)
 
@@ -47,7 +49,12 @@ def load_runs(root):
         probe = os.path.join(d, "probe.json")
         with open(path) as f:
             bench = json.load(f)
-        runs.append((os.path.basename(d), bench, json.load(open(probe)) if os.path.exists(probe) else None))
+        if os.path.exists(probe):
+            with open(probe) as f:
+                probe = refit(json.load(f))  # coefficients of the current fit, from the stored points
+        else:
+            probe = None
+        runs.append((os.path.basename(d), bench, probe))
     return runs
 
 
@@ -72,12 +79,7 @@ class Network:
         def at(p):
             return max(p["alltoall"]["latency_s"], 0.0)
 
-        if n in self.by_n:
-            return at(self.by_n[n])
-        if 4 in self.by_n:
-            slope = max((at(self.by_n[4]) - at(self.by_n[2])) / 2, 0.0)
-            return at(self.by_n[2]) + slope * (n - 2)
-        return at(self.by_n[2])
+        return at(self.by_n[n] if n in self.by_n else self.by_n[2])
 
     def coefficients(self):
         return {str(n): {"a_s": self.latency(n), "c_link_s_per_byte": self.c_link,
@@ -133,7 +135,7 @@ def build(runs, cores):
                            "error": model / measured - 1, "anchor": n == 1})
 
     projection = []
-    for net in networks.values():
+    for net in (v for k, v in networks.items() if k != "loopback"):  # no link to scale on one host
         for m, t in traffic.items():
             if m not in compute:
                 continue
@@ -159,9 +161,10 @@ def measured_table(runs):
     for m in modes:
         rs = [b["modes"].get(m, {}) for _, b in runs]
         first = next(r for r in rs if r)
+        calls, nbytes = first.get("alltoall_calls_per_step", 0), first.get("alltoall_bytes_per_step", 0)
         lines.append(f"| {m} | " + " | ".join(f"{r.get('samples_per_s', 0):,.0f}" for r in rs) +
-                     f" | {first.get('alltoall_calls_per_step', 0):.0f} | {first.get('alltoall_bytes_per_step', 0):,.0f} | "
-                     + " | ".join(f"{r.get('forward_alltoall_seconds_per_step', 0):.3f}" for r in rs) + " |")
+                     f" | {calls:.0f} | {nbytes:,.0f} | " +
+                     " | ".join(f"{r.get('forward_alltoall_seconds_per_step', 0):.3f}" for r in rs) + " |")
     for base in ("per_feature", "tfra_hand_fused"):
         if all("fused" in b["modes"] and base in b["modes"] for _, b in runs):
             lines.append(f"| **fused vs {base}** | " + " | ".join(

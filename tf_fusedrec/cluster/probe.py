@@ -9,10 +9,10 @@ a float32 tensor of S bytes, split evenly over the N workers for the all-to-all.
 collectives are chained inside one tf.function (each consumes the previous one's output, as the rounds of a
 training step do) and the time per call is the median over --reps of (wall time of the function / calls), the
 slowest worker's. The all-to-all is also measured batched: `calls` independent all-to-alls in one function, which
-Horovod negotiates in the same cycle, as the per-feature all-to-alls of one round of a step; its latency is what
-each all-to-all beyond the first of a round costs. A least-squares fit (of relative residuals) of
-t(S) = latency + seconds_per_byte * S gives the two coefficients per collective, C = (latency, seconds_per_byte)
-at this N: the C_a2a and C_ar of the hot-row replication model (HypeReca §5.2) and the link term of
+Horovod can negotiate in one cycle, as the per-feature all-to-alls of one round of a step could be. A fit of
+t(S) = latency + seconds_per_byte * S (the slope by least squares over the larger half of the sizes, the latency
+as the median remainder over the smaller half) gives the two coefficients per collective, C = (latency,
+seconds_per_byte) at this N: the C_a2a and C_ar of the hot-row replication model (HypeReca §5.2) and the terms of
 tf_fusedrec.cluster.model.
 
 The bytes of an all-to-all that cross a host's link are S * W * (N - W) / N for W workers per host (each worker
@@ -88,14 +88,19 @@ def calls_for(nbytes):
 
 
 def fit(sizes, seconds):
-    """Least squares t = a + b * S in relative terms (each point's residual divided by its time, so the small
-    messages that decide the latency weigh as much as the large ones that decide the bandwidth) -> (a, b, r^2)."""
+    """t = a + b * S -> (a, b, r^2): b by least squares over the larger half of the sizes (at least 3), where the
+    bytes dominate; a as the median of t - b * S over the smaller half, where the latency dominates, so that one
+    slow small message (the machine is shared) does not move it and a curve that bends does not tilt the slope."""
     x, y = np.asarray(sizes, float), np.asarray(seconds, float)
-    A = np.stack([np.ones_like(x), x], axis=1)
-    (a, b), *_ = np.linalg.lstsq(A / y[:, None], np.ones_like(y), rcond=None)
-    residual = y - (a + b * x)
+    order = np.argsort(x)
+    big = order[len(x) // 2:] if len(x) >= 6 else order[-min(len(x), 3):]
+    b = float(np.polyfit(x[big], y[big], 1)[0]) if len(big) >= 2 and np.ptp(x[big]) > 0 else 0.0
+    b = max(b, 0.0)
+    small = order[:max(len(x) // 2, 1)]
+    a = max(float(np.median((y - b * x)[small])), 0.0)
     total = ((y - y.mean()) ** 2).sum()
-    return float(a), float(b), float(1 - (residual ** 2).sum() / total) if total > 0 else 1.0
+    r2 = float(1 - ((y - a - b * x) ** 2).sum() / total) if total > 0 else 1.0
+    return a, b, r2
 
 
 def curve(comm, kind, sizes, reps, batched, log):
@@ -118,14 +123,36 @@ def curve(comm, kind, sizes, reps, batched, log):
     return {"latency_s": a, "seconds_per_byte": b, "r2": r2, "points": points}
 
 
-def measure(comm, sizes, reps, log):
-    """Per collective: the chained curve (its fit is the collective's cost) and, for the all-to-all, the batched
-    curve (its latency is the cost of one more all-to-all in a round that already pays one)."""
-    curves = {}
-    for kind in ("alltoall", "allreduce"):
-        curves[kind] = curve(comm, kind, sizes, reps, False, log)
-    curves["alltoall"]["batched"] = curve(comm, "alltoall", sizes, reps, True, log)
+def measure(comm, sizes, reps, log, only_alltoall=False):
+    """Per collective the chained curve (its fit is the collective's cost) and, for the all-to-all, the batched
+    curve (what an all-to-all costs when Horovod can negotiate it together with others)."""
+    curves = {"alltoall": curve(comm, "alltoall", sizes, reps, False, log)}
+    if not only_alltoall:
+        curves["allreduce"] = curve(comm, "allreduce", sizes, reps, False, log)
+        curves["alltoall"]["batched"] = curve(comm, "alltoall", sizes, reps, True, log)
     return curves
+
+
+def _curves(report):
+    """(label, curve) of every curve a report has."""
+    out = [("alltoall", report["alltoall"])]
+    if "batched" in report["alltoall"]:
+        out.append(("alltoall batched", report["alltoall"]["batched"]))
+    if "allreduce" in report:
+        out.append(("allreduce", report["allreduce"]))
+    return out
+
+
+def refit(report):
+    """Recomputes a probe report's coefficients from its stored points with fit() (in place); returns it."""
+    for _, c in _curves(report):
+        c["latency_s"], c["seconds_per_byte"], c["r2"] = fit([p["bytes"] for p in c["points"]],
+                                                            [p["seconds"] for p in c["points"]])
+    a2a = report["alltoall"]
+    factor = link_bytes_per_byte(report["workers"], report["workers_per_host"])
+    a2a["link_bytes_per_byte"] = factor
+    a2a["seconds_per_link_byte"] = a2a["seconds_per_byte"] / factor if factor else None
+    return report
 
 
 def link_bytes_per_byte(size, workers_per_host):
@@ -138,6 +165,7 @@ def main(argv=None):
     p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="message bytes per worker")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--out", default="probe_results")
+    p.add_argument("--only-alltoall", action="store_true", help="skip the allreduce and batched curves")
     p.add_argument("--label", default=None, help="name of the network (default: $FUSEDREC_CLUSTER_LINK_RATE)")
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
@@ -152,7 +180,7 @@ def main(argv=None):
 
     label = args.label or os.environ.get("FUSEDREC_CLUSTER_LINK_RATE", "loopback")
     log(f"probe: {comm.size} workers on {comm.cross_size} hosts, network {label}")
-    curves = measure(comm, sizes, args.reps, log)
+    curves = measure(comm, sizes, args.reps, log, args.only_alltoall)
     factor = link_bytes_per_byte(comm.size, comm.local_size)
     curves["alltoall"]["link_bytes_per_byte"] = factor
     curves["alltoall"]["seconds_per_link_byte"] = curves["alltoall"]["seconds_per_byte"] / factor if factor else None
@@ -164,8 +192,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "probe.json"), "w") as f:
         json.dump(report, f, indent=2)
-    for kind, c in (("alltoall", curves["alltoall"]), ("alltoall batched", curves["alltoall"]["batched"]),
-                    ("allreduce", curves["allreduce"])):
+    for kind, c in _curves(report):
         print(f"{kind}: latency {c['latency_s'] * 1e6:.1f} us/call, {c['seconds_per_byte'] * 1e9:.3f} ns/byte "
               f"({1 / c['seconds_per_byte'] / 1e6 if c['seconds_per_byte'] > 0 else float('inf'):.1f} MB/s), "
               f"r^2 {c['r2']:.3f}")
@@ -182,9 +209,9 @@ def chart(report, path):
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for kind, c, color in (("alltoall", report["alltoall"], "tab:blue"),
-                           ("alltoall batched", report["alltoall"]["batched"], "tab:green"),
-                           ("allreduce", report["allreduce"], "tab:orange")):
+    colors = {"alltoall": "tab:blue", "alltoall batched": "tab:green", "allreduce": "tab:orange"}
+    for kind, c in _curves(report):
+        color = colors[kind]
         x = np.array([pt["bytes"] for pt in c["points"]], float)
         ax.loglog(x, [pt["seconds"] * 1e3 for pt in c["points"]], "o", color=color, label=f"{kind} measured")
         grid = np.geomspace(x.min(), x.max(), 50)
