@@ -92,8 +92,9 @@ def test_killed_worker_fails_the_job_and_teardown_is_clean(netstate, tmp_path):
 
 def test_interrupted_launcher_tears_down(netstate, tmp_path):
     # The runner's timeout sends SIGTERM to the launcher's process group; the workers are in their own sessions.
+    # 25 s leaves the launcher time to import TensorFlow (tf_fusedrec does) and start the workers on a loaded machine.
     script = f"ip netns identify $$ > {tmp_path}/ns.$HOROVOD_RANK; exec sleep 60"
-    rc, out, _ = execute(CLUSTER + ["--hosts", "2", "--link-rate", "1gbit", "--", "sh", "-c", script], 12,
+    rc, out, _ = execute(CLUSTER + ["--hosts", "2", "--link-rate", "1gbit", "--", "sh", "-c", script], 25,
                          merge_stderr=True)
     assert rc is None, f"the launcher finished before it was interrupted\n{tail(out)}"
     assert "interrupted (SIGTERM)" in out, tail(out)
