@@ -46,7 +46,7 @@ bench: build
 # The same benchmark on a cluster of namespaced hosts with shaped links (needs root; see tf_fusedrec/cluster), with
 # the link cost probe beside each run, then the cost model checked against the runs and projected to N = 8..128.
 # Runs: 2 hosts at 1 and 10 Gbit; 1 worker on 1 core (the model's compute term); 2 hosts x 2 workers at 1 Gbit;
-# 2 workers on loopback (horovodrun), under the same load as the others. About 25 minutes on 2 cores.
+# 2 workers on loopback (horovodrun), under the same load as the others. 15-25 minutes on 2 cores.
 CLUSTER := $(PY) -m tf_fusedrec.cluster
 CLUSTER_OUT ?= bench_results/cluster
 BENCH_CLUSTER_ARGS ?= --config configs/criteo_synthetic.yaml --repeats 3 --sweep ''
