@@ -6,7 +6,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 HOROVODRUN := .venv/bin/horovodrun -np 2 -H localhost:2 --gloo
 DEMO_STEPS ?= 100
 
-.PHONY: install build bazel wheel demo test test-ops test-bazel bench bench-ops clean
+.PHONY: install build bazel wheel demo test test-ops test-bazel bench bench-ops bench-cluster bench-cluster-runs clean
 
 install:
 	scripts/install.sh
@@ -42,6 +42,30 @@ bench-ops: build
 # The side-by-side benchmark the README's table comes from.
 bench: build
 	$(HOROVODRUN) $(PY) -m tf_fusedrec.bench --config configs/criteo_synthetic.yaml --out bench_results
+
+# The same benchmark on a cluster of namespaced hosts with shaped links (needs root; see tf_fusedrec/cluster), with
+# the link cost probe beside each run, then the cost model checked against the runs and projected to N = 8..128.
+# Runs: 2 hosts at 1 and 10 Gbit; 1 worker on 1 core (the model's compute term); 2 hosts x 2 workers at 1 Gbit;
+# 2 workers on loopback (horovodrun), under the same load as the others. 15-25 minutes on 2 cores.
+CLUSTER := $(PY) -m tf_fusedrec.cluster
+CLUSTER_OUT ?= bench_results/cluster
+BENCH_CLUSTER_ARGS ?= --config configs/criteo_synthetic.yaml --repeats 3 --sweep ''
+bench-cluster-runs: build
+	for rate in 1gbit 10gbit; do \
+		$(CLUSTER) --hosts 2 --link-rate $$rate -- $(PY) -m tf_fusedrec.cluster.probe --out $(CLUSTER_OUT)/$$rate-n2 && \
+		$(CLUSTER) --hosts 2 --link-rate $$rate -- $(PY) -m tf_fusedrec.bench $(BENCH_CLUSTER_ARGS) \
+			--out $(CLUSTER_OUT)/$$rate-n2 || exit 1; \
+	done
+	taskset -c 0 $(PY) -m tf_fusedrec.bench $(BENCH_CLUSTER_ARGS) --out $(CLUSTER_OUT)/n1-1core
+	$(CLUSTER) --hosts 2 --workers-per-host 2 --link-rate 1gbit -- $(PY) -m tf_fusedrec.cluster.probe \
+		--out $(CLUSTER_OUT)/1gbit-n4
+	$(CLUSTER) --hosts 2 --workers-per-host 2 --link-rate 1gbit -- $(PY) -m tf_fusedrec.bench $(BENCH_CLUSTER_ARGS) \
+		--out $(CLUSTER_OUT)/1gbit-n4
+	$(HOROVODRUN) $(PY) -m tf_fusedrec.cluster.probe --out $(CLUSTER_OUT)/loopback-n2
+	$(HOROVODRUN) $(PY) -m tf_fusedrec.bench $(BENCH_CLUSTER_ARGS) --out $(CLUSTER_OUT)/loopback-n2
+
+bench-cluster: bench-cluster-runs
+	$(PY) -m tf_fusedrec.cluster.model --runs $(CLUSTER_OUT) --out $(CLUSTER_OUT)
 
 clean:
 	rm -rf build tf_fusedrec/ops/_fusedrec_ops.so

@@ -14,6 +14,8 @@ command -v bazel >/dev/null || need_apt+=(bazel-bootstrap)
 [ -d /usr/share/bazel/rules/java ] || need_apt+=(bazel-rules-java)
 command -v cmake >/dev/null || need_apt+=(cmake)
 command -v g++ >/dev/null || need_apt+=(g++)
+# ip and tc build the namespaced cluster of tf_fusedrec.cluster (its tests and make bench-cluster).
+{ command -v ip && command -v tc; } >/dev/null || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "[install] missing system packages: ${need_apt[*]}; run as root or apt-get install them" >&2

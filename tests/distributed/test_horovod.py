@@ -93,16 +93,21 @@ class Run:
         return out
 
 
-def _run_scenario(out_dir, workers, layer, optimizer, steps, mode):
+def horovodrun_launcher(workers):
+    """The command prefix that starts `workers` Gloo workers on this host's loopback."""
+    assert HOROVODRUN.exists(), f"horovod is importable but {HOROVODRUN} does not exist"
+    return [str(HOROVODRUN), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo"]
+
+
+def run_scenario(out_dir, workers, layer, optimizer, steps=STEPS, mode="function", launcher=horovodrun_launcher,
+                 where="loopback"):
+    """Runs scenario.py with `workers` workers (alone when 1, else under launcher(workers)) -> Run."""
     autograph = "on" if (workers, layer, optimizer, mode) in AUTOGRAPH_ON else "off"
     args = [str(SCENARIO), "--layer", layer, "--optimizer", optimizer, "--steps", str(steps), "--mode", mode,
             "--autograph", autograph, "--out", str(out_dir)]
-    if workers == 1:
-        cmd = [sys.executable] + args
-    else:
-        assert HOROVODRUN.exists(), f"horovod is importable but {HOROVODRUN} does not exist"
-        cmd = [str(HOROVODRUN), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo", sys.executable] + args
-    name = f"{layer}/{optimizer}/{workers} worker(s)/{mode}/{steps} steps/autograph {autograph}"
+    cmd = [sys.executable] + args if workers == 1 else launcher(workers) + [sys.executable] + args
+    name = f"{layer}/{optimizer}/{workers} worker(s)/{mode}/{steps} steps/autograph {autograph}" + \
+        (f"/{where}" if workers > 1 else "")
     start = time.monotonic()
     rc, log, _ = execute(cmd, RUN_TIMEOUT_S, merge_stderr=True)
     took = time.monotonic() - start
@@ -123,7 +128,7 @@ def scenario(tmp_path_factory):
         if key not in cache:
             out = tmp_path_factory.mktemp(f"{layer}-{optimizer}-w{workers}-{mode}-s{steps}")
             try:
-                cache[key] = _run_scenario(out, *key[:3], steps, mode)
+                cache[key] = run_scenario(out, *key[:3], steps, mode)
             except AssertionError as e:  # remembered: a failed configuration is not run again
                 cache[key] = e
         if isinstance(cache[key], AssertionError):
@@ -193,11 +198,8 @@ def test_scenario_data_is_nontrivial():
 # 1. Lossless: fused == per-feature
 # --------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
-@pytest.mark.parametrize("workers", [1, 2])
-def test_fused_equals_per_feature(scenario, workers, optimizer):
-    fused = scenario(workers, "fused", optimizer)
-    per_feature = scenario(workers, "per_feature", optimizer)
+def assert_fused_equals_per_feature(fused, per_feature, workers):
+    """First-step outputs, losses, dense weights and tables of two runs of the same configuration agree."""
     for r in range(workers):
         out_f, out_p = fused.outputs(r), per_feature.outputs(r)
         assert sorted(out_f) == sorted(out_p) == sorted(FEATURES)
@@ -208,6 +210,13 @@ def test_fused_equals_per_feature(scenario, workers, optimizer):
         assert_close(losses, per_feature.ranks[r]["losses"], f"rank {r} losses: fused vs per_feature")
         assert_same_dense(fused, r, per_feature, r)
     assert_same_tables(fused, per_feature)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_fused_equals_per_feature(scenario, workers, optimizer):
+    assert_fused_equals_per_feature(scenario(workers, "fused", optimizer), scenario(workers, "per_feature", optimizer),
+                                    workers)
 
 
 def test_packed_groups_lossless(scenario):
@@ -228,10 +237,7 @@ def test_packed_groups_lossless(scenario):
 # 2. Worker-count independence: 2 workers == 1 worker
 # --------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
-def test_two_workers_equal_one_worker(scenario, optimizer):
-    two = scenario(2, "fused", optimizer)
-    one = scenario(1, "fused", optimizer)
+def assert_two_workers_equal_one(two, one):
     assert_same_tables(two, one)
     for r in range(2):
         assert_same_dense(two, r, one, 0)
@@ -243,6 +249,11 @@ def test_two_workers_equal_one_worker(scenario, optimizer):
     mean_two = np.mean([two.ranks[r]["losses"] for r in range(2)], axis=0)
     np.testing.assert_allclose(mean_two, one.ranks[0]["losses"], rtol=1e-5, atol=1e-6,
                                err_msg="mean of the 2 workers' losses vs 1-worker loss, per step")
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_two_workers_equal_one_worker(scenario, optimizer):
+    assert_two_workers_equal_one(scenario(2, "fused", optimizer), scenario(1, "fused", optimizer))
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import argparse
 import copy
 import json
 import os
+import shlex
 import sys
 import time
 
@@ -167,11 +168,17 @@ def main(argv=None):
         log(f"sweep: M = {m} features")
         sweep[m] = measure(sweep_config(config, m), sweep_modes, sweep_args, comm, meter, log)
     if rank == 0:
-        report = {"config": config.name, "workers": size, "batch_size_per_worker": args.batch_size or
-                  config.train.batch_size, "steps": args.steps, "repeats": args.repeats, "modes": results,
-                  "sweep": {str(k): v for k, v in sweep.items()},
-                  "command": "horovodrun -np %d -H localhost:%d --gloo .venv/bin/python -m tf_fusedrec.bench %s"
-                             % (size, size, " ".join(sys.argv[1:]))}
+        # Under tf_fusedrec.cluster the workers are on namespaced hosts with shaped links; else on loopback.
+        network = os.environ.get("FUSEDREC_CLUSTER_LINK_RATE", "loopback" if size > 1 else "none")
+        hosts = int(os.environ.get("HOROVOD_CROSS_SIZE", 1))
+        launcher = ("" if size == 1 else
+                    f"python -m tf_fusedrec.cluster --hosts {hosts} --link-rate {network} --workers-per-host "
+                    f"{size // hosts} -- " if network != "loopback" else
+                    f"horovodrun -np {size} -H localhost:{size} --gloo ")
+        report = {"config": config.name, "workers": size, "hosts": hosts, "network": network,
+                  "batch_size_per_worker": args.batch_size or config.train.batch_size, "steps": args.steps,
+                  "repeats": args.repeats, "modes": results, "sweep": {str(k): v for k, v in sweep.items()},
+                  "command": f"{launcher}.venv/bin/python -m tf_fusedrec.bench {shlex.join(sys.argv[1:])}"}
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "bench.json"), "w") as f:
             json.dump(report, f, indent=2)
@@ -220,7 +227,7 @@ def chart(report, path):
     modes = report["modes"]
     axes[0].bar(list(modes), [r["samples_per_s"] for r in modes.values()], color="tab:blue")
     axes[0].set_ylabel("samples/s (all workers)")
-    axes[0].set_title(f"{report['config']}, {report['workers']} workers")
+    axes[0].set_title(f"{report['config']}, {report['workers']} workers, {report.get('network', 'loopback')}")
     axes[0].tick_params(axis="x", rotation=30)
     # Step time = compute + exposed all-to-all; hidden all-to-all (in flight while compute ran) drawn beside.
     names = list(modes)

@@ -1,0 +1,43 @@
+"""The distributed equality tests of tests/distributed/test_horovod.py, with the 2 workers on 2 namespaced hosts
+joined by a 1 Gbit/s link instead of loopback: fused == per-feature, and 2 workers == 1 worker (Adagrad)."""
+
+import sys
+
+import pytest
+
+from tests.distributed import test_horovod as th
+
+OPTIMIZER = "adagrad"
+
+
+def cluster_launcher(workers):
+    return [sys.executable, "-m", "tf_fusedrec.cluster", "--hosts", str(workers), "--link-rate", "1gbit", "--"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{(workers, layer): Run}, each run at most once; a failed run fails every test that needs it."""
+    cache = {}
+
+    def get(workers, layer):
+        key = (workers, layer)
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"cluster-{layer}-w{workers}")
+            try:
+                cache[key] = th.run_scenario(out, workers, layer, OPTIMIZER, launcher=cluster_launcher,
+                                             where="2 namespaced hosts at 1gbit")
+            except AssertionError as e:
+                cache[key] = e
+        if isinstance(cache[key], AssertionError):
+            pytest.fail(str(cache[key]), pytrace=False)
+        return cache[key]
+
+    return get
+
+
+def test_fused_equals_per_feature_across_hosts(cluster_ok, runs):  # noqa: ARG001
+    th.assert_fused_equals_per_feature(runs(2, "fused"), runs(2, "per_feature"), 2)
+
+
+def test_two_hosts_equal_one_worker(cluster_ok, runs):  # noqa: ARG001
+    th.assert_two_workers_equal_one(runs(2, "fused"), runs(1, "fused"))
