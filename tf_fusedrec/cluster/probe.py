@@ -35,27 +35,27 @@ DEFAULT_SIZES = [1 << k for k in range(10, 25, 2)]  # 1 KiB ... 16 MiB in steps 
 
 
 class CollectiveComm:
-    """The probe's collectives over Horovod: all-to-all (as the lookup's comm), allreduce, and a max over ranks."""
+    """The probe's collectives, over the project's comm (distributed/comm.py): all-to-all as the lookup sends them,
+    a summing allreduce, and a max over ranks (an allgather, then the max)."""
 
     def __init__(self):
-        from tf_fusedrec.distributed.comm import import_horovod  # noqa: PLC0415
+        from tf_fusedrec.distributed import comm as comm_lib  # noqa: PLC0415
 
-        self._hvd = import_horovod()
-        self._hvd.init()
-        self.rank, self.size = self._hvd.rank(), self._hvd.size()
-        self.local_size, self.cross_size = self._hvd.local_size(), self._hvd.cross_size()
+        self.comm = comm_lib.init_workers()
+        self.rank, self.size = self.comm.rank, self.comm.size
+        self.local_size, self.cross_size = self.comm.local_size, self.comm.cross_size
 
     def alltoall(self, tensor, splits, name):
         """As the lookup's comm: explicit splits, returns (received, received_splits)."""
-        return self._hvd.alltoall(tensor, splits=splits, name=name)
+        return self.comm.alltoall(tensor, splits, name)
 
     def allreduce(self, tensor, name):
-        return self._hvd.allreduce(tensor, op=self._hvd.Sum, name=name)
+        return self.comm.allreduce([tensor], name, op="sum")[0]
 
     def max(self, value, name):
         import tensorflow as tf  # noqa: PLC0415
 
-        return float(self._hvd.allreduce(tf.constant([value], tf.float64), op=self._hvd.Max, name=name).numpy()[0])
+        return float(tf.reduce_max(self.comm.allgather(tf.constant([value], tf.float64), name)).numpy())
 
 
 def collectives(comm, kind, nbytes, calls, batched):

@@ -30,10 +30,13 @@ LAUNCHER_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 
 
 class Comm:
-    """The interface. `rank` and `size` are ints; every method takes and returns tensors."""
+    """The interface. `rank` and `size` are ints (`local_size`: workers on this host, `cross_size`: hosts); every
+    method takes and returns tensors."""
 
     rank = 0
     size = 1
+    local_size = 1
+    cross_size = 1
 
     def alltoall(self, tensor, splits, name):
         """Sends tensor[sum(splits[:r]):sum(splits[:r+1])] to rank r; returns (received, received_splits int32 [N])."""
@@ -75,6 +78,7 @@ class HorovodComm(Comm):
                                "creating the layer")
         self.rank = self._hvd.rank()
         self.size = self._hvd.size()
+        self.local_size, self.cross_size = self._hvd.local_size(), self._hvd.cross_size()
         order_insensitive(HOROVOD_OP_TYPES)
 
     def alltoall(self, tensor, splits, name):
