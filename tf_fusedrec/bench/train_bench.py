@@ -98,13 +98,15 @@ def measure(config, modes, args, comm, meter, log):
         runners[mode].run(args.warmup)
     samples = {m: [] for m in modes}
     traffic = {m: [] for m in modes}
+    cpu = {m: [] for m in modes}  # this worker's CPU seconds per step, all its threads
     for r in range(args.repeats):
         for mode in modes:
             if meter is not None:
                 meter.reset()
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             runners[mode].run(args.steps)
             elapsed = time.perf_counter() - t0
+            cpu[mode].append((time.process_time() - cpu0) / args.steps)
             samples[mode].append(batch_size * comm.size * args.steps / elapsed)
             if meter is not None:
                 traffic[mode].append(meter.per_step(args.steps))
@@ -113,6 +115,7 @@ def measure(config, modes, args, comm, meter, log):
     for mode in modes:
         entry = {"samples_per_s": float(np.median(samples[mode])), "samples_per_s_repeats": samples[mode],
                  "step_seconds": batch_size * comm.size / float(np.median(samples[mode])),
+                 "cpu_seconds_per_step": float(np.median(cpu[mode])),
                  "alltoall_ops_in_step_graph": runners[mode].alltoall_ops()}
         if traffic[mode]:
             for key in traffic[mode][0]:
@@ -192,8 +195,9 @@ def table(report):
     base = modes.get(BASELINE, {}).get("samples_per_s")
     fused = modes.get("fused", {}).get("samples_per_s")
     lines = ["| mode | samples/s (all workers) | vs per_feature | vs fused | all-to-alls / step | mean bytes / all-to-all "
-             "| forward all-to-all s / step | all-to-all in flight s / step | exposed all-to-all s / step |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| forward all-to-all s / step | all-to-all in flight s / step | exposed all-to-all s / step "
+             "| step s | CPU s / step (rank 0) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for mode, r in modes.items():
         ratio = f"{r['samples_per_s'] / base:.2f}x" if base else "-"
         vs_fused = f"{r['samples_per_s'] / fused:.2f}x" if fused else "-"
@@ -202,7 +206,8 @@ def table(report):
                      f"{r.get('alltoall_mean_message_bytes', 0):,.0f} | "
                      f"{r.get('forward_alltoall_seconds_per_step', 0):.4f} | "
                      f"{r.get('alltoall_busy_seconds_per_step', 0):.4f} | "
-                     f"{r.get('exposed_alltoall_seconds_per_step', 0):.4f} |")
+                     f"{r.get('exposed_alltoall_seconds_per_step', 0):.4f} | {r.get('step_seconds', 0):.4f} | "
+                     f"{r.get('cpu_seconds_per_step', 0):.4f} |")
     if report["sweep"]:
         sweep_modes = list(next(iter(report["sweep"].values())))
         lines += ["", "| features M | " + " | ".join(f"{m} samples/s" for m in sweep_modes) + " | fused vs per_feature |",
