@@ -12,12 +12,6 @@ namespace fusedrec {
 
 using CPUDevice = Eigen::ThreadPoolDevice;
 
-int PackedSegmentBits(int64_t num_segments) {
-  int b = 1;
-  while ((int64_t{1} << b) < num_segments) ++b;
-  return b;
-}
-
 template <typename K>
 struct CategoryUniqueFunctor<CPUDevice, K> {
   Status operator()(OpKernelContext* ctx, const Tensor& keys, const Tensor& segment_ids, int64_t num_segments,
@@ -39,7 +33,7 @@ struct CategoryUniqueFunctor<CPUDevice, K> {
     auto segments = unique_segment_ids->flat<int32>();
     auto counts = segment_counts->flat<int32>();
     counts.setZero();
-    const int key_bits = 63 - PackedSegmentBits(num_segments);
+    const int key_bits = 63 - impl::PackedSegmentBits(num_segments);
     const int64_t key_limit = int64_t{1} << key_bits;
     for (int64_t j = 0; j < u; ++j) {
       const int64_t key = static_cast<int64_t>(unique.entries[j].key);
@@ -51,7 +45,7 @@ struct CategoryUniqueFunctor<CPUDevice, K> {
                                          " holds keys in [0, 2^", key_bits, "); use encoding='hashed' for ids that ",
                                          "need more bits or are negative");
         }
-        unified(j) = (static_cast<int64_t>(segment) << key_bits) | key;
+        unified(j) = impl::PackedUnifiedKey(key, segment, key_bits);
       } else {
         unified(j) = impl::HashedUnifiedKey(key, segment);
       }
