@@ -253,7 +253,7 @@ void RunPartition(const Case& c, const DeviceArray<K>& keys, const DeviceArray<i
   Check(cudaDeviceSynchronize(), "owner_of");
   CompareArray(c, "owner_of", owners.Download(n));
   size_t bytes = 0;
-  Check(gpu::PartitionScratchBytes(n, &bytes), "PartitionScratchBytes");
+  Check(gpu::PartitionScratchBytes(n, num_ranks, &bytes), "PartitionScratchBytes");
   DeviceArray<char> scratch(bytes);
   for (const bool with_segments : {true, false}) {
     DeviceArray<K> out_keys(n);

@@ -189,14 +189,24 @@ struct PartitionScratch {
   int32_t* positions;
   void* sort_temp;
   size_t sort_temp_bytes;
+  int end_bit;
   size_t total_bytes;
 };
 
-cudaError_t LayOutPartition(int64_t n, void* base, PartitionScratch* s) {
+// Owners are in [0, num_ranks): sorting their low bits as unsigned is enough, and CUB's radix sort is stable.
+int OwnerBits(int64_t num_ranks) {
+  int bits = 1;
+  while (bits < 32 && (int64_t{1} << bits) < num_ranks) ++bits;
+  return bits;
+}
+
+// Sized with the same bit range as the sort itself: CUB's scratch depends on the number of passes.
+cudaError_t LayOutPartition(int64_t n, int64_t num_ranks, void* base, PartitionScratch* s) {
+  s->end_bit = OwnerBits(num_ranks);
   s->sort_temp_bytes = 0;
   FUSEDREC_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(
       nullptr, s->sort_temp_bytes, static_cast<uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
-      static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(n)));
+      static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), static_cast<int>(n), 0, s->end_bit));
   Carver carve(base);
   const size_t count = std::max<int64_t>(n, 1);
   s->owners = carve.Take<int32_t>(count);
@@ -209,9 +219,9 @@ cudaError_t LayOutPartition(int64_t n, void* base, PartitionScratch* s) {
 
 }  // namespace
 
-int PartitionScratchBytes(int64_t n, size_t* bytes) {
+int PartitionScratchBytes(int64_t n, int64_t num_ranks, size_t* bytes) {
   PartitionScratch s;
-  FUSEDREC_CUDA_RETURN_IF_ERROR(LayOutPartition(n, nullptr, &s));
+  FUSEDREC_CUDA_RETURN_IF_ERROR(LayOutPartition(n, num_ranks, nullptr, &s));
   *bytes = s.total_bytes;
   return cudaSuccess;
 }
@@ -223,15 +233,12 @@ int PartitionByOwner(const K* keys, const int32_t* segments, int64_t n, int64_t 
   FUSEDREC_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(splits, 0, num_ranks * sizeof(int32_t), s));
   if (n == 0) return cudaSuccess;
   PartitionScratch p;
-  FUSEDREC_CUDA_RETURN_IF_ERROR(LayOutPartition(n, scratch, &p));
+  FUSEDREC_CUDA_RETURN_IF_ERROR(LayOutPartition(n, num_ranks, scratch, &p));
   ComputeOwners<K><<<NumTiles(n), kBlock, 0, s>>>(keys, n, static_cast<uint64_t>(num_ranks), p.owners, p.positions);
   FUSEDREC_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  // Owners are in [0, num_ranks): sorting their low bits as unsigned is enough, and CUB's radix sort is stable.
-  int end_bit = 1;
-  while (end_bit < 32 && (int64_t{1} << end_bit) < num_ranks) ++end_bit;
   FUSEDREC_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(
       p.sort_temp, p.sort_temp_bytes, reinterpret_cast<const uint32_t*>(p.owners),
-      reinterpret_cast<uint32_t*>(p.sorted_owners), p.positions, order, static_cast<int>(n), 0, end_bit, s));
+      reinterpret_cast<uint32_t*>(p.sorted_owners), p.positions, order, static_cast<int>(n), 0, p.end_bit, s));
   CountOwners<<<NumTiles(n), kBlock, 0, s>>>(p.sorted_owners, n, splits);
   FUSEDREC_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   GatherByOrder<K><<<NumTiles(n), kBlock, 0, s>>>(keys, segments, order, n, out_keys, out_segments);

@@ -55,8 +55,8 @@ int CategoryUniqueEmit(const K* keys, const int32_t* segments, int64_t n, void* 
 template <typename K>
 int OwnerOfKeys(const K* keys, int64_t n, int64_t num_ranks, int32_t* owners, void* stream);
 
-// Device scratch of one partition of n keys.
-int PartitionScratchBytes(int64_t n, size_t* bytes);
+// Device scratch of one partition of n keys over num_ranks ranks.
+int PartitionScratchBytes(int64_t n, int64_t num_ranks, size_t* bytes);
 
 // Stable reorder by owner rank (segments/out_segments may be null); splits[num_ranks], order[n] as the CPU kernel.
 template <typename K>
