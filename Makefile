@@ -6,7 +6,8 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 HOROVODRUN := .venv/bin/horovodrun -np 2 -H localhost:2 --gloo
 DEMO_STEPS ?= 100
 
-.PHONY: install build bazel wheel demo test test-ops test-bazel bench bench-ops bench-cluster bench-cluster-runs clean
+.PHONY: install build bazel wheel demo test test-ops test-bazel bench bench-ops bench-cluster bench-cluster-runs \
+	cuda-harness cuda-check cuda-bench clean
 
 install:
 	scripts/install.sh
@@ -66,6 +67,35 @@ bench-cluster-runs: build
 
 bench-cluster: bench-cluster-runs
 	$(PY) -m tf_fusedrec.cluster.model --runs $(CLUSTER_OUT) --out $(CLUSTER_OUT)
+# The CUDA kernels' standalone harness (tests/cuda/README.md). nvcc from PATH, else $$CUDA_HOME/bin; one arch
+# (sm_90 code + compute_90 PTX) keeps the compile under a minute; CUDA_GENCODE overrides it.
+NVCC ?= $(or $(shell command -v nvcc 2>/dev/null),$(if $(CUDA_HOME),$(CUDA_HOME)/bin/nvcc,nvcc))
+CUDA_GENCODE ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+CUDA_HARNESS := build/cuda/harness
+CUDA_HARNESS_SRCS := tests/cuda/harness.cu cc/kernels/impl/fusedrec_gpu.cu.cc
+CUDA_HARNESS_DEPS := $(CUDA_HARNESS_SRCS) cc/kernels/impl/fusedrec_gpu.h cc/kernels/impl/fusedrec_gpu.cu.h \
+	cc/kernels/impl/hashing.h
+
+cuda-harness: $(CUDA_HARNESS)
+
+$(CUDA_HARNESS): $(CUDA_HARNESS_DEPS)
+	@command -v $(NVCC) >/dev/null || { echo "cuda-harness: nvcc not found on PATH or in \$$CUDA_HOME/bin" >&2; exit 1; }
+	mkdir -p $(dir $@)
+	$(NVCC) -std=c++17 -O3 -I. $(CUDA_GENCODE) tests/cuda/harness.cu -x cu cc/kernels/impl/fusedrec_gpu.cu.cc -o $@
+
+# Compiles the harness, writes the oracle's cases, and runs them where a CUDA device is present. Without one it
+# runs only the host checks, says the kernels did not run, and succeeds (so CI can call it).
+cuda-check: $(CUDA_HARNESS)
+	PYTHONPATH=$(CURDIR) $(PY) tests/cuda/write_cases.py build/cuda/cases
+	@$(CUDA_HARNESS) build/cuda/cases; rc=$$?; \
+	if [ $$rc -eq 3 ]; then echo "cuda-check: harness compiled and host-checked; kernels NOT run (no CUDA device)"; \
+	elif [ $$rc -ne 0 ]; then echo "cuda-check: FAILED (exit $$rc)" >&2; exit $$rc; \
+	else echo "cuda-check: kernels ran and equal the oracle"; fi
+
+# Correctness cases plus the 26 x 4096 and 26 x 65536 Zipf groups, timed against sort + unique_by_key. Needs a GPU.
+cuda-bench: $(CUDA_HARNESS)
+	PYTHONPATH=$(CURDIR) $(PY) tests/cuda/write_cases.py build/cuda/bench_cases --bench
+	$(CUDA_HARNESS) build/cuda/bench_cases --bench
 
 clean:
 	rm -rf build tf_fusedrec/ops/_fusedrec_ops.so

@@ -6,6 +6,8 @@ or, in a checkout, `python setup.py build_ext --inplace` (what `make build` runs
 
 import glob
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -15,6 +17,75 @@ from setuptools.command.build_ext import build_ext
 LIB_NAME = "tf_fusedrec.ops._fusedrec_ops"
 SOURCES = sorted(glob.glob("cc/ops/*.cc") + glob.glob("cc/kernels/*.cc"))
 HEADERS = sorted(glob.glob("cc/kernels/*.h") + glob.glob("cc/kernels/impl/*.h"))
+# TF-free CUDA kernels, compiled by nvcc only when TensorFlow is built with CUDA (see cuda_build).
+CUDA_SOURCES = sorted(glob.glob("cc/kernels/impl/*.cu.cc"))
+# $TF_FUSEDREC_CUDA: "auto" (default: CUDA kernels iff TensorFlow is built with CUDA and nvcc is found), "1" (required:
+# fail if nvcc is missing), "0" (CPU kernels only). $TF_FUSEDREC_CUDA_ARCHS: compute capabilities for nvcc.
+CUDA_ENV = "TF_FUSEDREC_CUDA"
+CUDA_ARCHS_ENV = "TF_FUSEDREC_CUDA_ARCHS"
+DEFAULT_CUDA_ARCHS = "75;80;90"
+
+
+def find_nvcc():
+    """nvcc from PATH, else $CUDA_HOME/bin/nvcc, else None."""
+    found = shutil.which("nvcc")
+    if found is None and os.environ.get("CUDA_HOME"):
+        candidate = os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")
+        found = candidate if os.access(candidate, os.X_OK) else None
+    return found
+
+
+def cuda_lib_dir(nvcc):
+    """The CUDA toolkit's library directory, as nvcc itself reports its install root (nvcc may be a wrapper)."""
+    dry = subprocess.run([nvcc, "--dryrun", "-c", "x.cu"], capture_output=True, text=True)
+    match = re.search(r"TOP=(\S+)", dry.stdout + dry.stderr)
+    top = match.group(1) if match else os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+    for lib in ("lib64", os.path.join("targets", "x86_64-linux", "lib")):
+        if os.path.exists(os.path.join(top, lib, "libcudart_static.a")):
+            return os.path.normpath(os.path.join(top, lib))
+    raise RuntimeError(f"libcudart_static.a not found under {top} (the CUDA toolkit of {nvcc})")
+
+
+def cuda_build(tf):
+    """Returns (nvcc or None, reason): whether to compile the CUDA kernels, and why (printed by the build)."""
+    mode = os.environ.get(CUDA_ENV, "auto")
+    if mode not in ("auto", "0", "1"):
+        raise RuntimeError(f"{CUDA_ENV} must be auto, 0 or 1, got {mode!r}")
+    if mode == "0":
+        return None, f"disabled by {CUDA_ENV}=0"
+    nvcc = find_nvcc()
+    built_with_cuda = tf.test.is_built_with_cuda()
+    if mode == "1":
+        if nvcc is None:
+            raise RuntimeError(f"{CUDA_ENV}=1 but nvcc is neither on PATH nor in $CUDA_HOME/bin")
+        why = "TensorFlow is built with CUDA" if built_with_cuda else f"forced by {CUDA_ENV}=1"
+        return nvcc, f"{why}, nvcc {nvcc}"
+    if not built_with_cuda:
+        return None, f"TensorFlow {tf.__version__} is not built with CUDA"
+    if nvcc is None:
+        return None, "TensorFlow is built with CUDA but nvcc is neither on PATH nor in $CUDA_HOME/bin"
+    return nvcc, f"TensorFlow is built with CUDA (CUDA {tf.sysconfig.get_build_info().get('cuda_version')}), nvcc {nvcc}"
+
+
+def compile_cuda(nvcc, tf_flags, build_dir):
+    """Compiles the TF-free CUDA sources to objects; returns their paths and the link flags of the CUDA runtime."""
+    archs = [a.strip() for a in os.environ.get(CUDA_ARCHS_ENV, DEFAULT_CUDA_ARCHS).split(";") if a.strip()]
+    gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    gencode.append(f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}")  # PTX for newer GPUs
+    defines = [f for f in tf_flags if f.startswith("-D")]  # the ABI macro must match the g++ side
+    os.makedirs(build_dir, exist_ok=True)
+    objects = []
+    for src in CUDA_SOURCES:
+        obj = os.path.join(build_dir, os.path.basename(src).replace(".cu.cc", ".cu.o"))
+        cmd = [nvcc, "-c", "-x", "cu", "-std=c++17", "-O3", "-I.", "-Xcompiler", "-fPIC"] + defines + gencode
+        cmd += [src, "-o", obj]
+        print(" ".join(cmd), file=sys.stderr)
+        subprocess.check_call(cmd)
+        objects.append(obj)
+    # The static runtime, kept private (--exclude-libs): the library does not depend on where libcudart.so is
+    # installed, and its kernels register with its own runtime, not with the libcudart TensorFlow loaded.
+    return objects, [f"-L{cuda_lib_dir(nvcc)}", "-lcudart_static", "-ldl", "-lrt", "-lpthread",
+                     "-Wl,--exclude-libs,libcudart_static.a"]
 
 
 class TFBuildExt(build_ext):
@@ -36,13 +107,22 @@ class TFBuildExt(build_ext):
             newest = max(os.path.getmtime(p) for p in ext.sources + ext.depends)
             if os.path.getmtime(out) >= newest:
                 return
+        nvcc, reason = cuda_build(tf)
+        print(f"tf_fusedrec: CUDA kernels {'built' if nvcc else 'skipped'}: {reason}", file=sys.stderr)
+        cuda_objects, cuda_flags, cuda_libs = [], [], []
+        if nvcc:
+            cuda_objects, cuda_libs = compile_cuda(nvcc, tf.sysconfig.get_compile_flags(), self.build_temp)
+            cuda_flags = ["-DGOOGLE_CUDA=1"]
         cxx = os.environ.get("CXX", "g++")
         cmd = (
             [cxx, "-shared", "-fPIC", "-O3", "-Wall", "-I."]
             + tf.sysconfig.get_compile_flags()
+            + cuda_flags
             + ext.sources
+            + cuda_objects
             + ["-o", out]
             + tf.sysconfig.get_link_flags()
+            + cuda_libs
         )
         print(" ".join(cmd), file=sys.stderr)
         subprocess.check_call(cmd)
@@ -56,7 +136,7 @@ setup(
     version="0.1.0",
     description="Fused, lossless embedding communication for TFRA + Horovod recommendation training",
     packages=find_packages(include=["tf_fusedrec", "tf_fusedrec.*"]),
-    ext_modules=[Extension(LIB_NAME, sources=SOURCES, depends=HEADERS)],
+    ext_modules=[Extension(LIB_NAME, sources=SOURCES, depends=HEADERS + CUDA_SOURCES)],
     cmdclass={"build_ext": TFBuildExt},
     python_requires=">=3.9",
     install_requires=["numpy<2", "pyyaml"],

@@ -9,9 +9,6 @@ namespace fusedrec {
 
 enum class KeyEncoding { kPacked, kHashed };
 
-// Segment bits b of the packed encoding: max(1, ceil(log2(num_segments))).
-int PackedSegmentBits(int64_t num_segments);
-
 // Owner-side unique over (segment, key) pairs; allocates the four outputs of FusedRec>CategoryUnique, or returns
 // InvalidArgument (naming segment and key) when a key cannot be packed. Inputs are validated by the caller.
 template <typename Device, typename K>

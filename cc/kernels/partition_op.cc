@@ -97,6 +97,35 @@ struct PartitionByOwnerFunctor<CPUDevice, K> {
   }
 };
 
+#if GOOGLE_CUDA
+template <typename K>
+struct OwnerOfFunctor<GPUDevice, K> {
+  void operator()(OpKernelContext* ctx, const Tensor& keys, int64_t num_ranks, Tensor* owners) {
+    OP_REQUIRES_OK(ctx, GpuStatus(impl::gpu::OwnerOfKeys<K>(keys.flat<K>().data(), keys.NumElements(), num_ranks,
+                                                            owners->flat<int32>().data(), GpuStream(ctx)),
+                                  "owner_of"));
+  }
+};
+
+template <typename K>
+struct PartitionByOwnerFunctor<GPUDevice, K> {
+  void operator()(OpKernelContext* ctx, const Tensor& keys, const Tensor* segment_ids, int64_t num_ranks,
+                  Tensor* out_keys, Tensor* out_segment_ids, Tensor* splits, Tensor* order) {
+    const int64_t n = keys.NumElements();
+    size_t bytes = 0;
+    OP_REQUIRES_OK(ctx, GpuStatus(impl::gpu::PartitionScratchBytes(n, num_ranks, &bytes), "sizing the partition scratch"));
+    Tensor scratch;
+    OP_REQUIRES_OK(ctx, AllocateGpuScratch(ctx, bytes, &scratch));
+    OP_REQUIRES_OK(ctx, GpuStatus(impl::gpu::PartitionByOwner<K>(
+                                      keys.flat<K>().data(), segment_ids ? segment_ids->flat<int32>().data() : nullptr,
+                                      n, num_ranks, scratch.flat<int8>().data(), out_keys->flat<K>().data(),
+                                      out_segment_ids ? out_segment_ids->flat<int32>().data() : nullptr,
+                                      splits->flat<int32>().data(), order->flat<int32>().data(), GpuStream(ctx)),
+                                  "partition_by_owner"));
+  }
+};
+#endif  // GOOGLE_CUDA
+
 template <typename Device, typename K>
 class OwnerOfOp : public OpKernel {
  public:
@@ -159,6 +188,18 @@ class PartitionByOwnerOp : public OpKernel {
 REGISTER_CPU(int32);
 REGISTER_CPU(int64_t);
 #undef REGISTER_CPU
+
+#if GOOGLE_CUDA
+#define REGISTER_GPU(K)                                                                      \
+  REGISTER_KERNEL_BUILDER(Name("FusedRec>OwnerOf").Device(DEVICE_GPU).TypeConstraint<K>("T"), \
+                          OwnerOfOp<GPUDevice, K>);                                          \
+  REGISTER_KERNEL_BUILDER(                                                                   \
+      Name("FusedRec>PartitionByOwner").Device(DEVICE_GPU).TypeConstraint<K>("T"),           \
+      PartitionByOwnerOp<GPUDevice, K>);
+REGISTER_GPU(int32);
+REGISTER_GPU(int64_t);
+#undef REGISTER_GPU
+#endif  // GOOGLE_CUDA
 
 }  // namespace fusedrec
 }  // namespace tensorflow

@@ -1,6 +1,8 @@
 /* Copyright 2026 The tf_fusedrec Authors. Licensed under the Apache License, Version 2.0. */
 #include "cc/kernels/segment_unique_op.h"
 
+#include <type_traits>
+
 #include "cc/kernels/impl/pair_dedup.h"
 #include "cc/kernels/kernel_util.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -34,6 +36,32 @@ struct SegmentUniqueFunctor<CPUDevice, K> {
   }
 };
 
+#if GOOGLE_CUDA
+// Dedup on the device, then outputs sized from the unique count read back in between.
+template <typename K>
+struct SegmentUniqueFunctor<GPUDevice, K> {
+  Status operator()(OpKernelContext* ctx, const Tensor& keys, const Tensor& segment_ids) {
+    const int64_t n = keys.NumElements();
+    Tensor scratch;
+    impl::gpu::DedupResult found;
+    TF_RETURN_IF_ERROR(GpuFindUniquePairs<K>(ctx, keys, segment_ids, /*num_segments=*/-1, /*packed_key_limit=*/0,
+                                             &scratch, &found));
+    const TensorShape shape({found.num_unique});
+    Tensor *unique_keys = nullptr, *unique_segment_ids = nullptr, *inverse = nullptr, *counts = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(0, shape, &unique_keys));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(1, shape, &unique_segment_ids));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({n}), &inverse));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(3, shape, &counts));
+    return GpuStatus(impl::gpu::SegmentUniqueEmit<K>(keys.flat<K>().data(), segment_ids.flat<int32>().data(), n,
+                                                     scratch.flat<int8>().data(), unique_keys->flat<K>().data(),
+                                                     unique_segment_ids->flat<int32>().data(),
+                                                     inverse->flat<int32>().data(), counts->flat<int32>().data(),
+                                                     GpuStream(ctx)),
+                     "segment_unique");
+  }
+};
+#endif  // GOOGLE_CUDA
+
 template <typename Device, typename K>
 class SegmentUniqueOp : public OpKernel {
  public:
@@ -43,7 +71,10 @@ class SegmentUniqueOp : public OpKernel {
     const Tensor& keys = ctx->input(0);
     const Tensor& segment_ids = ctx->input(1);
     OP_REQUIRES_OK(ctx, CheckKeysAndSegments(keys, segment_ids));
-    OP_REQUIRES_OK(ctx, CheckSegmentRange(segment_ids, /*num_segments=*/-1));
+    // On a GPU the ids are in device memory: the functor checks them there.
+    if (std::is_same<Device, CPUDevice>::value) {
+      OP_REQUIRES_OK(ctx, CheckSegmentRange(segment_ids, /*num_segments=*/-1));
+    }
     OP_REQUIRES_OK(ctx, (SegmentUniqueFunctor<Device, K>()(ctx, keys, segment_ids)));
   }
 };
@@ -55,6 +86,16 @@ class SegmentUniqueOp : public OpKernel {
 REGISTER_CPU(int32);
 REGISTER_CPU(int64_t);
 #undef REGISTER_CPU
+
+#if GOOGLE_CUDA
+#define REGISTER_GPU(K)                                                                  \
+  REGISTER_KERNEL_BUILDER(                                                               \
+      Name("FusedRec>SegmentUnique").Device(DEVICE_GPU).TypeConstraint<K>("T"),          \
+      SegmentUniqueOp<GPUDevice, K>);
+REGISTER_GPU(int32);
+REGISTER_GPU(int64_t);
+#undef REGISTER_GPU
+#endif  // GOOGLE_CUDA
 
 }  // namespace fusedrec
 }  // namespace tensorflow

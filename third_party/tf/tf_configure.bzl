@@ -16,6 +16,8 @@ Usage in WORKSPACE:
 """
 
 _PYTHON_BIN_PATH = "PYTHON_BIN_PATH"
+_CUDA_MODE = "TF_FUSEDREC_CUDA"  # auto (default) | 1 (required) | 0 (CPU only), as in setup.py
+_CUDA_HOME = "CUDA_HOME"
 _DEFAULT_PYTHON = ".venv/bin/python"
 
 # Marker so that anything else TensorFlow (or a sitecustomize) prints on
@@ -32,6 +34,7 @@ print("{marker}" + json.dumps({{
     "lib": sc.get_lib(),
     "compile_flags": sc.get_compile_flags(),
     "link_flags": sc.get_link_flags(),
+    "built_with_cuda": tf.test.is_built_with_cuda(),
 }}))
 """.format(marker = _MARKER)
 
@@ -111,6 +114,47 @@ def _split_link_flags(flags):
 def _starlark_list(items):
     return "[\n%s]" % "".join(["    %s,\n" % repr(i) for i in items])
 
+def _find_nvcc(repository_ctx):
+    nvcc = repository_ctx.which("nvcc")
+    if nvcc:
+        return str(nvcc)
+    home = repository_ctx.os.environ.get(_CUDA_HOME, "").strip()
+    if home and repository_ctx.path(home + "/bin/nvcc").exists:
+        return home + "/bin/nvcc"
+    return None
+
+def _cuda_lib_dir(repository_ctx, nvcc):
+    # nvcc may be a wrapper script: ask it for its install root.
+    result = repository_ctx.execute([nvcc, "--dryrun", "-c", "x.cu"])
+    top = None
+    for line in (result.stdout + result.stderr).splitlines():
+        if "TOP=" in line:
+            top = line.split("TOP=", 1)[1].strip()
+    if top == None:
+        top = str(repository_ctx.path(nvcc).dirname.dirname)
+    for lib in ["lib64", "targets/x86_64-linux/lib"]:
+        if repository_ctx.path("%s/%s/libcudart_static.a" % (top, lib)).exists:
+            return "%s/%s" % (top, lib)
+    _fail("libcudart_static.a not found under %s (the CUDA toolkit of %s)" % (top, nvcc))
+
+def _cuda_config(repository_ctx, built_with_cuda):
+    """Returns (nvcc or None, reason), with the same rules as setup.py's cuda_build."""
+    mode = repository_ctx.os.environ.get(_CUDA_MODE, "auto").strip() or "auto"
+    if mode not in ["auto", "0", "1"]:
+        _fail("%s must be auto, 0 or 1, got '%s'" % (_CUDA_MODE, mode))
+    if mode == "0":
+        return None, "disabled by %s=0" % _CUDA_MODE
+    nvcc = _find_nvcc(repository_ctx)
+    if mode == "1":
+        if not nvcc:
+            _fail("%s=1 but nvcc is neither on PATH nor in $CUDA_HOME/bin" % _CUDA_MODE)
+        return nvcc, "%s, nvcc %s" % ("TensorFlow is built with CUDA" if built_with_cuda else "forced by %s=1" % _CUDA_MODE, nvcc)
+    if not built_with_cuda:
+        return None, "TensorFlow is not built with CUDA"
+    if not nvcc:
+        return None, "TensorFlow is built with CUDA but nvcc is neither on PATH nor in $CUDA_HOME/bin"
+    return nvcc, "TensorFlow is built with CUDA, nvcc %s" % nvcc
+
 def _tf_configure_impl(repository_ctx):
     python = _python_bin(repository_ctx)
     info = _query_tf(repository_ctx, python)
@@ -124,6 +168,14 @@ def _tf_configure_impl(repository_ctx):
     libs, linkopts = _split_link_flags(info["link_flags"])
     if not libs:
         _fail("tf.sysconfig.get_link_flags() names no library: %s" % info["link_flags"])
+
+    nvcc, cuda_reason = _cuda_config(repository_ctx, info["built_with_cuda"])
+    print("tf_fusedrec: CUDA kernels %s: %s" % ("built" if nvcc else "skipped", cuda_reason))
+    cuda_linkopts = []
+    if nvcc:
+        # The static runtime, kept private (as in setup.py).
+        cuda_linkopts = ["-L" + _cuda_lib_dir(repository_ctx, nvcc), "-lcudart_static", "-ldl", "-lrt", "-lpthread",
+                         "-Wl,--exclude-libs,libcudart_static.a"]
 
     repository_ctx.symlink(include_dir, "include")
     for lib in libs:
@@ -189,17 +241,28 @@ TF_COPTS = {copts}
 # tf.sysconfig.get_link_flags() without -L/-l (the library comes with
 # @local_config_tf//:tf).
 TF_LINKOPTS = {linkopts}
+
+# Whether the CUDA kernels are built ({cuda_reason}), the nvcc that compiles them and the runtime's link flags.
+FUSEDREC_CUDA = {cuda}
+
+NVCC = {nvcc}
+
+CUDA_LINKOPTS = {cuda_linkopts}
 """.format(
         version = repr(info["version"]),
         include = repr(include_dir),
         lib = repr(lib_dir),
         copts = _starlark_list(copts),
         linkopts = _starlark_list(linkopts),
+        cuda_reason = cuda_reason,
+        cuda = repr(nvcc != None),
+        nvcc = repr(nvcc or ""),
+        cuda_linkopts = _starlark_list(cuda_linkopts),
     ))
 
 tf_configure = repository_rule(
     implementation = _tf_configure_impl,
-    environ = [_PYTHON_BIN_PATH],
+    environ = [_PYTHON_BIN_PATH, _CUDA_MODE, _CUDA_HOME],
     # Re-run after a Bazel server restart and on `bazel sync --configure`, so a
     # re-installed/upgraded TensorFlow is picked up.
     local = True,
