@@ -86,8 +86,8 @@ class TrainPipeline:
       loss_fn: loss_fn(labels, predictions) -> the mean loss over the (micro-)batch, e.g. a Keras loss.
       dataset: a tf.data.Dataset of (features dict, labels) batches, this worker's share.
       schedule: "sync", "dbp" or "fwp".
-      micro_batches: k micro-batches per batch (fwp only; the batch size must be a multiple of k... any size works,
-        the last micro-batch takes the remainder).
+      micro_batches: k micro-batches per batch (fwp only): contiguous rows [n*i//k, n*(i+1)//k) of the (clustered)
+        batch, so their sizes differ by at most one; the loss weights each by its size.
       cluster_samples: reorder samples so that micro-batches share keys (fwp only).
       step_counter: an optional int64 tf.Variable incremented by each step (for checkpoints).
       meter: an optional AlltoallMeter whose comm the embedding uses; the dense compute of each micro-batch is then

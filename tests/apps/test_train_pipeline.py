@@ -1,0 +1,51 @@
+"""`python -m tf_fusedrec.train --pipeline ...` in subprocesses: the schedules train the same model as sync, the
+summary says which schedule ran and, with 2 workers, how much all-to-all time was in flight and exposed; flags that
+do not fit are exit status 2 with a message."""
+
+import math
+
+import pytest
+
+import tf_fusedrec as fr
+from tf_fusedrec import config as cfg
+
+MODULE = "tf_fusedrec.train"
+STEPS = 4
+PIPELINE_KEYS = {"pipeline", "micro_batches", "cluster_samples"}
+
+
+def run(apps, where, *flags, workers=1):
+    config = apps.write_config(where / "tiny.yaml", apps.tiny_config("dlrm"))
+    result = apps.run_app(MODULE, ["--config", config, "--steps", STEPS, "--no-progress", *flags], workers=workers)
+    return apps.the_summary(result.expect_ok()), config
+
+
+def test_fwp_with_clustering_trains_like_sync(apps, tmp_path):
+    sync, _ = run(apps, tmp_path / "sync", "--pipeline", "sync")
+    fwp, _ = run(apps, tmp_path / "fwp", "--pipeline", "fwp", "--micro-batches", "2", "--cluster-samples")
+    assert PIPELINE_KEYS <= set(fwp)
+    assert (sync["pipeline"], sync["micro_batches"], sync["cluster_samples"]) == ("sync", 1, False)
+    assert (fwp["pipeline"], fwp["micro_batches"], fwp["cluster_samples"]) == ("fwp", 2, True)
+    # Same data, same model, same update: the schedules differ only in float summation order.
+    assert math.isclose(fwp["final_loss"], sync["final_loss"], rel_tol=1e-5), (fwp["final_loss"], sync["final_loss"])
+    assert math.isclose(fwp["auc"], sync["auc"], rel_tol=1e-4), (fwp["auc"], sync["auc"])
+
+
+def test_dbp_on_two_workers_reports_exposed_alltoall_time(apps, tmp_path):
+    apps.require_horovod()
+    summary, config = run(apps, tmp_path, "--pipeline", "dbp", workers=2)
+    groups = len(fr.FusedEmbedding(cfg.load_config(config).embedding_features()).groups)
+    assert summary["pipeline"] == "dbp" and summary["workers"] == 2
+    # Per group: the next batch's keys, this batch's embeddings and their gradients.
+    assert summary["alltoall_ops_in_step_graph"] == 3 * groups, summary
+    busy, exposed = summary["alltoall_busy_seconds_per_step"], summary["exposed_alltoall_seconds_per_step"]
+    assert 0 < exposed <= busy, summary
+
+
+@pytest.mark.parametrize("flags,fragments", [
+    (["--pipeline", "dbp", "--embedding", "per_feature"], ["--pipeline dbp needs a FusedEmbedding"]),
+    (["--pipeline", "fwp", "--micro-batches", "0"], ["--micro-batches must be >= 1"]),
+])
+def test_flags_that_do_not_fit_exit_2(apps, tiny_yaml, flags, fragments):
+    result = apps.run_app(MODULE, ["--config", tiny_yaml(), "--steps", STEPS, "--no-progress", *flags])
+    result.expect_error(*fragments)
