@@ -28,7 +28,10 @@ def bench(tmp_path_factory, apps):
     config = apps.write_config(where / "tiny.yaml", apps.tiny_config())
     out = where / "out"
     run = apps.run_app(MODULE, ["--config", config, "--steps", 2, "--repeats", 1, "--warmup", 1, "--batches", 2,
-                                "--sweep", "2,4", "--sweep-steps", 1, "--out", out], workers=2)
+                                "--sweep", "2,4", "--sweep-steps", 1, "--out", out], workers=2,
+                       # Seven modes, each traced, plus the sweep: about 2 minutes alone, more than 300 s when the
+                       # 2 cores are shared with another test run.
+                       timeout=2 * apps.RUN_TIMEOUT_S)
     result = {"run": run, "out": out, "config": config, "report": None}
     if run.rc == 0 and (out / "bench.json").exists():
         with open(out / "bench.json") as f:

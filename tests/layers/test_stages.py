@@ -87,10 +87,10 @@ def test_injected_outputs_are_returned_by_the_next_call():
     outputs = layer.lookup_and_output(layer.input_dist(inputs))
     marker = {k: v * 0 + 7 for k, v in outputs.items()}
     with layer.injected(marker):
-        got = layer(inputs)
         with pytest.raises(RuntimeError, match="cannot nest"):
             with layer.injected(marker):
                 pass
+        got = layer(inputs)
     assert got is marker
     assert not np.allclose(dense(layer(inputs))["user"], 7)  # outside the block: a real lookup again
     with layer.injected(marker), pytest.raises(ValueError, match="feature 'user' is missing"):
