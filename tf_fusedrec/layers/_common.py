@@ -31,12 +31,12 @@ def parse_features(features, layer_name):
     return tuple(parsed)
 
 
-def flatten_inputs(features, inputs, layer_name):
-    """Checks the input dict; returns ({name: FlatFeature}, assertion ops)."""
+def flatten_inputs(features, inputs, layer_name, check_ids=True):
+    """Checks the input dict; returns ({name: FlatFeature}, assertion ops on the ids, none if not check_ids)."""
     _inputs.check_input_dict(features, inputs, layer_name)
     flats, checks = {}, []
     for f in features:
-        flat, c = _inputs.flatten_feature(f, inputs[f.name])
+        flat, c = _inputs.flatten_feature(f, inputs[f.name], check_ids)
         flats[f.name] = flat
         checks.extend(c)
     return flats, checks

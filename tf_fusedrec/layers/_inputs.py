@@ -29,8 +29,11 @@ def check_input_dict(features, inputs, layer_name):
         raise ValueError(f"{layer_name}: unknown feature '{unknown[0]}' in the inputs (configured: {sorted(names)})")
 
 
-def flatten_feature(feature, ids):
+def flatten_feature(feature, ids, check_ids=True):
     """Checks one feature's ids and returns its valid ids flattened, plus what is needed to rebuild the output.
+
+    Args:
+      check_ids: build the assertions on the id values (False: they already ran on these ids, e.g. in input_dist).
 
     Returns:
       (FlatFeature(ids int64 [n], layout), list of assertion ops that must run before the ids are used).
@@ -70,14 +73,14 @@ def flatten_feature(feature, ids):
             rows_of = tf.range(tf.size(values, out_type=tf.int64)) // tf.maximum(shape[1], 1)
             num_rows = shape[0]
     values = tf.cast(values, tf.int64)
-    checks = [
+    checks = [] if not check_ids else [
         tf.debugging.assert_greater_equal(
             values,
             tf.constant(-1, tf.int64),
             message=f"{where}: ids must be >= 0 (-1 marks padding); found a negative id",
         )
     ]
-    if feature.max_id_bits is not None:
+    if check_ids and feature.max_id_bits is not None:
         checks.append(
             tf.debugging.assert_less(
                 values,

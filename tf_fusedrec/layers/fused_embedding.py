@@ -107,7 +107,10 @@ class FusedEmbedding(tf.keras.layers.Layer):
     def call(self, inputs, training=None):
         if self._injection.outputs is not None:
             return self._injection.take(self.features, inputs, self.name)
-        return self.lookup_and_output(self.input_dist(inputs), training=training)
+        # The two halves, flattening (and checking) the inputs once.
+        flats, checks = self.flatten(inputs)
+        dist = self._input_dist(inputs, flats, checks, slot=0, send_after=())
+        return self._lookup_and_output([dist], [flats], training, [0])[0]
 
     def input_dist(self, inputs, slot=0, send_after=()):
         """The first half of a call, on ids only: per group fuse -> sender unique -> partition -> keys all-to-all ->
@@ -125,6 +128,9 @@ class FusedEmbedding(tf.keras.layers.Layer):
           EmbeddingDist.
         """
         flats, checks = self.flatten(inputs)
+        return self._input_dist(inputs, flats, checks, slot, send_after)
+
+    def _input_dist(self, inputs, flats, checks, slot, send_after):
         dists = []
         with tf.control_dependencies(checks):
             for group, group_lookup in zip(self._groups, self.group_lookups):
@@ -133,9 +139,10 @@ class FusedEmbedding(tf.keras.layers.Layer):
                     dists.append(group_lookup.input_dist(ids, slot, send_after))
         return EmbeddingDist(inputs, tuple(dists))
 
-    def flatten(self, inputs):
-        """Checks the input dict; -> ({name: FlatFeature}, the assertion ops on the ids (negative, too large))."""
-        return _common.flatten_inputs(self.features, inputs, self.name)
+    def flatten(self, inputs, check_ids=True):
+        """Checks the input dict; -> ({name: FlatFeature}, the assertion ops on the ids (negative, too large; none
+        if not check_ids))."""
+        return _common.flatten_inputs(self.features, inputs, self.name, check_ids)
 
     def lookup_and_output(self, dist, training=None, slot=0):
         """The second half of a call: per group table read -> embeddings all-to-all -> recover -> combiners.
@@ -159,7 +166,11 @@ class FusedEmbedding(tf.keras.layers.Layer):
           list of output dicts, one per dist.
         """
         slots = list(range(len(dists))) if slots is None else list(slots)
-        flats = [self.flatten(d.inputs)[0] for d in dists]
+        # Only the layouts: input_dist has checked these ids already.
+        flats = [self.flatten(d.inputs, check_ids=False)[0] for d in dists]
+        return self._lookup_and_output(dists, flats, training, slots)
+
+    def _lookup_and_output(self, dists, flats, training, slots):
         outputs = [{} for _ in dists]
         stat_rows = []
         for g, (group, group_lookup) in enumerate(zip(self._groups, self.group_lookups)):
