@@ -9,7 +9,7 @@ from tf_fusedrec import config as cfg
 from tf_fusedrec import initializers
 from tf_fusedrec.distributed import comm as comm_lib
 from tf_fusedrec.distributed.group_lookup import make_group_lookup
-from tf_fusedrec.distributed.table import EmbeddingTable
+from tf_fusedrec.distributed.table import EmbeddingTable, ShardedTable, packed_ids
 from tf_fusedrec.layers import _common
 from tf_fusedrec.layers import _inputs
 
@@ -100,6 +100,12 @@ class FusedEmbedding(tf.keras.layers.Layer):
 
     def embedding_variables(self):
         return [v for t in self.tables for v in t.trainable_variables]
+
+    def sharded_tables(self):
+        """[ShardedTable] of the groups, in group order (what fr.train.checkpoint saves and restores)."""
+        return [ShardedTable(t.name, t.params, t.shadow,
+                             packed_ids(g.num_categories) if g.encoding == "packed" else lambda keys: None)
+                for g, t in zip(self._groups, self.tables)]
 
     def collective_prefix(self, group):
         return f"FusedRec/{self.name}/{group.name}"

@@ -15,7 +15,7 @@ from tf_fusedrec import config as cfg
 from tf_fusedrec import initializers
 from tf_fusedrec import ops
 from tf_fusedrec.distributed import comm as comm_lib
-from tf_fusedrec.distributed.table import check_table_name, insert_missing_rows
+from tf_fusedrec.distributed.table import ShardedTable, check_table_name, ids_are_keys, insert_missing_rows
 from tf_fusedrec.layers import _common
 from tf_fusedrec.layers import _inputs
 
@@ -130,6 +130,11 @@ class PerFeatureEmbedding(tf.keras.layers.Layer):
 
     def embedding_variables(self):
         return [self._layers[n].shadow for n in sorted(self._layers)]
+
+    def sharded_tables(self):
+        """[ShardedTable] of the features, by name (each table is keyed by the feature's ids)."""
+        return [ShardedTable(self._layers[n].name, self._layers[n].params, self._layers[n].shadow, ids_are_keys)
+                for n in sorted(self._layers)]
 
     def tfra_layer(self, feature_name):
         return self._layers[feature_name]
