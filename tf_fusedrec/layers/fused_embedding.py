@@ -8,6 +8,7 @@ import tensorflow as tf
 from tf_fusedrec import config as cfg
 from tf_fusedrec import initializers
 from tf_fusedrec.distributed import comm as comm_lib
+from tf_fusedrec.distributed.comm import slot_name
 from tf_fusedrec.distributed.group_lookup import make_group_lookup
 from tf_fusedrec.distributed.table import EmbeddingTable, ShardedTable, packed_ids
 from tf_fusedrec.layers import _common
@@ -115,22 +116,26 @@ class FusedEmbedding(tf.keras.layers.Layer):
             return self._injection.take(self.features, inputs, self.name)
         return self.lookup_and_output(self.input_dist(inputs), training=training)
 
-    def input_dist(self, inputs, slot=0, send_after=()):
+    def input_dist(self, inputs, slot=0, send_after=(), checked=False):
         """The first half of a call, on ids only: per group fuse -> sender unique -> partition -> keys all-to-all ->
         category-aware unique on the owner. Reads no table, so a pipeline can run it a batch ahead of the update.
 
         Args:
-          inputs: the call's input dict (checked here: a bad id raises before any all-to-all).
+          inputs: the call's input dict (checked here: a bad id raises before any all-to-all; with several workers
+            the check is shared, one allgather named FusedRec/{layer}/valid/slot{slot}, so every worker raises the
+            same error naming the feature and the rank whose batch is bad).
           slot: the in-flight slot; collectives are named .../keys/slot{slot}, so batches in distinct slots can be
             in flight at once.
           send_after: tensors the keys all-to-alls wait for (the fuse, unique and partition before them do not):
             a pipeline sends the next batch's keys once the current batch's rows have arrived, so they do not queue
             in front of them.
+          checked: True when the caller has already checked the values on every worker (TrainPipeline does).
 
         Returns:
           EmbeddingDist.
         """
-        flats, checks = self.flatten(inputs)
+        flats, checks = _common.checked_inputs(self.features, inputs, self.name, self.comm,
+                                               slot_name(f"FusedRec/{self.name}", "valid", slot), checked)
         dists = []
         with tf.control_dependencies(checks):
             for group, group_lookup in zip(self._groups, self.group_lookups):
@@ -139,9 +144,10 @@ class FusedEmbedding(tf.keras.layers.Layer):
                     dists.append(group_lookup.input_dist(ids, slot, send_after))
         return EmbeddingDist(inputs, tuple(dists))
 
-    def flatten(self, inputs):
-        """Checks the input dict; -> ({name: FlatFeature}, the assertion ops on the ids (negative, too large))."""
-        return _common.flatten_inputs(self.features, inputs, self.name)
+    def flatten(self, inputs, local_checks=True):
+        """Checks the input dict; -> ({name: FlatFeature}, the assertion ops on this worker's ids (negative, too
+        large); none with local_checks=False)."""
+        return _common.flatten_inputs(self.features, inputs, self.name, local_checks=local_checks)
 
     def lookup_and_output(self, dist, training=None, slot=0):
         """The second half of a call: per group table read -> embeddings all-to-all -> recover -> combiners.
@@ -165,7 +171,7 @@ class FusedEmbedding(tf.keras.layers.Layer):
           list of output dicts, one per dist.
         """
         slots = list(range(len(dists))) if slots is None else list(slots)
-        flats = [self.flatten(d.inputs)[0] for d in dists]
+        flats = [self.flatten(d.inputs, local_checks=False)[0] for d in dists]  # layouts only: input_dist checked
         outputs = [{} for _ in dists]
         stat_rows = []
         for g, (group, group_lookup) in enumerate(zip(self._groups, self.group_lookups)):

@@ -140,7 +140,8 @@ class PerFeatureEmbedding(tf.keras.layers.Layer):
         return self._layers[feature_name]
 
     def call(self, inputs, training=None):
-        flats, checks = _common.flatten_inputs(self.features, inputs, self.name)
+        flats, checks = _common.checked_inputs(self.features, inputs, self.name, self.comm,
+                                               f"FusedRec/{scope_safe(self.name)}/valid")
         outputs = {}
         with tf.control_dependencies(checks):
             for name in sorted(self._layers):
