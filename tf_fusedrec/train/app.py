@@ -52,20 +52,32 @@ def parse_args(argv=None):
 
 
 class Progress:
-    """A one-line progress bar on a terminal, a log line every `every` steps otherwise."""
+    """A standard progress bar on a terminal (percentage, bar, step/total, elapsed<remaining, rate: the layout of
+    tqdm, which the pinned stack does not carry), a log line every `every` steps otherwise."""
 
-    def __init__(self, total, every, enabled, bar):
-        self.total, self.every, self.enabled = total, every, enabled
+    def __init__(self, total, every, enabled, bar, start=0):
+        self.total, self.every, self.enabled, self.start = total, every, enabled, start
         self.bar = bar and sys.stderr.isatty()
+        self.t0 = time.monotonic()
+
+    @staticmethod
+    def _clock(seconds):
+        minutes, seconds = divmod(int(seconds), 60)
+        return f"{minutes:02d}:{seconds:02d}" if minutes < 60 else f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
 
     def update(self, step, loss, samples_per_s):
         if not self.enabled:
             return
         text = f"step {step}/{self.total}  loss {loss:.4f}  {samples_per_s:,.0f} samples/s"
         if self.bar:
+            elapsed = time.monotonic() - self.t0
+            done = step - self.start
+            remaining = elapsed / done * (self.total - step) if done else 0.0
             width = 30
             filled = int(width * step / max(self.total, 1))
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}   ")
+            sys.stderr.write(f"\r{100 * step / max(self.total, 1):3.0f}%|{'#' * filled}{' ' * (width - filled)}| "
+                             f"{step}/{self.total} [{self._clock(elapsed)}<{self._clock(remaining)}, "
+                             f"{samples_per_s:,.0f} samples/s, loss {loss:.4f}]")
             if step == self.total:
                 sys.stderr.write("\n")
             sys.stderr.flush()
@@ -174,7 +186,7 @@ def run(args):
 
     writer = tf.summary.create_file_writer(os.path.join(args.model_dir, "tensorboard")) \
         if args.model_dir and rank == 0 else None
-    progress = Progress(steps, config.train.log_every, rank == 0, not args.no_progress)
+    progress = Progress(steps, config.train.log_every, rank == 0, not args.no_progress, start=start)
     warmup = min(3, steps - start - 1)
     timed_steps, timed_seconds, loss_value = 0, 0.0, float("nan")
     for step in range(start + 1, steps + 1):
