@@ -247,8 +247,9 @@ def test_two_workers_summary_and_alltoalls(cache, model_name, embedding):
     assert METER_KEYS <= set(summary), f"summary lacks {sorted(METER_KEYS - set(summary))}\n{run.describe()}"
     assert summary["alltoall_calls_per_step"] == expected, f"expected {expected}\n{run.describe()}"
     assert summary["alltoall_bytes_per_step"] > 0 and summary["alltoall_mean_message_bytes"] > 0, run.describe()
-    # rank 1 trained too (its log is prefixed) but printed no summary
-    assert "[1]<stdout>:" in run.stdout or "[1]<stderr>:" in run.stderr, run.describe()
+    # rank 1 trained too (it wrote its shard of the last checkpoint) but printed no summary (the_summary checks it).
+    # Its log used to show TFRA's start-up print, which tf_fusedrec now drops: the shard is the evidence.
+    assert (r["dir"] / f"ckpt-{HVD_STEPS}" / "shard-1-of-2.npz").exists(), run.describe()
 
 
 def test_two_workers_checkpoint_directories(cache):
