@@ -131,12 +131,13 @@ def main():
                for k, v in forward(first).items()}
     alltoalls = count_alltoalls(forward, first)
     losses = [float(train_step(local_slice(make_batch(s), rank, size)).numpy()) for s in range(args.steps)]
-    # Held-out predictions (training=False) after training: every layer must read each id's row on its owner.
-    predict = tf.function(lambda inputs: model(inputs, training=False)[0], autograph=autograph)
-    eval_pred = predict(local_slice(make_batch(10_000), rank, size)).numpy()
     stats = {}
     if hasattr(model.embedding, "statistics"):
         stats = {f"stat/{k}/{s}": int(v) for k, d in model.embedding.statistics().items() for s, v in d.items()}
+    # Held-out predictions (training=False) after training (after reading the
+    # statistics, which are those of the last call): every layer must read each id's row on its owner.
+    predict = tf.function(lambda inputs: model(inputs, training=False)[0], autograph=autograph)
+    eval_pred = predict(local_slice(make_batch(10_000), rank, size)).numpy()
 
     tables = {}
     for f in features:
