@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything tf_fusedrec needs, from nothing: the system tools (Bazel, cmake), a virtual environment in
-# .venv with the pinned stack, and Horovod built from source with Gloo. Re-running it when all is installed takes
+# .venv with the pinned stack, Horovod built from source with Gloo, and tf_fusedrec itself (editable). Re-running it when all is installed takes
 # seconds: each step is skipped when its result is already there and its inputs have not changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,5 +46,15 @@ if ! .venv/bin/python -c "import horovod, sys; sys.exit(horovod.__version__ != '
   log "building horovod $HOROVOD_VERSION with TensorFlow and Gloo (about 3 minutes on 2 cores)"
   HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
     HOROVOD_WITHOUT_MXNET=1 "${PIP[@]}" install -q --no-build-isolation --no-cache-dir "horovod==$HOROVOD_VERSION"
+fi
+# tf_fusedrec itself, editable, into .venv: `.venv/bin/python my_script.py` imports it from any directory, and edits
+# to this checkout take effect without reinstalling. The op library is built in place first, so the editable install
+# finds it up to date. Skipped when .venv already imports tf_fusedrec from this checkout.
+.venv/bin/python setup.py -q build_ext --inplace
+here=$(pwd -P)/tf_fusedrec
+if ! (cd / && "$here/../.venv/bin/python" -c "import importlib.util as u, os, sys; s = u.find_spec('tf_fusedrec')
+sys.exit(s is None or os.path.realpath(list(s.submodule_search_locations)[0]) != sys.argv[1])" "$here"); then
+  log "installing tf_fusedrec into .venv (editable)"
+  "${PIP[@]}" install -q --no-build-isolation --no-deps -e .
 fi
 log "ok: $(.venv/bin/python -c 'import tensorflow as tf, horovod; print("tensorflow", tf.__version__, "horovod", horovod.__version__)' 2>/dev/null)"

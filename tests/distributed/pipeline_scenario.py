@@ -50,13 +50,13 @@ def parse_schedule(name):
     return "fwp", int(name[3:-1] if cluster else name[3:]), cluster
 
 
-def dataset(steps, rank, size, bad_step=None):
+def dataset(steps, rank, size, bad_step=None, bad_rank=None):
     features = [f.name for f in sc.make_features("sgd")]
 
     def batches():
         for step in range(steps):
             batch = sc.local_slice(sc.make_batch(step), rank, size)
-            if step == bad_step:
+            if step == bad_step and bad_rank in (None, rank):
                 batch["user_id"] = tf.concat([[-5], batch["user_id"][1:]], axis=0)
             labels = batch.pop("label")
             yield batch, labels
@@ -90,7 +90,7 @@ def train(name, args, rank, size):
         layer = fr.FusedEmbedding(features, name="sparse")
     model = PredictionModel(layer)
     optimizer = fr.train.make_optimizer(model, default={"name": "sgd", "learning_rate": 0.1})
-    pipe = fr.train.TrainPipeline(model, optimizer, mse, dataset(args.steps, rank, size, args.bad_step),
+    pipe = fr.train.TrainPipeline(model, optimizer, mse, dataset(args.steps, rank, size, args.bad_step, args.bad_rank),
                                   schedule=schedule, micro_batches=micro_batches, cluster_samples=cluster)
     result, losses = {}, []
     try:
@@ -119,6 +119,7 @@ def main():
     p.add_argument("--schedules", default="sync,dbp,fwp2")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--bad-step", type=int)
+    p.add_argument("--bad-rank", type=int, help="only this rank's batch --bad-step is bad (default: every rank's)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     rank, size = 0, 1

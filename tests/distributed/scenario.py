@@ -5,7 +5,8 @@
 
 Each worker takes its contiguous slice of a deterministic global batch (so N workers see the union that one
 worker sees), trains a linear model on top of the embeddings with the loss averaged over its local batch, and
-writes DIR/rank{r}.npz with: the first step's outputs for its slice, the loss per step, the dense weights, its
+writes DIR/rank{r}.npz with: the first step's outputs for its slice, the loss per step, held-out predictions
+(training=False) after the last step, the dense weights, its
 table contents keyed by (feature, id), the forward graph's all-to-all count, and per-feature statistics.
 """
 
@@ -133,6 +134,10 @@ def main():
     stats = {}
     if hasattr(model.embedding, "statistics"):
         stats = {f"stat/{k}/{s}": int(v) for k, d in model.embedding.statistics().items() for s, v in d.items()}
+    # Held-out predictions (training=False) after training (after reading the
+    # statistics, which are those of the last call): every layer must read each id's row on its owner.
+    predict = tf.function(lambda inputs: model(inputs, training=False)[0], autograph=autograph)
+    eval_pred = predict(local_slice(make_batch(10_000), rank, size)).numpy()
 
     tables = {}
     for f in features:
@@ -142,7 +147,7 @@ def main():
                 if r is not None:
                     tables[f"table/{f.name}/{i}"] = r
     os.makedirs(args.out, exist_ok=True)
-    np.savez(os.path.join(args.out, f"rank{rank}.npz"), losses=np.array(losses), alltoalls=alltoalls,
+    np.savez(os.path.join(args.out, f"rank{rank}.npz"), losses=np.array(losses), alltoalls=alltoalls, eval_pred=eval_pred,
              kernel=model.dense.kernel.numpy(), bias=model.dense.bias.numpy(),
              **{f"out/{k}": v for k, v in outputs.items()}, **tables, **stats)
 

@@ -3,8 +3,8 @@
 Each configuration runs once per session in a subprocess (the ``scenario`` fixture caches its result directory);
 the tests then compare the per-rank npz files the runs write:
 
-* lossless: FusedEmbedding == PerFeatureEmbedding (first-step outputs, losses, tables, dense weights), SGD and Adagrad,
-  with 1 and with 2 workers;
+* lossless: FusedEmbedding == PerFeatureEmbedding (first-step outputs, losses, tables, dense weights, held-out
+  predictions with training=False), SGD and Adagrad, with 1 and with 2 workers;
 * worker-count independence: 2 workers == 1 worker (tables as the union over ranks, dense weights, outputs);
 * sharding: each (feature, id) row on exactly one rank, owner_of(id, 2), and exactly the rows the batches touched;
 * one all-to-all pair per spec group (fused) vs per feature (per_feature), none with 1 worker;
@@ -217,6 +217,15 @@ def assert_fused_equals_per_feature(fused, per_feature, workers):
 def test_fused_equals_per_feature(scenario, workers, optimizer):
     assert_fused_equals_per_feature(scenario(workers, "fused", optimizer), scenario(workers, "per_feature", optimizer),
                                     workers)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_eval_predictions_fused_equal_per_feature(scenario, workers):
+    """Inference (training=False) reads every id on its owner in both layers: PerFeatureEmbedding used to read only
+    the local shard with several workers, giving other workers' ids their initial rows."""
+    fused, per_feature = scenario(workers, "fused", "adagrad"), scenario(workers, "per_feature", "adagrad")
+    for r in range(workers):
+        assert_close(per_feature.ranks[r]["eval_pred"], fused.ranks[r]["eval_pred"], f"rank {r} eval predictions")
 
 
 def test_packed_groups_lossless(scenario):

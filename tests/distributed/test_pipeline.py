@@ -2,8 +2,8 @@
 schedule in one process (1 worker, and 2 Gloo workers under horovodrun), and every table row, optimizer slot, dense
 weight and loss of dbp and fwp (k = 2, 4; sample clustering on and off) must equal sync's to 1e-6 relative, with SGD
 and Adagrad, hashed and packed groups, multi-hot (dense with padding, ragged with empty rows) features.
-Also: 2 workers == 1 worker under the pipelines, and a bad batch stops every schedule at its own step with the
-layer's error, leaving the tables as the previous step left them.
+Also: 2 workers == 1 worker under the pipelines, and a bad batch on one worker stops every worker, under every
+schedule, at its own step with the layer's error naming the rank, leaving the tables as the previous step left them.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ RUNS = {
     "adagrad_hashed_w2": (2, "adagrad", "hashed", "sync,dbp,fwp2,fwp4,fwp2c", []),
     "sgd_packed_w2": (2, "sgd", "packed", "sync,dbp,fwp4c", []),
     "adagrad_hashed_w1": (1, "adagrad", "hashed", "sync,dbp,fwp2c", []),
-    "bad_w2": (2, "adagrad", "hashed", "sync,dbp,fwp2", ["--bad-step", "3"]),
+    "bad_w2": (2, "adagrad", "hashed", "sync,dbp,fwp2", ["--bad-step", "3", "--bad-rank", "1"]),
     "three_steps_w2": (2, "adagrad", "hashed", "sync", ["--steps", "3"]),
 }
 
@@ -126,6 +126,8 @@ def test_bad_batch_stops_at_its_step_with_tables_untouched(run, schedule):
         message = str(got.pop("error"))
         # Inside a tf.function TensorFlow escapes the quotes of an assertion's message.
         assert re.search(r"feature \\*'user_id\\*': ids must be >= 0", message), message
+        # Only rank 1's batch is bad: both workers raise the same error, naming it.
+        assert "in the batch of rank 1)" in message, message
         assert len(got["losses"]) == 3, f"{schedule}: stopped after {len(got['losses'])} steps, not at step 3"
         want = schedule_values(reference[r], "sync")
         assert_same_training(got, want, f"rank {r}: {schedule} stopped at the bad batch vs 3 clean steps")

@@ -5,11 +5,32 @@ copied. New keys get the spec's initializer: Keras initializers are TFRA's defau
 from (seed, feature, id) and inserted on the owner right before the lookup that first touches them.
 """
 
+import collections
+
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import variable_scope
 from tensorflow_recommenders_addons import dynamic_embedding as de
 
 from tf_fusedrec import initializers
+
+
+ShardedTable = collections.namedtuple("ShardedTable", ["name", "params", "trainable", "ids_of_keys"])
+ShardedTable.__doc__ = """What a checkpoint needs of one sharded table: its name (equal on every worker), the TFRA
+variable, the trainable handle the optimizer keys its slots by, and ids_of_keys(keys int64 numpy [K]) -> the id behind
+each key (owner_of decides the owner from it), or None where the keys do not reveal the ids (hashed unified keys)."""
+
+
+def ids_are_keys(keys):
+    return keys
+
+
+def packed_ids(num_categories):
+    """ids_of_keys for packed unified keys: the low 63 - b bits are the id."""
+    from tf_fusedrec import ops  # noqa: PLC0415  (the op library loads lazily)
+
+    mask = np.int64((1 << ops.packed_key_bits(num_categories)) - 1)
+    return lambda keys: np.bitwise_and(np.asarray(keys, np.int64), mask)
 
 
 def check_table_name(name, owner):

@@ -31,15 +31,57 @@ def parse_features(features, layer_name):
     return tuple(parsed)
 
 
-def flatten_inputs(features, inputs, layer_name, check_ids=True):
-    """Checks the input dict; returns ({name: FlatFeature}, assertion ops on the ids, none if not check_ids)."""
+def flatten_inputs(features, inputs, layer_name, local_checks=True):
+    """Checks the input dict; returns ({name: FlatFeature}, assertion ops). local_checks=False: no value checks (see
+    shared_checks)."""
     _inputs.check_input_dict(features, inputs, layer_name)
     flats, checks = {}, []
     for f in features:
-        flat, c = _inputs.flatten_feature(f, inputs[f.name], check_ids)
+        flat, c = _inputs.flatten_feature(f, inputs[f.name], local_checks=local_checks)
         flats[f.name] = flat
         checks.extend(c)
     return flats, checks
+
+
+def violation_flags(features, inputs):
+    """(int32 [P] flags, P messages): every value rule of every feature, 1 where this worker's batch breaks it."""
+    pairs = [v for f in features for v in _inputs.id_violations(f, inputs[f.name])]
+    return tf.cast(tf.stack([flag for flag, _ in pairs]), tf.int32), [message for _, message in pairs]
+
+
+def violation_messages(features):
+    """The P messages of violation_flags, in its order (static: no tensors)."""
+    return [m for f in features for m in _inputs.violation_messages(f)]
+
+
+def violation_message(message, ranks):
+    return f"{message} (in the batch of rank {', '.join(str(r) for r in ranks)})"
+
+
+def shared_checks(features, inputs, comm, name):
+    """The value checks of every worker's batch, shared by one small allgather (`name`), as assertion ops that fail
+    on EVERY worker, naming the feature, the rule and the rank(s) whose batch broke it, when any worker's batch is
+    bad. Run them before the first all-to-all: a check failing on one worker alone would leave its peers waiting in a
+    collective it never joins."""
+    flags, messages = violation_flags(features, inputs)
+    everyone = comm.allgather(flags[None, :], name=name)  # [N, P]
+    ranks = tf.range(comm.size)
+    checks = []
+    for i, message in enumerate(messages):
+        bad = tf.strings.reduce_join(tf.strings.as_string(tf.boolean_mask(ranks, everyone[:, i] > 0)), separator=", ")
+        # The same text as violation_message, with the ranks known only at run time.
+        text = tf.strings.join([f"{message} (in the batch of rank ", bad, ")"])
+        checks.append(tf.debugging.Assert(tf.reduce_all(everyone[:, i] == 0), [text]))
+    return checks
+
+
+def checked_inputs(features, inputs, layer_name, comm, name, checked=False):
+    """flatten_inputs with the value checks local (one worker) or shared (several; collective `name`); checked=True:
+    the caller already checked the values on every worker."""
+    if comm.size == 1 and not checked:
+        return flatten_inputs(features, inputs, layer_name)
+    flats, _ = flatten_inputs(features, inputs, layer_name, local_checks=False)
+    return flats, ([] if checked else shared_checks(features, inputs, comm, name))
 
 
 def after(deps, tensor):

@@ -29,11 +29,36 @@ def check_input_dict(features, inputs, layer_name):
         raise ValueError(f"{layer_name}: unknown feature '{unknown[0]}' in the inputs (configured: {sorted(names)})")
 
 
-def flatten_feature(feature, ids, check_ids=True):
+def _messages(feature):
+    where = f"feature '{feature.name}'"
+    negative = f"{where}: ids must be >= 0 (-1 marks padding); found a negative id"
+    too_large = None if feature.max_id_bits is None else (
+        f"{where}: id does not fit in max_id_bits={feature.max_id_bits} (ids must be < 2**{feature.max_id_bits})")
+    return negative, too_large
+
+
+def violation_messages(feature):
+    """The messages of id_violations, in its order."""
+    return [m for m in _messages(feature) if m is not None]
+
+
+def id_violations(feature, ids):
+    """[(bool scalar: the ids break a rule, the message naming the feature and the rule)] of one feature's ids (after
+    flatten_feature's static checks): what workers share so that one worker's bad batch stops all of them."""
+    values = tf.cast(ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1]), tf.int64)
+    negative, too_large = _messages(feature)
+    out = [(tf.reduce_any(values < -1), negative)]
+    if too_large is not None:
+        out.append((tf.reduce_any(values >= (1 << feature.max_id_bits)), too_large))
+    return out
+
+
+def flatten_feature(feature, ids, local_checks=True):
     """Checks one feature's ids and returns its valid ids flattened, plus what is needed to rebuild the output.
 
     Args:
-      check_ids: build the assertions on the id values (False: they already ran on these ids, e.g. in input_dist).
+      local_checks: False leaves the value checks (negative, too large) to the caller, who shares them between
+        workers (id_violations); the static checks (dtype, rank) always run.
 
     Returns:
       (FlatFeature(ids int64 [n], layout), list of assertion ops that must run before the ids are used).
@@ -73,22 +98,13 @@ def flatten_feature(feature, ids, check_ids=True):
             rows_of = tf.range(tf.size(values, out_type=tf.int64)) // tf.maximum(shape[1], 1)
             num_rows = shape[0]
     values = tf.cast(values, tf.int64)
-    checks = [] if not check_ids else [
-        tf.debugging.assert_greater_equal(
-            values,
-            tf.constant(-1, tf.int64),
-            message=f"{where}: ids must be >= 0 (-1 marks padding); found a negative id",
-        )
-    ]
-    if check_ids and feature.max_id_bits is not None:
-        checks.append(
-            tf.debugging.assert_less(
-                values,
-                tf.constant(1 << feature.max_id_bits, tf.int64),
-                message=f"{where}: id does not fit in max_id_bits={feature.max_id_bits} (ids must be < "
-                f"2**{feature.max_id_bits})",
-            )
-        )
+    negative, too_large = _messages(feature)
+    checks = []
+    if local_checks:
+        checks.append(tf.debugging.assert_greater_equal(values, tf.constant(-1, tf.int64), message=negative))
+        if too_large is not None:
+            checks.append(tf.debugging.assert_less(values, tf.constant(1 << feature.max_id_bits, tf.int64),
+                                                   message=too_large))
     positions = tf.where(values >= 0)[:, 0]
     layout = _Layout(
         kind, shape, positions, tf.gather(rows_of, positions), ids if ragged else None, num_rows, ids.shape

@@ -8,8 +8,9 @@ import tensorflow as tf
 from tf_fusedrec import config as cfg
 from tf_fusedrec import initializers
 from tf_fusedrec.distributed import comm as comm_lib
+from tf_fusedrec.distributed.comm import slot_name
 from tf_fusedrec.distributed.group_lookup import make_group_lookup
-from tf_fusedrec.distributed.table import EmbeddingTable
+from tf_fusedrec.distributed.table import EmbeddingTable, ShardedTable, packed_ids
 from tf_fusedrec.layers import _common
 from tf_fusedrec.layers import _inputs
 
@@ -101,6 +102,12 @@ class FusedEmbedding(tf.keras.layers.Layer):
     def embedding_variables(self):
         return [v for t in self.tables for v in t.trainable_variables]
 
+    def sharded_tables(self):
+        """[ShardedTable] of the groups, in group order (what fr.train.checkpoint saves and restores)."""
+        return [ShardedTable(t.name, t.params, t.shadow,
+                             packed_ids(g.num_categories) if g.encoding == "packed" else lambda keys: None)
+                for g, t in zip(self._groups, self.tables)]
+
     def collective_prefix(self, group):
         return f"FusedRec/{self.name}/{group.name}"
 
@@ -108,26 +115,31 @@ class FusedEmbedding(tf.keras.layers.Layer):
         if self._injection.outputs is not None:
             return self._injection.take(self.features, inputs, self.name)
         # The two halves, flattening (and checking) the inputs once.
-        flats, checks = self.flatten(inputs)
+        flats, checks = _common.checked_inputs(self.features, inputs, self.name, self.comm,
+                                               slot_name(f"FusedRec/{self.name}", "valid", 0))
         dist = self._input_dist(inputs, flats, checks, slot=0, send_after=())
         return self._lookup_and_output([dist], [flats], training, [0])[0]
 
-    def input_dist(self, inputs, slot=0, send_after=()):
+    def input_dist(self, inputs, slot=0, send_after=(), checked=False):
         """The first half of a call, on ids only: per group fuse -> sender unique -> partition -> keys all-to-all ->
         category-aware unique on the owner. Reads no table, so a pipeline can run it a batch ahead of the update.
 
         Args:
-          inputs: the call's input dict (checked here: a bad id raises before any all-to-all).
+          inputs: the call's input dict (checked here: a bad id raises before any all-to-all; with several workers
+            the check is shared, one allgather named FusedRec/{layer}/valid/slot{slot}, so every worker raises the
+            same error naming the feature and the rank whose batch is bad).
           slot: the in-flight slot; collectives are named .../keys/slot{slot}, so batches in distinct slots can be
             in flight at once.
           send_after: tensors the keys all-to-alls wait for (the fuse, unique and partition before them do not):
             a pipeline sends the next batch's keys once the current batch's rows have arrived, so they do not queue
             in front of them.
+          checked: True when the caller has already checked the values on every worker (TrainPipeline does).
 
         Returns:
           EmbeddingDist.
         """
-        flats, checks = self.flatten(inputs)
+        flats, checks = _common.checked_inputs(self.features, inputs, self.name, self.comm,
+                                               slot_name(f"FusedRec/{self.name}", "valid", slot), checked)
         return self._input_dist(inputs, flats, checks, slot, send_after)
 
     def _input_dist(self, inputs, flats, checks, slot, send_after):
@@ -139,10 +151,10 @@ class FusedEmbedding(tf.keras.layers.Layer):
                     dists.append(group_lookup.input_dist(ids, slot, send_after))
         return EmbeddingDist(inputs, tuple(dists))
 
-    def flatten(self, inputs, check_ids=True):
-        """Checks the input dict; -> ({name: FlatFeature}, the assertion ops on the ids (negative, too large; none
-        if not check_ids))."""
-        return _common.flatten_inputs(self.features, inputs, self.name, check_ids)
+    def flatten(self, inputs, local_checks=True):
+        """Checks the input dict; -> ({name: FlatFeature}, the assertion ops on this worker's ids (negative, too
+        large); none with local_checks=False)."""
+        return _common.flatten_inputs(self.features, inputs, self.name, local_checks=local_checks)
 
     def lookup_and_output(self, dist, training=None, slot=0):
         """The second half of a call: per group table read -> embeddings all-to-all -> recover -> combiners.
@@ -166,8 +178,7 @@ class FusedEmbedding(tf.keras.layers.Layer):
           list of output dicts, one per dist.
         """
         slots = list(range(len(dists))) if slots is None else list(slots)
-        # Only the layouts: input_dist has checked these ids already.
-        flats = [self.flatten(d.inputs, check_ids=False)[0] for d in dists]
+        flats = [self.flatten(d.inputs, local_checks=False)[0] for d in dists]  # layouts only: input_dist checked
         return self._lookup_and_output(dists, flats, training, slots)
 
     def _lookup_and_output(self, dists, flats, training, slots):

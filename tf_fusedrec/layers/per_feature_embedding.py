@@ -15,7 +15,7 @@ from tf_fusedrec import config as cfg
 from tf_fusedrec import initializers
 from tf_fusedrec import ops
 from tf_fusedrec.distributed import comm as comm_lib
-from tf_fusedrec.distributed.table import check_table_name, insert_missing_rows
+from tf_fusedrec.distributed.table import ShardedTable, check_table_name, ids_are_keys, insert_missing_rows
 from tf_fusedrec.layers import _common
 from tf_fusedrec.layers import _inputs
 
@@ -131,20 +131,24 @@ class PerFeatureEmbedding(tf.keras.layers.Layer):
     def embedding_variables(self):
         return [self._layers[n].shadow for n in sorted(self._layers)]
 
+    def sharded_tables(self):
+        """[ShardedTable] of the features, by name (each table is keyed by the feature's ids)."""
+        return [ShardedTable(self._layers[n].name, self._layers[n].params, self._layers[n].shadow, ids_are_keys)
+                for n in sorted(self._layers)]
+
     def tfra_layer(self, feature_name):
         return self._layers[feature_name]
 
     def call(self, inputs, training=None):
-        flats, checks = _common.flatten_inputs(self.features, inputs, self.name)
+        flats, checks = _common.checked_inputs(self.features, inputs, self.name, self.comm,
+                                               f"FusedRec/{scope_safe(self.name)}/valid")
         outputs = {}
         with tf.control_dependencies(checks):
             for name in sorted(self._layers):
                 feature, layer, fresh = self._feature[name], self._layers[name], self._fresh_rows[name]
                 ids = tf.identity(flats[name].ids)
                 if training is False:
-                    rows, exists = layer.params.lookup(ids, return_exists=True)
-                    if fresh is not None:
-                        rows = tf.where(exists[:, None], rows, fresh(ids))
+                    rows = self._inference_rows(layer, fresh, ids)
                 else:
                     if self.comm.size == 1 and fresh is not None:
                         # TFRA skips the relocation with one worker: insert here, where the ids are local.
@@ -156,6 +160,25 @@ class PerFeatureEmbedding(tf.keras.layers.Layer):
                     rows = layer(ids)
                 outputs[name] = _inputs.unflatten_rows(feature, rows, flats[name].layout)
         return outputs
+
+    def _inference_rows(self, layer, fresh, ids):
+        """Rows of ids [n] without inserting and without the trainable path, read on their owners as in training (the
+        same keys all-to-all, a plain table read there, the embeddings all-to-all back), so held-out predictions see
+        every worker's rows."""
+
+        def read(keys):
+            rows, exists = layer.params.lookup(keys, return_exists=True)
+            return rows if fresh is None else tf.where(exists[:, None], rows, fresh(keys))
+
+        if self.comm.size == 1:
+            return read(ids)
+        hvd_variable = layer.hvd_variable
+        # The base class's relocation: ours would insert the new ids' initial rows.
+        received, remote_sizes, indices = HvdVariable.__relocate_dense_feature__(hvd_variable, ids)
+        unique_ids, index = tf.unique(received)
+        rows, _ = hvd_variable.hvd.alltoall(tf.gather(read(unique_ids), index), splits=remote_sizes)
+        shape = tf.concat([tf.shape(ids), [layer.embedding_size]], axis=0)
+        return tf.scatter_nd(tf.expand_dims(tf.concat(indices, axis=0), -1), rows, shape)
 
     def get_config(self):
         config = super().get_config()

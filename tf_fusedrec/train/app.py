@@ -6,16 +6,19 @@
 
 Rank 0 shows a progress bar (step, loss, samples/s over all workers) and ends with a summary: samples/s, AUC on a
 held-out stream, all-to-all calls and bytes per step, and the all-to-all time the step waited on (exposed). The
-step runs through fr.train.TrainPipeline with the chosen schedule (train/pipeline.py). With --model-dir, every worker checkpoints its dense
-weights, its shard of the embedding tables and the optimizer slots every `train.checkpoint_every` steps and at the
-end, and a later run with the same --model-dir and worker count resumes where it stopped, on the same data
-(batches are a function of (seed, rank, step)); rank 0 writes TensorBoard summaries under DIR/tensorboard.
+step runs through fr.train.TrainPipeline with the chosen schedule (train/pipeline.py). With --model-dir, the workers checkpoint (train/checkpoint.py) every
+`train.checkpoint_every` steps and at the end: each its shard of the embedding tables and optimizer slots, rank 0 the
+dense weights, published atomically as DIR/ckpt-{step}/ with a manifest of sha256 sums. A later run with the same
+--model-dir resumes from the newest checkpoint every worker sees, with any number of workers, at the same data
+position (batches are a function of (seed, rank, step)); rank 0 writes TensorBoard summaries under DIR/tensorboard.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import threading
 import time
 
 import tensorflow as tf
@@ -23,6 +26,7 @@ import tensorflow as tf
 from tf_fusedrec import config as cfg
 from tf_fusedrec.distributed import comm as comm_lib
 from tf_fusedrec.train import experiment
+from tf_fusedrec.train.checkpoint import Checkpointer
 from tf_fusedrec.train.experiment import DEFAULT_CONFIG, EMBEDDINGS
 from tf_fusedrec.train.pipeline import SCHEDULES
 
@@ -41,29 +45,73 @@ def parse_args(argv=None):
     p.add_argument("--model-dir", help="checkpoints and TensorBoard summaries; resumes from it when it has a checkpoint")
     p.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
     p.add_argument("--summary-json", help="rank 0 writes the final summary here")
+    p.add_argument("--step-timeout", type=float, default=600.0,
+                   help="seconds a training step or checkpoint may take before this worker gives up (a lost or "
+                        "stalled peer; horovodrun itself stops the job when a worker dies); 0: no limit")
     return p.parse_args(argv)
 
 
 class Progress:
-    """A one-line progress bar on a terminal, a log line every `every` steps otherwise."""
+    """A standard progress bar on a terminal (percentage, bar, step/total, elapsed<remaining, rate: the layout of
+    tqdm, which the pinned stack does not carry), a log line every `every` steps otherwise."""
 
-    def __init__(self, total, every, enabled, bar):
-        self.total, self.every, self.enabled = total, every, enabled
+    def __init__(self, total, every, enabled, bar, start=0):
+        self.total, self.every, self.enabled, self.start = total, every, enabled, start
         self.bar = bar and sys.stderr.isatty()
+        self.t0 = time.monotonic()
+
+    @staticmethod
+    def _clock(seconds):
+        minutes, seconds = divmod(int(seconds), 60)
+        return f"{minutes:02d}:{seconds:02d}" if minutes < 60 else f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
 
     def update(self, step, loss, samples_per_s):
         if not self.enabled:
             return
         text = f"step {step}/{self.total}  loss {loss:.4f}  {samples_per_s:,.0f} samples/s"
         if self.bar:
+            elapsed = time.monotonic() - self.t0
+            done = step - self.start
+            remaining = elapsed / done * (self.total - step) if done else 0.0
             width = 30
             filled = int(width * step / max(self.total, 1))
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}   ")
+            sys.stderr.write(f"\r{100 * step / max(self.total, 1):3.0f}%|{'#' * filled}{' ' * (width - filled)}| "
+                             f"{step}/{self.total} [{self._clock(elapsed)}<{self._clock(remaining)}, "
+                             f"{samples_per_s:,.0f} samples/s, loss {loss:.4f}]")
             if step == self.total:
                 sys.stderr.write("\n")
             sys.stderr.flush()
         elif step % self.every == 0 or step == self.total:
             print(text, file=sys.stderr, flush=True)
+
+
+class Watchdog:
+    """Ends this worker with exit status 3 and an error line when a guarded block (a step, a checkpoint) runs past
+    `seconds`: the bound on how long a worker waits in a collective for a peer that died or stalls, whatever launched
+    it (horovodrun already terminates the other workers when one dies and names it; other launchers may not)."""
+
+    def __init__(self, seconds, rank):
+        self.seconds, self.rank = seconds, rank
+        self._deadline, self._what = None, ""
+        if seconds > 0:
+            threading.Thread(target=self._watch, name="fusedrec-watchdog", daemon=True).start()
+
+    @contextlib.contextmanager
+    def guard(self, what):
+        self._what, self._deadline = what, time.monotonic() + self.seconds
+        try:
+            yield
+        finally:
+            self._deadline = None
+
+    def _watch(self):
+        while True:
+            time.sleep(min(1.0, self.seconds))
+            deadline = self._deadline
+            if deadline is not None and time.monotonic() > deadline:
+                print(f"error: rank {self.rank}: {self._what} did not finish within {self.seconds:g} s (--step-timeout): "
+                      f"a peer worker died or stalls; the launcher's log names it", file=sys.stderr, flush=True)
+                os._exit(3)
 
 
 def schedule_of(args, config, embedding_kind):
@@ -85,6 +133,7 @@ def schedule_of(args, config, embedding_kind):
 def run(args):
     comm = comm_lib.init_workers()
     rank, size = comm.rank, comm.size
+    watchdog = Watchdog(args.step_timeout if size > 1 else 0, rank)
     config = cfg.load_config(args.config)
     steps = args.steps if args.steps is not None else config.train.steps
     batch_size = args.batch_size if args.batch_size is not None else config.train.batch_size
@@ -102,26 +151,31 @@ def run(args):
     optimizer = fr.train.make_optimizer(model, default=config.train.dense_optimizer)
     step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
 
-    manager = None
+    checkpointer = None
     start = 0
     if args.model_dir:
-        rank_dir = os.path.join(args.model_dir, f"rank{rank}-of-{size}")
-        others = [d for d in os.listdir(args.model_dir) if d.startswith("rank") and not d.endswith(f"-of-{size}")] \
+        old = [d for d in os.listdir(args.model_dir) if d.startswith("rank") and "-of-" in d] \
             if os.path.isdir(args.model_dir) else []
-        if others:
-            raise ValueError(f"--model-dir {args.model_dir} holds checkpoints of another worker count ({others[0]}); "
-                             f"resume with that many workers or use a new directory")
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)
-        manager = tf.train.CheckpointManager(checkpoint, rank_dir, max_to_keep=2)
+        if old:
+            raise ValueError(f"--model-dir {args.model_dir} holds checkpoints of the old per-rank format ({old[0]}); "
+                             f"use a new directory")
     dataset = experiment.make_dataset(config, batch_size, rank, size)
     sample = next(iter(dataset.take(1)))[0]
     experiment.check_features_match(config, sample)
     model(sample, training=False)  # builds the dense weights before a restore
-    if manager is not None and manager.latest_checkpoint:
-        manager.checkpoint.restore(manager.latest_checkpoint).expect_partial()
-        start = int(step_var.numpy())
+    if args.model_dir:
+        checkpointer = Checkpointer(args.model_dir, model, optimizer, step_var, comm, keep=2, config_name=config.name)
+    restored = None
+    if checkpointer is not None:
+        with watchdog.guard("restoring the checkpoint"):
+            restored = checkpointer.restore()
+    if restored is not None:
+        start = restored["step"]
+        bytes_read = comm.allgather(tf.constant([restored["bytes_read"]], tf.int64),
+                                    name="FusedRec/checkpoint/bytes_read").numpy().tolist()
         if rank == 0:
-            print(f"resumed from {manager.latest_checkpoint} at step {start}", file=sys.stderr)
+            print(f"resumed from {restored['directory']} at step {start} (written by {restored['workers']} "
+                  f"worker(s), restored onto {size}); bytes read per rank: {bytes_read}", file=sys.stderr)
     if start >= steps:
         raise ValueError(f"--model-dir is already at step {start} >= --steps {steps}; ask for more steps")
     # Endless: the pipeline prefetches one batch past the last step (its ids only; no table changes).
@@ -132,14 +186,15 @@ def run(args):
 
     writer = tf.summary.create_file_writer(os.path.join(args.model_dir, "tensorboard")) \
         if args.model_dir and rank == 0 else None
-    progress = Progress(steps, config.train.log_every, rank == 0, not args.no_progress)
+    progress = Progress(steps, config.train.log_every, rank == 0, not args.no_progress, start=start)
     warmup = min(3, steps - start - 1)
     timed_steps, timed_seconds, loss_value = 0, 0.0, float("nan")
     for step in range(start + 1, steps + 1):
         if step == start + 1 + warmup and meter is not None:
             meter.reset()
         t0 = time.perf_counter()
-        loss_value = float(pipe.progress())
+        with watchdog.guard(f"step {step}"):
+            loss_value = float(pipe.progress())
         elapsed = time.perf_counter() - t0
         if step > start + warmup:
             timed_steps += 1
@@ -152,8 +207,9 @@ def run(args):
                     for name, stats in embedding.statistics().items():
                         for stat, value in stats.items():
                             tf.summary.scalar(f"features/{name}/{stat}", value)
-        if manager is not None and (step % config.train.checkpoint_every == 0 or step == steps):
-            manager.save(checkpoint_number=step)
+        if checkpointer is not None and (step % config.train.checkpoint_every == 0 or step == steps):
+            with watchdog.guard(f"the checkpoint of step {step}"):
+                checkpointer.save()
 
     result = {
         "config": config.name,
@@ -170,6 +226,8 @@ def run(args):
     }
     if meter is not None:
         result.update(meter.per_step(timed_steps))
+    if restored is not None:
+        result["restored"] = {"step": start, "from_workers": restored["workers"], "bytes_read_per_rank": bytes_read}
     result["auc"] = experiment.evaluate(model, config, batch_size, rank, size, comm)
     if rank == 0:
         if writer is not None:
@@ -189,3 +247,6 @@ def main(argv=None):
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except tf.errors.OpError as e:  # bad data (the same error on every worker) or a failed collective
+        print(f"error: {e.message}", file=sys.stderr)
+        sys.exit(1)

@@ -25,12 +25,15 @@ The model must call its FusedEmbedding once per forward pass with the embedding'
 tf_fusedrec.models does); the pipeline computes the embeddings itself and hands them to that call
 (``FusedEmbedding.injected``). Models whose output for a sample depends on other samples of the batch (batch norm)
 would see micro-batches in fwp. Bad input stops ``progress()`` with the layer's error naming the feature, at the
-step whose batch is bad, before that batch's ids reach any all-to-all; the previous step completes first.
+step whose batch is bad, before that batch's ids reach any all-to-all; the previous step completes first. With several
+workers the check is shared: a bad batch on one worker stops every worker at that step with the same error, which
+names the rank whose batch it was.
 """
 
 import numpy as np
 import tensorflow as tf
 
+from tf_fusedrec.layers import _common
 from tf_fusedrec.train import clustering
 from tf_fusedrec.train.optimizer import embedding_layers
 
@@ -108,6 +111,7 @@ class TrainPipeline:
         self.step_counter, self.meter = step_counter, meter
         self.embedding = self._find_embedding(model, schedule)
         self._features = [f.name for f in self.embedding.features] if self.embedding is not None else []
+        self._shared_checks = schedule != "sync" and self.embedding.comm.size > 1
         self._iterator = iter(self._prepare(dataset))
         self._pending = None  # (micro-batches, their dists) of the next step, prefetched
         self._error = None  # a bad batch found while prefetching, raised at its own step
@@ -134,26 +138,46 @@ class TrainPipeline:
         k, cluster = self.micro_batches, self.cluster_samples
         names = self._features
 
+        shared = self._shared_checks
+
         def checked_split(features, labels):
             # The layer's own input checks, here, so a bad batch fails when it is fetched: before it is prefetched
-            # into the previous step's graph, and with the same message the layer gives.
-            _, checks = self.embedding.flatten(self._embedding_inputs(features))
+            # into the previous step's graph, and with the same message the layer gives. With several workers the
+            # values' verdict travels with the batch instead, and _next shares it (one worker's bad batch must stop
+            # every worker at the same step, see _next).
+            inputs = self._embedding_inputs(features)
+            flags = _common.violation_flags(self.embedding.features, inputs)[0] if shared else tf.zeros([0], tf.int32)
+            _, checks = self.embedding.flatten(inputs, local_checks=not shared)
             with tf.control_dependencies(checks):
                 labels = tf.identity(labels)
             if cluster:
                 order = clustering.cluster_order(features, names, k)
                 features = {n: tf.gather(v, order) for n, v in features.items()}
                 labels = tf.gather(labels, order)
-            return tuple(_split_rows(features, labels, k))
+            return (flags,) + tuple(_split_rows(features, labels, k))
 
         return dataset.map(checked_split).prefetch(2)
 
     def _next(self):
-        """The next batch as a tuple of (features, labels) micro-batches; None at the end of the data."""
+        """The next batch as a tuple of (features, labels) micro-batches; None at the end of the data.
+
+        With several workers (dbp, fwp), the workers share each fetched batch's value checks (one small allgather,
+        eager, FusedRec/pipeline/valid) before its ids reach an all-to-all, so a bad batch on one worker raises the
+        same InvalidArgumentError, naming the feature and the rank, on every worker at the same step."""
         try:
-            return next(self._iterator)
+            element = next(self._iterator)
         except StopIteration:
             return None
+        if self.schedule == "sync":
+            return element
+        flags, batch = element[0], element[1:]
+        if self._shared_checks:
+            everyone = self.embedding.comm.allgather(flags[None, :], name="FusedRec/pipeline/valid").numpy()
+            for i, message in enumerate(_common.violation_messages(self.embedding.features)):
+                ranks = [r for r in range(everyone.shape[0]) if everyone[r, i]]
+                if ranks:
+                    raise tf.errors.InvalidArgumentError(None, None, _common.violation_message(message, ranks))
+        return batch
 
     # --- the compiled steps -------------------------------------------------------------------------------------
 
@@ -165,7 +189,9 @@ class TrainPipeline:
         return {n: features[n] for n in self._features}
 
     def _input_dists(self, batch, first_slot, send_after=()):
-        return tuple(self.embedding.input_dist(self._embedding_inputs(f), slot=first_slot + i, send_after=send_after)
+        # With several workers, _next has checked the batch on every worker: no second, in-graph shared check.
+        return tuple(self.embedding.input_dist(self._embedding_inputs(f), slot=first_slot + i, send_after=send_after,
+                                               checked=self._shared_checks)
                      for i, (f, _) in enumerate(batch))
 
     def _train(self, batch, dists, following=None):
