@@ -75,14 +75,7 @@ def main():
                   for s in range(args.sample_batches)]
         reports["chosen"] = replication.choose_hot_set(layer, sample)
 
-    @tf.function(autograph=False)
-    def step(inputs):
-        with tf.GradientTape() as tape:
-            pred, _ = model(inputs, training=True)
-            loss = tf.reduce_mean(tf.square(pred - inputs["label"]))
-        variables = model.trainable_variables
-        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        return loss
+    step = tf.function(sc.train_step_fn(model, opt), autograph=False)
 
     forward = tf.function(lambda inputs: model(inputs, training=True)[1], autograph=False)
     first = sc.local_slice(sc.make_batch(0), rank, size)

@@ -175,7 +175,7 @@ def test_coverage_and_choose_rows_against_brute_force():
         counts = np.sort(rng.zipf(1.2 + rng.random(), rng.integers(1, 3000)))[::-1]
         rho = rl.coverage(counts, counts.sum())
         assert rho[0] == 0 and np.isclose(rho[-1], 1.0) and np.all(np.diff(rho) >= 0)
-        loss = rl.cost_curve(rho, ids_per_step=rng.integers(100, 10_000), c_ar=rng.random() * 1e-6,
+        loss = rl.cost_curve(rng.integers(100, 10_000) * (1 - rho), c_ar=rng.random() * 1e-6,
                              c_a2a=rng.random() * 1e-6)
         r_max = len(counts)
         best, evaluations = rl.choose_rows(loss, r_max)
@@ -191,10 +191,21 @@ def test_choose_hot_set_by_the_model_with_given_costs():
     reports = rl.choose_hot_set(layer, [batch(s) for s in range(5)])
     for g, report in enumerate(reports):
         assert report["chosen_by"] == "model" and report["sample_batches"] == 5
-        counted = rl.count_pairs(layer, [batch(s) for s in range(5)])[g]
-        rho = rl.coverage(np.sort(counted["counts"])[::-1], counted["accesses"])
-        loss = rl.cost_curve(rho, counted["accesses"] / 5, 1e-7, 1e-6)
-        assert np.isclose(report["predicted_seconds"], loss.min()), (report, loss.min())
+        # Independently: the unique pairs per batch outside the R most accessed, from the batches themselves.
+        keys_per_batch = []
+        for s in range(5):
+            flats, _ = layer.flatten(batch(s))
+            group = layer.groups[g]
+            ids = [flats[n].ids for n in group.feature_names]
+            segments = tf.repeat(tf.range(group.num_categories), [tf.size(i) for i in ids])
+            keys_per_batch.append(unified_keys(tf.concat(ids, 0), segments, group.num_categories,
+                                               group.encoding).numpy())
+        keys, counts = np.unique(np.concatenate(keys_per_batch), return_counts=True)
+        ranked = keys[np.lexsort((keys, -counts))]
+        loss = [r * 1e-7 + np.mean([len(set(k.tolist()) - set(ranked[:r].tolist())) for k in keys_per_batch]) * 1e-6
+                for r in range(len(ranked) + 1)]
+        assert np.isclose(report["predicted_seconds"], min(loss)), (report, min(loss))
+        assert report["model"] == "unique"
         assert len(layer.hot_sets[g]) == report["rows"] > 0
 
 
@@ -207,10 +218,13 @@ def test_one_worker_auto_replicates_nothing():
 
 def test_merge_counts_on_one_worker_sorts_by_count_then_key():
     counted = {"keys": np.array([5, 3, 9, 1]), "ids": np.array([5, 3, 9, 1]), "segments": np.zeros(4, np.int32),
-               "counts": np.array([2, 7, 2, 1]), "accesses": 12, "batches": 2}
+               "counts": np.array([2, 7, 2, 1]), "presence": np.array([1, 2, 2, 1]), "accesses": 12, "batches": 2}
     merged = rl.merge_counts(counted, SingleProcessComm(), "x")
     assert merged["keys"].tolist() == [3, 5, 9, 1] and merged["counts"].tolist() == [7, 2, 2, 1]
-    assert merged["accesses"] == 12 and merged["batches"] == 2
+    assert merged["accesses"] == 12 and merged["batches"] == 2 and merged["unique"] == 6
+    assert merged["presence"].tolist() == [2, 1, 2, 1]
+    np.testing.assert_allclose(rl.sent_curve(merged), [3, 2, 1.5, 0.5, 0])  # unique pairs per batch outside top R
+    np.testing.assert_allclose(rl.sent_curve(merged, dedup=False), 6 * (1 - np.array([0, 7, 9, 11, 12]) / 12))
     assert rl.merge_counts(counted, SingleProcessComm(), "x", cap=2)["keys"].tolist() == [3, 5]
 
 

@@ -12,7 +12,12 @@ pairs cover (Algorithm 1). Then minimise
 
 with n the ids a worker looks up per step in the group, C_ar the seconds an allreduce spends per replicated row
 (its gradient, dim float32, and its touched flag) and C_a2a the seconds the all-to-alls spend per sharded access
-(the key out, the row back, its gradient in the backward pass). Both are measured on the running workers by a short
+(the key out, the row back, its gradient in the backward pass). That is the paper's formula, for a lookup that
+sends every access. FusedRec deduplicates on the sender (dedup="segment"), so what the all-to-alls carry is the
+unique pairs of a batch, not its accesses; there the second term is u(R) * C_a2a with u(R) the unique pairs per
+worker batch that are not among the R hottest (measured on the same batches: each pair's count of batches it
+appears in). The paper's term overstates what replicating a pair saves by the pair's repeats within a batch, which
+for Zipf data is most of its accesses. Both are measured on the running workers by a short
 micro-benchmark of the comm (least-squares slope of time against bytes, averaged over workers so every worker
 decides the same R), or given. The search is a ternary search over [0, R_max] followed by an enumeration around its
 result (L is not always unimodal); R_max is bounded by the candidates and by `max_bytes` (rows and optimizer slots).
@@ -160,8 +165,8 @@ def count_pairs(layer, batches):
       batches: iterable of input dicts (feature name -> ids).
 
     Returns:
-      per group: dict(keys, ids, segments, counts (numpy, one entry per distinct pair), accesses (ids counted),
-      batches).
+      per group: dict(keys, ids, segments, counts (numpy, one entry per distinct pair), presence (batches each pair
+      appears in), accesses (ids counted), batches).
     """
     from tf_fusedrec.distributed.group_lookup import unified_keys  # noqa: PLC0415  (import cycle)
 
@@ -176,35 +181,41 @@ def count_pairs(layer, batches):
             keys = tf.concat(ids, axis=0)
             segments = tf.repeat(tf.range(group.num_categories, dtype=tf.int32), [tf.size(i) for i in ids])
             unified = unified_keys(keys, segments, group.num_categories, group.encoding)
-            parts[g].append((unified.numpy(), keys.numpy(), segments.numpy()))
+            unified = unified.numpy()
+            parts[g].append((unified, keys.numpy(), segments.numpy(), np.unique(unified)))
             accesses[g] += int(tf.size(keys))
     out = []
     for g in range(len(layer.groups)):
         if parts[g]:
-            unified, ids, segments = (np.concatenate([p[i] for p in parts[g]]) for i in range(3))
+            unified, ids, segments, present = (np.concatenate([p[i] for p in parts[g]]) for i in range(4))
         else:
-            unified, ids, segments = np.zeros([0], np.int64), np.zeros([0], np.int64), np.zeros([0], np.int32)
+            unified, ids, present = np.zeros([0], np.int64), np.zeros([0], np.int64), np.zeros([0], np.int64)
+            segments = np.zeros([0], np.int32)
         keys, first, counts = np.unique(unified, return_index=True, return_counts=True)
+        _, presence = np.unique(present, return_counts=True)  # the same keys: each is present in some batch
         out.append({"keys": keys, "ids": ids[first], "segments": segments[first], "counts": counts.astype(np.int64),
-                    "accesses": int(accesses[g]), "batches": num})
+                    "presence": presence.astype(np.int64), "accesses": int(accesses[g]), "batches": num})
     return out
 
 
 def merge_counts(counted, comm, name, cap=MAX_CANDIDATES):
     """Sums one group's counts over workers (each contributes its `cap` most counted pairs) -> the same dict on every
-    worker, pairs sorted by count (descending), ties by key; accesses and batches summed."""
+    worker, pairs sorted by count (descending), ties by key; accesses, batches and unique pairs (over all of a
+    worker's pairs, not only its `cap`) summed."""
     order = np.lexsort((counted["keys"], -counted["counts"]))[:cap]
     table = np.stack([counted["keys"][order], counted["ids"][order], counted["segments"][order].astype(np.int64),
-                      counted["counts"][order]], axis=1).reshape([-1, 4])
-    totals = np.array([[counted["accesses"], counted["batches"]]], np.int64)
+                      counted["counts"][order], counted["presence"][order]], axis=1).reshape([-1, 5])
+    totals = np.array([[counted["accesses"], counted["batches"], counted["presence"].sum()]], np.int64)
     if comm.size > 1:
         table = comm.allgather(tf.constant(table, tf.int64), name=f"{name}/candidates").numpy()
         totals = comm.allgather(tf.constant(totals), name=f"{name}/totals").numpy()
     keys, first, inverse = np.unique(table[:, 0], return_index=True, return_inverse=True)
     counts = np.bincount(inverse, weights=table[:, 3], minlength=len(keys)).astype(np.int64)
+    presence = np.bincount(inverse, weights=table[:, 4], minlength=len(keys)).astype(np.int64)
     order = np.lexsort((keys, -counts))
     return {"keys": keys[order], "ids": table[first, 1][order], "segments": table[first, 2][order].astype(np.int32),
-            "counts": counts[order], "accesses": int(totals[:, 0].sum()), "batches": int(totals[:, 1].sum())}
+            "counts": counts[order], "presence": presence[order], "accesses": int(totals[:, 0].sum()),
+            "batches": int(totals[:, 1].sum()), "unique": int(totals[:, 2].sum())}
 
 
 def coverage(counts, accesses):
@@ -212,10 +223,19 @@ def coverage(counts, accesses):
     return np.concatenate([[0.0], np.cumsum(counts) / max(accesses, 1)])
 
 
-def cost_curve(rho, ids_per_step, c_ar, c_a2a):
-    """L(R) for R = 0..len(rho) - 1."""
-    rows = np.arange(len(rho), dtype=np.float64)
-    return rows * c_ar + ids_per_step * (1.0 - rho) * c_a2a
+def sent_curve(merged, dedup=True):
+    """Sharded accesses each worker sends per step for R = 0..len(pairs): n * (1 - rho(R)) (the paper), or with
+    sender dedup u(R), the unique pairs per worker batch outside the R hottest."""
+    batches = max(merged["batches"], 1)
+    if not dedup:
+        return merged["accesses"] / batches * (1.0 - coverage(merged["counts"], merged["accesses"]))
+    return (merged["unique"] - np.concatenate([[0], np.cumsum(merged["presence"])])) / batches
+
+
+def cost_curve(sent, c_ar, c_a2a):
+    """L(R) = R * C_ar + sent(R) * C_a2a for R = 0..len(sent) - 1."""
+    rows = np.arange(len(sent), dtype=np.float64)
+    return rows * c_ar + np.asarray(sent, np.float64) * c_a2a
 
 
 def choose_rows(loss, r_max, window=64):
@@ -278,8 +298,10 @@ def choose_hot_set(layer, batches, comm=None):
     """Counts `batches` (this worker's first sample_batches), merges over workers and sets every group's hot set.
 
     Returns:
-      per group a report: {"group", "rows", "rho", "predicted_seconds", "seconds_without", "c_ar", "c_a2a",
-      "ids_per_step", "candidates", "sample_batches", "chosen_by"}.
+      per group a report: {"group", "rows", "rho" (share of accesses the hot pairs cover), "sent_per_step" and
+      "sent_per_step_without" (sharded pairs a worker sends per step, by the counts), "predicted_seconds" and
+      "seconds_without" (L(R) and L(0); None when R is given), "c_ar", "c_a2a", "ids_per_step", "candidates",
+      "sample_batches" (batches counted, all workers), "model" ("unique" or "accesses"), "chosen_by"}.
     """
     replication = getattr(layer, "replication", None)
     if replication is None:
@@ -292,6 +314,8 @@ def choose_hot_set(layer, batches, comm=None):
         cap = min(MAX_CANDIDATES, replication.max_bytes // bytes_per_row(group))
         merged = merge_counts(counted[g], comm, name, cap)
         rho = coverage(merged["counts"], merged["accesses"])
+        dedup = layer.dedup == "segment"
+        sent = sent_curve(merged, dedup)
         r_max = min(len(merged["counts"]), cap)
         ids_per_step = merged["accesses"] / max(merged["batches"], 1)
         wire = 8 if group.encoding == "packed" else 16
@@ -301,7 +325,7 @@ def choose_hot_set(layer, batches, comm=None):
             c_ar, c_a2a = measure_costs(comm, group.spec.dim, wire, name=f"{name}/probe")
         else:
             c_ar, c_a2a = None, None  # R is given: nothing to decide, nothing measured
-        loss = None if c_ar is None else cost_curve(rho, ids_per_step, c_ar, c_a2a)
+        loss = None if c_ar is None else cost_curve(sent, c_ar, c_a2a)
         if replication.rows is not None:
             rows, chosen_by = min(replication.rows, len(merged["counts"])), "rows"
         elif comm.size == 1 and replication.costs is None:
@@ -311,6 +335,8 @@ def choose_hot_set(layer, batches, comm=None):
             chosen_by = "model"
         layer.hot_sets[g].assign(merged["keys"][:rows], merged["ids"][:rows], merged["segments"][:rows])
         reports.append({"group": group.name, "rows": rows, "rho": float(rho[rows]),
+                        "sent_per_step": float(sent[rows]), "sent_per_step_without": float(sent[0]),
+                        "model": "unique" if dedup else "accesses",
                         "predicted_seconds": None if loss is None else float(loss[rows]),
                         "seconds_without": None if loss is None else float(loss[0]),
                         "c_ar": c_ar, "c_a2a": c_a2a, "ids_per_step": ids_per_step,
