@@ -147,8 +147,7 @@ def main(argv=None):
         "groups": [{k: v for k, v in m.items() if not k.startswith("loss")} for m in model],
         "curve": {"rows": list(range(length)), "predicted_seconds": total.tolist()},
         "results": results,
-        "command": f"horovodrun -np {comm.size} -H localhost:{comm.size} --gloo .venv/bin/python -m "
-                   f"tf_fusedrec.bench.hot_sweep {shlex.join(sys.argv[1:])}",
+        "command": f"{launcher(comm.size)}.venv/bin/python -m tf_fusedrec.bench.hot_sweep {shlex.join(sys.argv[1:])}",
     }
     if comm.rank == 0:
         os.makedirs(args.out, exist_ok=True)
@@ -166,6 +165,16 @@ def main(argv=None):
               f"at the model's R / best = {report['model_step_over_best']:.2f}")
         chart(report, base, os.path.join(args.out, "hot_sweep.png"))
         log(f"wrote {args.out}/hot_sweep.json and {args.out}/hot_sweep.png")
+
+
+def launcher(size):
+    """The command that started these workers: the namespaced cluster (tf_fusedrec.cluster) or horovodrun."""
+    rate = os.environ.get("FUSEDREC_CLUSTER_LINK_RATE")
+    if rate is None:
+        return f"horovodrun -np {size} -H localhost:{size} --gloo "
+    hosts = int(os.environ.get("HOROVOD_CROSS_SIZE", 1))
+    return (f"python -m tf_fusedrec.cluster --hosts {hosts} --link-rate {rate} --workers-per-host {size // hosts} "
+            f"-- ")
 
 
 def chart(report, base, path):
