@@ -15,7 +15,9 @@ import tf_fusedrec as fr
 from tf_fusedrec import config as cfg
 
 MODULE = "tf_fusedrec.bench"
-MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused", "fused_dbp", "fused_fwp")
+MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused", "fused_dbp", "fused_fwp",
+         "fused_hot", "fused_hot_dbp")
+HOT_ROWS = 20
 SWEEP_MODES = ("fused", "per_feature", "tfra_hand_fused")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -28,8 +30,9 @@ def bench(tmp_path_factory, apps):
     config = apps.write_config(where / "tiny.yaml", apps.tiny_config())
     out = where / "out"
     run = apps.run_app(MODULE, ["--config", config, "--steps", 2, "--repeats", 1, "--warmup", 1, "--batches", 2,
-                                "--sweep", "2,4", "--sweep-steps", 1, "--out", out], workers=2,
-                       # Seven modes, each traced, plus the sweep: about 2 minutes alone, more than 300 s when the
+                                "--sweep", "2,4", "--sweep-steps", 1, "--hot", HOT_ROWS, "--hot-sample-batches", 4,
+                                "--out", out], workers=2,
+                       # Nine modes, each traced, plus the sweep: about 2.5 minutes alone, more than 300 s when the
                        # 2 cores are shared with another test run.
                        timeout=2 * apps.RUN_TIMEOUT_S)
     result = {"run": run, "out": out, "config": config, "report": None}
@@ -78,8 +81,12 @@ def test_bench_alltoall_counts(bench):
     dims = len({f.dim for f in config.features})
     modes = report["modes"]
     assert modes["per_feature"]["alltoall_calls_per_step"] > modes["fused"]["alltoall_calls_per_step"], modes
-    for mode in ("fused", "fused_nodedup", "fused_source_hash", "fused_dbp"):
+    for mode in ("fused", "fused_nodedup", "fused_source_hash", "fused_dbp", "fused_hot", "fused_hot_dbp"):
         assert modes[mode]["alltoall_ops_in_step_graph"] == 3 * groups, (mode, modes[mode])
+    # Hot pairs never enter an all-to-all: replicating R pairs per group moves fewer bytes on the same batches.
+    for mode in ("fused_hot", "fused_hot_dbp"):
+        assert [h["rows"] for h in modes[mode]["hot"]] == [HOT_ROWS] * groups, modes[mode]["hot"]
+        assert modes[mode]["alltoall_bytes_per_step"] < modes["fused"]["alltoall_bytes_per_step"], (mode, modes)
     # fwp: per micro-batch and group, the next batch's keys, the embeddings and their gradients.
     k = config.train.micro_batches
     assert modes["fused_fwp"]["alltoall_ops_in_step_graph"] == 3 * k * groups, modes["fused_fwp"]

@@ -1,6 +1,6 @@
 """`python -m tf_fusedrec.train --pipeline ...` in subprocesses: the schedules train the same model as sync, the
 summary says which schedule ran and, with 2 workers, how much all-to-all time was in flight and exposed; flags that
-do not fit are exit status 2 with a message."""
+do not fit are exit status 2 with a message; --hot replicates hot rows without changing the result."""
 
 import math
 
@@ -47,5 +47,30 @@ def test_dbp_on_two_workers_reports_exposed_alltoall_time(apps, tmp_path):
     (["--pipeline", "fwp", "--micro-batches", "0"], ["--micro-batches must be >= 1"]),
 ])
 def test_flags_that_do_not_fit_exit_2(apps, tiny_yaml, flags, fragments):
+    result = apps.run_app(MODULE, ["--config", tiny_yaml(), "--steps", STEPS, "--no-progress", *flags])
+    result.expect_error(*fragments)
+
+
+def test_hot_rows_on_two_workers_report_the_choice_and_the_hits(apps, tmp_path):
+    """--hot R: the summary says what was replicated and how many ids were served locally; the loss equals the run
+    without replication (replication changes where rows live, not what is computed)."""
+    apps.require_horovod()
+    plain, _ = run(apps, tmp_path / "plain", workers=2)
+    hot, _ = run(apps, tmp_path / "hot", "--hot", "8", "--hot-sample-batches", "3", workers=2)
+    assert "hot" not in plain
+    assert [g["rows"] for g in hot["hot"]] == [8] * len(hot["hot"]) and hot["hot"][0]["sample_batches"] == 6, hot
+    assert sum(hot["hot_hits_per_step"].values()) > 0, hot
+    assert math.isclose(hot["final_loss"], plain["final_loss"], rel_tol=1e-5), (hot["final_loss"], plain["final_loss"])
+    assert math.isclose(hot["auc"], plain["auc"], rel_tol=1e-4), (hot["auc"], plain["auc"])
+    assert hot["alltoall_bytes_per_step"] < plain["alltoall_bytes_per_step"], (hot, plain)
+
+
+@pytest.mark.parametrize("flags,fragments", [
+    (["--hot", "-2"], ["--hot must be auto or a number of rows >= 0"]),
+    (["--hot", "3", "--embedding", "per_feature"], ["--hot needs --embedding fused"]),
+    (["--hot-repeek"], ["--hot-repeek needs --hot auto or R > 0"]),
+    (["--hot", "3", "--hot-repeek", "--pipeline", "dbp"], ["--hot-repeek needs --pipeline sync"]),
+])
+def test_hot_flags_that_do_not_fit_exit_2(apps, tiny_yaml, flags, fragments):
     result = apps.run_app(MODULE, ["--config", tiny_yaml(), "--steps", STEPS, "--no-progress", *flags])
     result.expect_error(*fragments)

@@ -86,6 +86,20 @@ class Model(tf.keras.Model):
         return self.dense(tf.concat(parts, axis=1))[:, 0], out
 
 
+def train_step_fn(model, opt):
+    """One training step on a batch (squared error, averaged over the local batch) -> the loss."""
+
+    def step(inputs):
+        with tf.GradientTape() as tape:
+            pred, _ = model(inputs, training=True)
+            loss = tf.reduce_mean(tf.square(pred - inputs["label"]))
+        variables = model.trainable_variables
+        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    return step
+
+
 def count_alltoalls(fn, *args):
     graph = fn.get_concrete_function(*args).graph
     return sum(1 for op in graph.get_operations() if op.type == "HorovodAlltoall")
@@ -115,14 +129,7 @@ def main():
     model = Model(layer_cls(features, name="sparse"))
     opt = fr.train.make_optimizer(model, default={"name": "sgd", "learning_rate": 0.1})
 
-    def step(inputs):
-        with tf.GradientTape() as tape:
-            pred, _ = model(inputs, training=True)
-            loss = tf.reduce_mean(tf.square(pred - inputs["label"]))
-        variables = model.trainable_variables
-        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        return loss
-
+    step = train_step_fn(model, opt)
     autograph = args.autograph == "on"
     forward = tf.function(lambda inputs: model(inputs, training=True)[1], autograph=autograph)
     train_step = tf.function(step, autograph=autograph) if args.mode == "function" else step

@@ -6,7 +6,9 @@
 Modes: fused (FusedEmbedding), per_feature (one TFRA HvdAllToAllEmbedding per feature, the baseline),
 fused_nodedup and fused_source_hash (the ablations), tfra_hand_fused (TFRA's per-dim hand fusion), and fused_dbp /
 fused_fwp (FusedEmbedding trained by fr.train.TrainPipeline with the dual-buffer and frozen-window schedules; k and
-sample clustering from the config's train.micro_batches and train.cluster_samples). Every mode is built in one
+sample clustering from the config's train.micro_batches and train.cluster_samples), and fused_hot / fused_hot_dbp
+(FusedEmbedding with hot-row replication, --hot auto|R, its hot rows counted on --hot-sample-batches batches that
+follow the timed ones; sync and dual-buffer). Every mode is built in one
 process and trains on the same pre-generated batches; after a warm-up the modes alternate, each repeat timing
 `--steps` steps of every mode, so drift on the machine hits all modes alike. Reported per mode: samples/s over all
 workers (median of repeats), all-to-all calls per step (forward + backward), mean bytes per all-to-all, seconds per
@@ -30,8 +32,10 @@ from tf_fusedrec import config as cfg
 from tf_fusedrec.distributed import comm as comm_lib
 from tf_fusedrec.train import experiment
 
-MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused", "fused_dbp", "fused_fwp")
-PIPELINED = {"fused_dbp": "dbp", "fused_fwp": "fwp"}
+MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused", "fused_dbp", "fused_fwp",
+         "fused_hot", "fused_hot_dbp")
+PIPELINED = {"fused_dbp": "dbp", "fused_fwp": "fwp", "fused_hot_dbp": "dbp"}
+HOT = ("fused_hot", "fused_hot_dbp")
 BASELINE = "per_feature"
 
 
@@ -44,30 +48,44 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batches", type=int, default=8, help="distinct pre-generated batches, cycled")
+    p.add_argument("--hot", default="auto", help="hot rows of the fused_hot modes: auto or R per group")
+    p.add_argument("--hot-sample-batches", type=int, default=100, help="batches each worker counts for fused_hot")
     p.add_argument("--sweep", default="4,8,16,26,52", help="feature counts M for the second pass ('' to skip)")
     p.add_argument("--sweep-steps", type=int, default=5)
     p.add_argument("--out", default="bench_results")
     return p.parse_args(argv)
 
 
-def build_embedding(mode, features, config, comm):
+def build_embedding(mode, features, config, comm, replication=None):
     if mode == "tfra_hand_fused":
         from tf_fusedrec.bench.strawman import HandFusedTFRAEmbedding  # noqa: PLC0415
 
         return HandFusedTFRAEmbedding(features, optimizer=config.train.sparse_optimizer, comm=comm, name="sparse")
-    return experiment.make_embedding("fused" if mode in PIPELINED else mode, features, config, comm=comm)
+    return experiment.make_embedding("fused" if mode in PIPELINED or mode in HOT else mode, features, config,
+                                     comm=comm, replication=replication if mode in HOT else None)
+
+
+def replication_of(args):
+    from tf_fusedrec.distributed.replication import HotReplication  # noqa: PLC0415
+
+    return HotReplication(rows=None if args.hot == "auto" else int(args.hot), sample_batches=args.hot_sample_batches)
 
 
 class Runner:
     """One mode: its own tables (in a variable scope named after the config and the mode), model, optimizer and
     TrainPipeline, on the shared batches, cycled."""
 
-    def __init__(self, mode, config, batches, comm, meter):
+    def __init__(self, mode, config, batches, comm, meter, hot_sample=None, replication=None):
         import tf_fusedrec as fr  # noqa: PLC0415
 
         self.mode = mode
         with tf.compat.v1.variable_scope(f"{config.name}/{mode}"):
-            embedding = build_embedding(mode, config.embedding_features(), config, comm)
+            embedding = build_embedding(mode, config.embedding_features(), config, comm, replication)
+        self.hot = None
+        if mode in HOT and embedding.replication is not None:
+            from tf_fusedrec.distributed import replication as replication_lib  # noqa: PLC0415
+
+            self.hot = replication_lib.choose_hot_set(embedding, hot_sample)
         self.model = experiment.make_model(config, embedding)
         self.optimizer = fr.train.make_optimizer(self.model, default=config.train.dense_optimizer)
         schedule = PIPELINED.get(mode, "sync")
@@ -91,10 +109,17 @@ def measure(config, modes, args, comm, meter, log):
     batch_size = args.batch_size or config.train.batch_size
     batches = experiment.make_dataset(config, batch_size, comm.rank, comm.size).take(args.batches).cache()
     layer_comm = meter.wrap(comm) if meter is not None else comm
+    hot_sample = None
+    if any(m in HOT for m in modes):  # counted on the batches after the timed ones
+        hot_sample = [{k: v for k, v in f.items() if k != "dense"} for f, _ in experiment.make_dataset(
+            config, batch_size, comm.rank, comm.size, start_step=args.batches).take(args.hot_sample_batches)]
     runners = {}
     for mode in modes:
         log(f"  building {mode}")
-        runners[mode] = Runner(mode, config, batches, layer_comm, meter)
+        runners[mode] = Runner(mode, config, batches, layer_comm, meter, hot_sample, replication_of(args))
+        if runners[mode].hot is not None:
+            log("    hot rows: " + ", ".join(f"{r['group']} R={r['rows']} rho={r['rho']:.3f}"
+                                          for r in runners[mode].hot))
         runners[mode].run(args.warmup)
     samples = {m: [] for m in modes}
     traffic = {m: [] for m in modes}
@@ -117,6 +142,8 @@ def measure(config, modes, args, comm, meter, log):
                  "step_seconds": batch_size * comm.size / float(np.median(samples[mode])),
                  "cpu_seconds_per_step": float(np.median(cpu[mode])),
                  "alltoall_ops_in_step_graph": runners[mode].alltoall_ops()}
+        if runners[mode].hot is not None:
+            entry["hot"] = runners[mode].hot
         if traffic[mode]:
             for key in traffic[mode][0]:
                 entry[key] = float(np.median([t[key] for t in traffic[mode]]))
@@ -151,6 +178,9 @@ def main(argv=None):
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         print(f"error: unknown mode {unknown[0]!r}; modes are {MODES}", file=sys.stderr)
+        sys.exit(2)
+    if args.hot != "auto" and not (args.hot.isdigit()):
+        print(f"error: --hot must be auto or a number of rows >= 0, got {args.hot!r}", file=sys.stderr)
         sys.exit(2)
     from tf_fusedrec.distributed.meter import AlltoallMeter  # noqa: PLC0415
 

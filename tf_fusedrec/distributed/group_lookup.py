@@ -15,7 +15,9 @@ What differs between modes is chosen once, when the object is built, never per b
 * the sender's dedup (``segment_unique``, or none: ``dedup="none"``, and one worker, where the owner's unique is the
   only one the pairs need),
 * the fusion: ``FusedGroupLookup`` (deferred hashing: the owner sees categories) or ``SourceHashGroupLookup`` (the
-  paper's "TFRA-fused" ablation: the category is hashed into the key before sending, and is lost at the owner).
+  paper's "TFRA-fused" ablation: the category is hashed into the key before sending, and is lost at the owner),
+* hot-row replication: ``HotGroupLookup`` (HypeReca's two-fold parallelism, tf_fusedrec/distributed/replication.py)
+  serves the pairs of a replicated hot set from every worker's own copy; only the cold rest is sharded and sent.
 
 Collective names are ``{prefix}/{keys|embeddings}/slot{slot}``: deterministic, equal on every worker, and distinct for
 the batches (or micro-batches) a pipeline keeps in flight at once.
@@ -25,6 +27,7 @@ import collections
 
 import tensorflow as tf
 
+from tf_fusedrec import initializers
 from tf_fusedrec import ops
 from tf_fusedrec.distributed.comm import slot_name
 
@@ -40,6 +43,9 @@ GroupDist = collections.namedtuple(
         "feature_sizes",  # int32 [M]: valid ids per feature, in group order
         "unique_sent",  # int64 [M]: pairs this worker sent per category
         "unique_looked_up",  # int64 [M]: unique pairs per category looked up here (-1: categories unknown)
+        "hot_keys",  # int64 [T]: the replicated keys some worker's batch touches (equal on every worker; [0]: none)
+        "hot_index",  # int32 [h]: each local hot pair's position in hot_keys
+        "hot_hits",  # int64 [M]: ids per category served from the replicated table
     ],
 )
 GroupDist.__doc__ = "What input_dist hands to lookup and output_dist: tensors only, so it can cross tf.function calls."
@@ -199,6 +205,11 @@ class GroupLookup:
         fused = tf.gather(rows, dist.recover_index)
         return tf.split(fused, dist.feature_sizes, num=self.group.num_categories, axis=0)
 
+    def _no_hot(self):
+        """The hot fields of a GroupDist without replication."""
+        return (tf.zeros([0], tf.int64), tf.zeros([0], tf.int32),
+                tf.zeros([self.group.num_categories], tf.int64))
+
 
 class FusedGroupLookup(GroupLookup):
     """FusedRec: (category, id) pairs travel, and the owner builds the table keys (deferred hashing).
@@ -221,6 +232,13 @@ class FusedGroupLookup(GroupLookup):
         keys, segments, inverse = self._dedup(keys, segments)
         ids, received_segments, splits, recover_index = self._route.send_keys(
             keys, segments, inverse, slot_name(self.prefix, "keys", slot), send_after)
+        owner = self._owner_unique(ids, received_segments)
+        sent = owner[-1] if self._sent_are_looked_up else _count(segments, num_categories)
+        return GroupDist(*owner[:4], splits, recover_index, feature_sizes, sent, owner[-1], *self._no_hot())
+
+    def _owner_unique(self, ids, received_segments):
+        """Category-aware unique of the received pairs -> (keys, key_segments, key_ids, gather_index, looked_up)."""
+        num_categories = self.group.num_categories
         unique = ops.category_unique(ids, received_segments, num_categories, self.group.encoding,
                                      name="category_unique")
         if self.group.encoding == "packed":
@@ -228,9 +246,98 @@ class FusedGroupLookup(GroupLookup):
         else:
             key_ids = tf.math.unsorted_segment_max(ids, unique.inverse, tf.size(unique.unified_keys))
         looked_up = tf.cast(unique.segment_counts, tf.int64)
-        sent = looked_up if self._sent_are_looked_up else _count(segments, num_categories)
-        return GroupDist(unique.unified_keys, unique.unique_segment_ids, key_ids, unique.inverse, splits,
-                         recover_index, feature_sizes, sent, looked_up)
+        return unique.unified_keys, unique.unique_segment_ids, key_ids, unique.inverse, looked_up
+
+
+def unified_keys(keys, segments, num_categories, encoding):
+    """The table key of each (id, category) pair, formed as category_unique forms it (without the unique)."""
+    if encoding == "packed":
+        return PackedWire(num_categories).encode(keys, segments)
+    salt = initializers.mix64(tf.cast(segments, tf.int64) + tf.constant(_GOLDEN, tf.int64))
+    return initializers.mix64(tf.bitwise.bitwise_xor(keys, salt))
+
+
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)  # category_unique's hashed encoding constant, as a signed int64
+
+
+class HotGroupLookup(FusedGroupLookup):
+    """FusedRec with hot-row replication (HypeReca §2.4, §4.2): the pairs of the group's hot set are served from every
+    worker's own copy of their rows (`hot_table`), the rest is sharded and routed as in FusedGroupLookup.
+
+    input_dist classifies the sender's unique pairs by looking their unified keys up in the hot set (sorted keys,
+    equal on every worker): hot pairs never enter the keys or embeddings all-to-all. One small allreduce of a flag per
+    hot row (named {prefix}/hot/slot{slot}) tells every worker which hot rows some worker's batch touches; lookup reads
+    exactly those rows (the same keys, in the same order, on every worker), so their gradients can be averaged with
+    the dense ones (fr.train.GroupedOptimizer) and the optimizer updates the rows a sharded table would update, no
+    others: SGD, Adagrad and Adam give the sharded results.
+
+    Args:
+      hot_set: replication.HotSet of the group (sorted unified keys, their ids and categories).
+      hot_table: EmbeddingTable of the replicated rows on this worker (same initializer and salts as `table`).
+    """
+
+    def __init__(self, group, table, comm, prefix, hot_set, hot_table, dedup="segment"):
+        super().__init__(group, table, comm, prefix, dedup=dedup)
+        self.hot_set, self.hot_table = hot_set, hot_table
+
+    def input_dist(self, ids_per_feature, slot=0, send_after=()):
+        num_categories = self.group.num_categories
+        keys, segments, feature_sizes = _fuse(ids_per_feature, num_categories)
+        fused_segments = segments
+        keys, segments, inverse = self._dedup(keys, segments)
+        with tf.name_scope("hot_split"):
+            hot_keys = self.hot_set.keys.read_value()
+            num_hot = tf.size(hot_keys, out_type=tf.int32)
+            unified = unified_keys(keys, segments, num_categories, self.group.encoding)
+            position = tf.searchsorted(hot_keys, unified, side="left", out_type=tf.int32)
+            padded = tf.concat([hot_keys, tf.zeros([1], tf.int64)], axis=0)
+            is_hot = tf.logical_and(position < num_hot, tf.gather(padded, position) == unified)
+            is_cold = tf.logical_not(is_hot)
+            cold_keys, cold_segments = tf.boolean_mask(keys, is_cold), tf.boolean_mask(segments, is_cold)
+            num_cold = tf.size(cold_keys, out_type=tf.int32)
+        ids, received_segments, splits, recover_cold = self._route.send_keys(
+            cold_keys, cold_segments, tf.range(num_cold), slot_name(self.prefix, "keys", slot), send_after)
+        with tf.name_scope("hot_rows"):
+            hot_position = tf.boolean_mask(position, is_hot)
+            touched = tf.math.unsorted_segment_sum(tf.ones_like(hot_position, tf.float32), hot_position, num_hot)
+            if self.comm.size > 1:  # which hot rows does any worker touch
+                touched = self.comm.allreduce([touched], name=slot_name(self.prefix, "hot", slot), op="sum")[0]
+            touched = touched > 0
+            touched_keys = tf.boolean_mask(hot_keys, touched)
+            hot_index = tf.gather(tf.cumsum(tf.cast(touched, tf.int32)) - 1, hot_position)
+            # The rows output_dist sees: the cold rows back from the owners (send-buffer order), then the hot rows.
+            buffer_position = tf.dynamic_stitch(
+                [tf.cast(tf.where(is_cold)[:, 0], tf.int32), tf.cast(tf.where(is_hot)[:, 0], tf.int32)],
+                [recover_cold, num_cold + tf.range(tf.size(hot_position))])
+            recover_index = tf.gather(buffer_position, inverse)
+            hot_hits = _count(tf.boolean_mask(fused_segments, tf.gather(is_hot, inverse)), num_categories)
+        owner = self._owner_unique(ids, received_segments)
+        sent = owner[-1] if self._sent_are_looked_up else _count(cold_segments, num_categories)
+        return GroupDist(*owner[:4], splits, recover_index, feature_sizes, sent, owner[-1], touched_keys, hot_index,
+                         hot_hits)
+
+    def lookup(self, dists, training):
+        """-> per dist (cold rows in received order, hot rows of its local hot pairs): one read of each table."""
+        dists = list(dists)
+        cold = super().lookup(dists, training)
+        if len(dists) == 1:
+            keys, index = dists[0].hot_keys, [dists[0].hot_index]
+        else:
+            keys, union_index = tf.unique(tf.concat([d.hot_keys for d in dists], axis=0), out_idx=tf.int32)
+            offsets = tf.math.cumsum([tf.size(d.hot_keys) for d in dists], exclusive=True)
+            index = [tf.gather(union_index, d.hot_index + offsets[i]) for i, d in enumerate(dists)]
+        at = tf.searchsorted(self.hot_set.keys.read_value(), keys, side="left", out_type=tf.int32)
+        rows = self.hot_table.lookup(keys, tf.gather(self.hot_set.segments, at), tf.gather(self.hot_set.ids, at),
+                                     training)
+        hot = _gather_rows(rows, tf.concat(index, axis=0))
+        hot = [hot] if len(index) == 1 else tf.split(hot, [tf.size(i) for i in index], num=len(index), axis=0)
+        return list(zip(cold, hot))
+
+    def output_dist(self, rows, dist, slot=0):
+        cold, hot = rows
+        received = self._route.send_rows(cold, dist.received_splits, slot_name(self.prefix, "embeddings", slot))
+        fused = tf.gather(tf.concat([received, hot], axis=0), dist.recover_index)
+        return tf.split(fused, dist.feature_sizes, num=self.group.num_categories, axis=0)
 
 
 class SourceHashGroupLookup(GroupLookup):
@@ -257,11 +364,16 @@ class SourceHashGroupLookup(GroupLookup):
             key_segments, key_ids = tf.zeros_like(unified, tf.int32), unified  # category 0's salt, as before
         unknown = tf.fill([num_categories], tf.constant(-1, tf.int64))
         return GroupDist(unified, key_segments, key_ids, inverse, splits, recover_index, feature_sizes,
-                         _count(fused.unique_segment_ids, num_categories), unknown)
+                         _count(fused.unique_segment_ids, num_categories), unknown, *self._no_hot())
 
 
-def make_group_lookup(group, table, comm, prefix, dedup="segment", fusion="deferred"):
-    """The lookup object of a group for the layer's dedup and fusion choices."""
+def make_group_lookup(group, table, comm, prefix, dedup="segment", fusion="deferred", hot=None):
+    """The lookup object of a group for the layer's dedup and fusion choices; hot: (HotSet, hot EmbeddingTable) to
+    replicate the group's hot set (fusion "deferred" only)."""
+    if hot is not None:
+        if fusion != "deferred":
+            raise ValueError(f"group {group.name}: hot-row replication needs fusion='deferred', got {fusion!r}")
+        return HotGroupLookup(group, table, comm, prefix, *hot, dedup=dedup)
     if fusion == "source_hash":
         return SourceHashGroupLookup(group, table, comm, prefix)
     return FusedGroupLookup(group, table, comm, prefix, dedup=dedup)

@@ -21,6 +21,11 @@ variable, the trainable handle the optimizer keys its slots by, and ids_of_keys(
 each key (owner_of decides the owner from it), or None where the keys do not reveal the ids (hashed unified keys)."""
 
 
+ReplicatedTable = collections.namedtuple("ReplicatedTable", ["name", "params", "trainable", "hot_set"])
+ReplicatedTable.__doc__ = """A group's replicated hot rows (equal on every worker): its name, TFRA variable, trainable
+handle and HotSet."""
+
+
 def ids_are_keys(keys):
     return keys
 

@@ -9,14 +9,15 @@ from tf_fusedrec import config as cfg
 from tf_fusedrec import initializers
 from tf_fusedrec.distributed import comm as comm_lib
 from tf_fusedrec.distributed.comm import slot_name
+from tf_fusedrec.distributed import replication as replication_lib
 from tf_fusedrec.distributed.group_lookup import make_group_lookup
-from tf_fusedrec.distributed.table import EmbeddingTable, ShardedTable, packed_ids
+from tf_fusedrec.distributed.table import EmbeddingTable, ReplicatedTable, ShardedTable, packed_ids
 from tf_fusedrec.layers import _common
 from tf_fusedrec.layers import _inputs
 
 DEDUP_MODES = ("segment", "none")
 FUSION_MODES = ("deferred", "source_hash")
-STATISTICS = ("ids", "unique_sent", "unique_looked_up")
+STATISTICS = ("ids", "unique_sent", "unique_looked_up", "hot_hits")
 
 EmbeddingDist = collections.namedtuple("EmbeddingDist", ["inputs", "groups"])
 EmbeddingDist.__doc__ = """What FusedEmbedding.input_dist returns and lookup_and_output takes: the input dict (the
@@ -45,6 +46,10 @@ class FusedEmbedding(tf.keras.layers.Layer):
       fusion: "deferred" (FusedRec: the category travels with the id and is hashed in on the owner) or
         "source_hash" (ablation, the paper's TFRA-fused: hash the category in before sending; the owner no longer
         knows categories, so unique_looked_up statistics are -1).
+      replication: hot-row replication (HypeReca): None (nothing replicated), "auto" (R per group chosen by the cost
+        model from counted batches), a number of rows R per group, or fr.HotReplication(rows, sample_batches,
+        max_bytes, costs). The hot set is empty until fr.train.choose_hot_set (the train app and TrainPipeline call
+        it) counts the first batches. Needs fusion="deferred", the Hashed initializer and sgd, adagrad or adam.
 
     Call:
       inputs: dict feature name -> ids: [B], [B, L] (padding -1) or tf.RaggedTensor [B, None] of the feature's
@@ -56,7 +61,7 @@ class FusedEmbedding(tf.keras.layers.Layer):
     """
 
     def __init__(self, features, optimizer=_common.DEFAULT_OPTIMIZER, initializer=None, comm=None,
-                 dedup="segment", fusion="deferred", name=None, **kwargs):
+                 dedup="segment", fusion="deferred", replication=None, name=None, **kwargs):
         super().__init__(name=name, **kwargs)
         self.features = _common.parse_features(features, self.name)
         if dedup not in DEDUP_MODES:
@@ -64,6 +69,9 @@ class FusedEmbedding(tf.keras.layers.Layer):
         if fusion not in FUSION_MODES:
             raise ValueError(f"{self.name}: fusion must be one of {FUSION_MODES}, got {fusion!r}")
         self.dedup, self.fusion = dedup, fusion
+        self.replication = replication_lib.parse_replication(replication, self.name)
+        if self.replication is not None and fusion != "deferred":
+            raise ValueError(f"{self.name}: replication needs fusion='deferred', got fusion={fusion!r}")
         self.default_optimizer = cfg.optimizer_spec(optimizer, f"{self.name}: optimizer")
         self.default_initializer = initializers.get(initializer) or _common.default_initializer()
         self._feature = {f.name: f for f in self.features}
@@ -71,20 +79,29 @@ class FusedEmbedding(tf.keras.layers.Layer):
             self.features, self.default_optimizer, self.default_initializer
         )
         self.comm = comm_lib.get_comm(comm)
-        self.tables, self.group_lookups = [], []
+        self.tables, self.group_lookups, self.hot_tables = [], [], []
+        self._hot = _Untracked()  # HotSets: variables of changing length, saved by fr.train.checkpoint, not Keras
+        self._hot.sets = []
         for group in self._groups:
             initializer = self._initializers[group.feature_names[0]]
             seed = initializer.seed if initializers.is_hashed(initializer) else 0
             salts = [initializers.feature_salt(seed, n) for n in group.feature_names]
             table = EmbeddingTable(f"{self.name}/{group.name}", group.spec.dim, initializer, salts)
             self.tables.append(table)
+            hot = None
+            if self.replication is not None:
+                replication_lib.check_group(self.replication, group, initializer, self.name)
+                hot_set = replication_lib.HotSet(f"{self.name}/{group.name}")
+                hot = (hot_set, EmbeddingTable(f"{self.name}/{group.name}/hot", group.spec.dim, initializer, salts))
+                self._hot.sets.append(hot_set)
+                self.hot_tables.append(hot[1])
             self.group_lookups.append(
-                make_group_lookup(group, table, self.comm, self.collective_prefix(group), dedup, fusion))
+                make_group_lookup(group, table, self.comm, self.collective_prefix(group), dedup, fusion, hot))
         self._injection = _Injection()  # a plain object: Keras must not track the injected tensors
         # Tracked by Keras as the layer's trainable weights (empty in a tf.compat.v1 graph, see EmbeddingTable).
-        self._shadows = [t.shadow for t in self.tables if t.shadow is not None]
+        self._shadows = [t.shadow for t in self.tables + self.hot_tables if t.shadow is not None]
         # Tracked so tf.train.Checkpoint saves the tables' contents (the shadows only hold one step's rows).
-        self._table_params = [t.params for t in self.tables]
+        self._table_params = [t.params for t in self.tables + self.hot_tables]
         self._stat_order = [n for g in self._groups for n in g.feature_names]
         self._statistics = tf.Variable(
             tf.zeros([len(self._stat_order), len(STATISTICS)], tf.int64), trainable=False, name="statistics"
@@ -96,11 +113,27 @@ class FusedEmbedding(tf.keras.layers.Layer):
         return list(self._groups)
 
     def optimizer_groups(self):
-        """[(OptimizerSpec, [trainable table variables])] per group, for fr.train.make_optimizer."""
-        return [(g.spec.optimizer, t.trainable_variables) for g, t in zip(self._groups, self.tables)]
+        """[(OptimizerSpec, [trainable table variables])] per group (the sharded table's, then the replicated
+        table's), for fr.train.make_optimizer."""
+        hot = self.hot_tables or [None] * len(self.tables)
+        return [(g.spec.optimizer, t.trainable_variables + (h.trainable_variables if h is not None else []))
+                for g, t, h in zip(self._groups, self.tables, hot)]
 
     def embedding_variables(self):
-        return [v for t in self.tables for v in t.trainable_variables]
+        return [v for t in self.tables + self.hot_tables for v in t.trainable_variables]
+
+    def replicated_variables(self):
+        """The trainable handles of the replicated (hot) tables: their gradients are averaged over workers."""
+        return [v for t in self.hot_tables for v in t.trainable_variables]
+
+    @property
+    def hot_sets(self):
+        """[HotSet] per group (empty without replication)."""
+        return list(self._hot.sets)
+
+    def replicated_tables(self):
+        """[ReplicatedTable] of the groups (empty without replication), what fr.train.checkpoint saves once."""
+        return [ReplicatedTable(t.name, t.params, t.shadow, s) for t, s in zip(self.hot_tables, self._hot.sets)]
 
     def sharded_tables(self):
         """[ShardedTable] of the groups, in group order (what fr.train.checkpoint saves and restores)."""
@@ -197,6 +230,7 @@ class FusedEmbedding(tf.keras.layers.Layer):
                 tf.cast(tf.add_n([d.feature_sizes for d in group_dists]), tf.int64),
                 tf.add_n([d.unique_sent for d in group_dists]),
                 _sum_counts([d.unique_looked_up for d in group_dists]),
+                tf.add_n([d.hot_hits for d in group_dists]),
             ], axis=1))
         update = self._statistics.assign(tf.concat(stat_rows, axis=0))
         if tf.compat.v1.executing_eagerly_outside_functions():
@@ -218,7 +252,8 @@ class FusedEmbedding(tf.keras.layers.Layer):
     def statistics(self):
         """Per feature, from the last call on this worker: {"ids": ids looked up (padding excluded),
         "unique_sent": unique ids this worker sent, "unique_looked_up": unique ids of the feature this worker
-        looked up in its table as owner (from category_unique's per-category counts; -1 with fusion="source_hash")}.
+        looked up in its table as owner (from category_unique's per-category counts; -1 with fusion="source_hash"),
+        "hot_hits": ids served from the replicated hot rows (0 without replication)}.
         Values are int64 scalars (tensors in graph mode)."""
         values = self._statistics.read_value()
         return {
@@ -229,7 +264,13 @@ class FusedEmbedding(tf.keras.layers.Layer):
         config = super().get_config()
         config.update(_common.layer_config(self.features, self.default_optimizer, self.default_initializer))
         config.update({"dedup": self.dedup, "fusion": self.fusion})
+        if self.replication is not None:
+            config["replication"] = self.replication.get_config()
         return config
+
+
+class _Untracked:
+    """Holds what Keras must not track."""
 
 
 class _Injection:

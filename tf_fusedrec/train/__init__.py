@@ -3,10 +3,13 @@
 * ``fr.train.make_optimizer(model, default="adam")``: each table with its group's optimizer (train/optimizer.py).
 * ``fr.train.TrainPipeline(model, optimizer, loss_fn, dataset, schedule="sync" | "dbp" | "fwp", ...)``: one training
   step per ``progress()``, with the embedding lookup split into stages and overlapped (train/pipeline.py).
+* ``fr.train.choose_hot_set(layer, batches)`` / ``fr.train.repeek(layer, batches, optimizer)``: the hot rows of a
+  FusedEmbedding built with ``replication=...`` (tf_fusedrec/distributed/replication.py).
 * train/experiment.py builds embeddings, models and datasets from a configs/*.yaml; train/app.py is the CLI.
 """
 
+from tf_fusedrec.distributed.replication import choose_hot_set, repeek
 from tf_fusedrec.train.optimizer import GroupedOptimizer, make_optimizer
 from tf_fusedrec.train.pipeline import SCHEDULES, TrainPipeline
 
-__all__ = ["GroupedOptimizer", "SCHEDULES", "TrainPipeline", "make_optimizer"]
+__all__ = ["GroupedOptimizer", "SCHEDULES", "TrainPipeline", "choose_hot_set", "make_optimizer", "repeek"]

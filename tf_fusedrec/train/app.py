@@ -1,7 +1,8 @@
 """`python -m tf_fusedrec.train`: train a model from a configs/*.yaml, alone or under horovodrun.
 
     python -m tf_fusedrec.train --config configs/criteo_synthetic.yaml [--embedding fused|per_feature]
-        [--pipeline sync|dbp|fwp] [--micro-batches K] [--cluster-samples] [--steps N] [--model-dir DIR]
+        [--pipeline sync|dbp|fwp] [--micro-batches K] [--cluster-samples] [--hot auto|R|0] [--steps N]
+        [--model-dir DIR]
     horovodrun -np 2 -H localhost:2 --gloo python -m tf_fusedrec.train ...
 
 Rank 0 shows a progress bar (step, loss, samples/s over all workers) and ends with a summary: samples/s, AUC on a
@@ -40,6 +41,13 @@ def parse_args(argv=None):
                                                       "(default: the config's train.micro_batches)")
     p.add_argument("--cluster-samples", action="store_true", default=None,
                    help="key-centric sample clustering of the fwp micro-batches")
+    p.add_argument("--hot", default="0",
+                   help="hot-row replication of the fused embedding: 'auto' (R chosen per group by the cost model), "
+                        "R (rows per group) or 0 (none, the default)")
+    p.add_argument("--hot-sample-batches", type=int, default=100,
+                   help="batches each worker counts to find the hot rows (default 100)")
+    p.add_argument("--hot-repeek", action="store_true",
+                   help="choose the hot rows anew at every checkpoint, from the batches that follow it (sync only)")
     p.add_argument("--steps", type=int, help="override train.steps")
     p.add_argument("--batch-size", type=int, help="override train.batch_size (per worker)")
     p.add_argument("--model-dir", help="checkpoints and TensorBoard summaries; resumes from it when it has a checkpoint")
@@ -49,6 +57,49 @@ def parse_args(argv=None):
                    help="seconds a training step or checkpoint may take before this worker gives up (a lost or "
                         "stalled peer; horovodrun itself stops the job when a worker dies); 0: no limit")
     return p.parse_args(argv)
+
+
+def parse_hot(value):
+    """--hot: "auto" or a number of rows >= 0."""
+    if value == "auto":
+        return value
+    try:
+        rows = int(value)
+    except ValueError:
+        rows = -1
+    if rows < 0:
+        raise ValueError(f"--hot must be auto or a number of rows >= 0, got {value!r}")
+    return rows
+
+
+def replication_of(args):
+    """The FusedEmbedding replication argument of --hot and --hot-sample-batches (None: no replication)."""
+    from tf_fusedrec.distributed.replication import HotReplication  # noqa: PLC0415
+
+    hot = parse_hot(args.hot)
+    if hot == 0:
+        if args.hot_repeek:
+            raise ValueError("--hot-repeek needs --hot auto or R > 0")
+        return None
+    if args.embedding not in ("fused", "fused_nodedup"):
+        raise ValueError(f"--hot needs --embedding fused (or fused_nodedup), got {args.embedding}")
+    return HotReplication(rows=None if hot == "auto" else hot, sample_batches=args.hot_sample_batches)
+
+
+def sample_inputs(config, batch_size, rank, size, start_step, count):
+    """This worker's embedding inputs of `count` batches from `start_step` (what the hot rows are counted on)."""
+    dataset = experiment.make_dataset(config, batch_size, rank, size, start_step=start_step, steps=None)
+    return [{k: v for k, v in features.items() if k != "dense"} for features, _ in dataset.take(count)]
+
+
+def report_hot(reports, rank, what):
+    if rank == 0:
+        for r in reports:
+            predicted = "" if r["predicted_seconds"] is None else (
+                f", predicted {1e3 * r['predicted_seconds']:.2f} ms/step of communication vs "
+                f"{1e3 * r['seconds_without']:.2f} ms without")
+            print(f"hot rows ({what}) {r['group']}: R={r['rows']} ({r['chosen_by']}) of {r['candidates']} counted, "
+                  f"covering rho={r['rho']:.3f} of the accesses{predicted}", file=sys.stderr)
 
 
 class Progress:
@@ -145,8 +196,13 @@ def run(args):
     schedule, micro_batches, cluster = schedule_of(args, config, args.embedding)
     meter = AlltoallMeter() if size > 1 else None
     features = config.embedding_features()
+    replication = replication_of(args)
+    if args.hot_repeek and schedule != "sync":
+        raise ValueError(f"--hot-repeek needs --pipeline sync (a {schedule} pipeline holds a batch in flight across "
+                         f"the checkpoint, routed by the old hot set)")
     embedding = experiment.make_embedding(args.embedding, features, config,
-                                          comm=meter.wrap(comm) if meter is not None else comm)
+                                          comm=meter.wrap(comm) if meter is not None else comm,
+                                          replication=replication)
     model = experiment.make_model(config, embedding)
     optimizer = fr.train.make_optimizer(model, default=config.train.dense_optimizer)
     step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
@@ -178,6 +234,13 @@ def run(args):
                   f"worker(s), restored onto {size}); bytes read per rank: {bytes_read}", file=sys.stderr)
     if start >= steps:
         raise ValueError(f"--model-dir is already at step {start} >= --steps {steps}; ask for more steps")
+    hot_reports = None
+    if replication is not None and restored is None:  # a restore brings its hot sets back
+        from tf_fusedrec.distributed import replication as replication_lib  # noqa: PLC0415
+
+        hot_reports = replication_lib.choose_hot_set(
+            embedding, sample_inputs(config, batch_size, rank, size, start, replication.sample_batches))
+        report_hot(hot_reports, rank, "chosen")
     # Endless: the pipeline prefetches one batch past the last step (its ids only; no table changes).
     dataset = experiment.make_dataset(config, batch_size, rank, size, start_step=start)
     pipe = fr.train.TrainPipeline(model, optimizer, experiment.binary_cross_entropy(), dataset, schedule=schedule,
@@ -208,6 +271,13 @@ def run(args):
                         for stat, value in stats.items():
                             tf.summary.scalar(f"features/{name}/{stat}", value)
         if checkpointer is not None and (step % config.train.checkpoint_every == 0 or step == steps):
+            if args.hot_repeek and step < steps:
+                from tf_fusedrec.distributed import replication as replication_lib  # noqa: PLC0415
+
+                with watchdog.guard(f"the re-peek of step {step}"):
+                    hot_reports = replication_lib.repeek(embedding, sample_inputs(
+                        config, batch_size, rank, size, step, replication.sample_batches), optimizer)
+                report_hot(hot_reports, rank, f"re-peeked at step {step}")
             with watchdog.guard(f"the checkpoint of step {step}"):
                 checkpointer.save()
 
@@ -226,6 +296,11 @@ def run(args):
     }
     if meter is not None:
         result.update(meter.per_step(timed_steps))
+    if replication is not None:
+        result["hot"] = hot_reports if hot_reports is not None else [
+            {"group": g.name, "rows": len(h), "chosen_by": "restored"} for g, h in zip(embedding.groups,
+                                                                                      embedding.hot_sets)]
+        result["hot_hits_per_step"] = {n: int(s["hot_hits"]) for n, s in embedding.statistics().items()}
     if restored is not None:
         result["restored"] = {"step": start, "from_workers": restored["workers"], "bytes_read_per_rank": bytes_read}
     result["auc"] = experiment.evaluate(model, config, batch_size, rank, size, comm)

@@ -4,7 +4,8 @@ Layout of a model directory::
 
     DIR/ckpt-{step}/manifest.json        written last; its presence is what makes the checkpoint exist
     DIR/ckpt-{step}/shard-{r}-of-{N}.npz  rank r's rows: every table's (keys, ids, rows) it owns + optimizer slot rows
-    DIR/ckpt-{step}/dense.npz             dense weights, optimizer iterations and dense slots (equal on every rank;
+    DIR/ckpt-{step}/dense.npz             dense weights, optimizer iterations and dense slots, replicated hot rows
+                                          with their slots and hot sets (equal on every rank;
                                           rank 0 writes them)
 
 Saving: each rank writes its shard into DIR/.tmp-ckpt-{step}/ (file, fsync, rename), the ranks allgather the shards'
@@ -107,6 +108,9 @@ class Checkpointer:
         self.comm, self.keep, self.config_name = comm, keep, config_name
         layers = embedding_layers(model)
         self.tables = [t for layer in layers for t in layer.sharded_tables()]
+        # Replicated hot rows (FusedEmbedding(replication=...)): equal on every rank, saved once in dense.npz.
+        self.replicated = [t for layer in layers if hasattr(layer, "replicated_tables")
+                           for t in layer.replicated_tables()]
         sparse_vars = [v for layer in layers for _, variables in layer.optimizer_groups() for v in variables]
         sparse_ids = {id(v) for v in sparse_vars}
         self._table_optimizer = {}
@@ -125,7 +129,7 @@ class Checkpointer:
         has somewhere to write them."""
         if self._slots_built:
             return
-        for table in self.tables:
+        for table in self.tables + self.replicated:
             if table.trainable is not None:
                 self._table_optimizer[id(table.trainable)]._create_all_weights([table.trainable])  # noqa: SLF001
         if self._trainable_dense:
@@ -152,6 +156,29 @@ class Checkpointer:
         state.append(("step", self.step))
         return state
 
+    def _replicated_state(self):
+        """{key: array} of the replicated tables: hot set, rows and slot rows (rank 0's copy; all are equal)."""
+        arrays = {}
+        for r, table in enumerate(self.replicated):
+            for what, value in zip(("keys", "ids", "segments"), table.hot_set.numpy()):
+                arrays[f"hot{r}.set.{what}"] = value
+            keys, rows = (x.numpy() for x in table.params.export())
+            arrays[f"hot{r}.keys"], arrays[f"hot{r}.rows"] = keys, rows
+            for name, slot in self._table_slots(table):
+                values, exists = slot.lookup(tf.constant(keys, tf.int64), return_exists=True)
+                arrays[f"hot{r}.slot.{name}.rows"] = values.numpy()
+                arrays[f"hot{r}.slot.{name}.exists"] = exists.numpy()
+        return arrays
+
+    def _restore_replicated(self, z):
+        for r, table in enumerate(self.replicated):
+            table.hot_set.assign(*(z[f"hot{r}.set.{what}"] for what in ("keys", "ids", "segments")))
+            keys = tf.constant(z[f"hot{r}.keys"], tf.int64)
+            table.params.upsert(keys, tf.constant(z[f"hot{r}.rows"]))
+            for slot_name, slot in self._table_slots(table):
+                exists = z[f"hot{r}.slot.{slot_name}.exists"]
+                slot.upsert(tf.boolean_mask(keys, exists), tf.constant(z[f"hot{r}.slot.{slot_name}.rows"][exists]))
+
     # --- saving -------------------------------------------------------------------------------------------------
 
     def save(self):
@@ -176,7 +203,7 @@ class Checkpointer:
         _write_atomic(os.path.join(staging, shard_name(rank, size)), shard)
         files = {shard_name(rank, size): (_sha256(shard), len(shard))}
         if rank == 0:
-            dense = _npz_bytes({key: v.numpy() for key, v in self._dense_state()})
+            dense = _npz_bytes({**{key: v.numpy() for key, v in self._dense_state()}, **self._replicated_state()})
             _write_atomic(os.path.join(staging, DENSE), dense)
             files[DENSE] = (_sha256(dense), len(dense))
         # Every rank's shard digest reaches rank 0; the collective is also the barrier before publishing.
@@ -189,7 +216,7 @@ class Checkpointer:
                 files[shard_name(r, size)] = (bytes(gathered[r, :32].astype(np.uint8)).hex(), int(gathered[r, 32]))
             manifest = {
                 "format": FORMAT, "step": step, "workers": size, "config": self.config_name,
-                "tables": [t.name for t in self.tables],
+                "tables": [t.name for t in self.tables], "replicated": [t.name for t in self.replicated],
                 "files": {name: {"sha256": digest, "bytes": nbytes} for name, (digest, nbytes) in sorted(files.items())},
             }
             _write_atomic(os.path.join(staging, MANIFEST), json.dumps(manifest, indent=1).encode())
@@ -272,6 +299,10 @@ class Checkpointer:
         if manifest["tables"] != [t.name for t in self.tables]:
             raise CheckpointError(f"checkpoint {directory} holds the tables {manifest['tables']}, this model has "
                                   f"{[t.name for t in self.tables]}: a different model or config")
+        if manifest.get("replicated", []) != [t.name for t in self.replicated]:
+            raise CheckpointError(f"checkpoint {directory} holds the replicated tables {manifest.get('replicated', [])}"
+                                  f", this model has {[t.name for t in self.replicated]}: hot-row replication was "
+                                  f"switched on or off since it was written (rows would be lost or held twice)")
         old_size, rank, size = manifest["workers"], self.comm.rank, self.comm.size
         with np.load(io.BytesIO(contents[DENSE]), allow_pickle=False) as z:
             for key, v in self._dense_state():
@@ -279,6 +310,7 @@ class Checkpointer:
                     raise CheckpointError(f"checkpoint {directory}: {DENSE} has no value of shape {v.shape} for "
                                           f"{key} ({v.name}): a different model or optimizer")
                 v.assign(z[key])
+            self._restore_replicated(z)
         for name in names[1:]:
             with np.load(io.BytesIO(contents[name]), allow_pickle=False) as z:
                 for t, table in enumerate(self.tables):

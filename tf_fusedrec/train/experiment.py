@@ -12,8 +12,9 @@ EMBEDDINGS = ("fused", "per_feature", "fused_nodedup", "fused_source_hash")
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "criteo_synthetic.yaml")
 
 
-def make_embedding(kind, features, config, comm=None, name="sparse"):
-    """The embedding layer of a kind in EMBEDDINGS, over `comm` (None: the process's default)."""
+def make_embedding(kind, features, config, comm=None, name="sparse", replication=None):
+    """The embedding layer of a kind in EMBEDDINGS, over `comm` (None: the process's default); `replication`:
+    FusedEmbedding's hot-row replication (fused kinds only)."""
     import tf_fusedrec as fr  # noqa: PLC0415
 
     common = {"optimizer": config.train.sparse_optimizer, "name": name, "comm": comm}
@@ -22,6 +23,8 @@ def make_embedding(kind, features, config, comm=None, name="sparse"):
     modes = {"fused": {}, "fused_nodedup": {"dedup": "none"}, "fused_source_hash": {"fusion": "source_hash"}}
     if kind not in modes:
         raise ValueError(f"--embedding must be one of {EMBEDDINGS}, got {kind!r}")
+    if replication is not None:
+        common["replication"] = replication
     return fr.FusedEmbedding(features, **common, **modes[kind])
 
 

@@ -8,6 +8,10 @@ Semantics with N workers, when each worker's loss is the mean over its local bat
 dense gradients are averaged over workers (Horovod allreduce), and embedding gradients, which the embeddings
 all-to-all has already delivered to the owner summed over the workers that asked for a row, are divided by N. The
 update is then the one a single worker makes on the union of the batches with the loss averaged over it.
+
+Replicated (hot) rows (FusedEmbedding(replication=...)) are read on every worker: their gradients are averaged over
+workers in the same grouped allreduce as the dense gradients, which is the sharded rows' sum over workers times 1/N,
+so every worker applies the same update to its copy, and the one a sharded table would apply.
 """
 
 import tensorflow as tf
@@ -44,18 +48,23 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
     state lives in the wrapped optimizers, and ``iterations`` counts calls of apply_gradients.
     """
 
-    def __init__(self, groups, default, comm, name="GroupedOptimizer"):
+    def __init__(self, groups, default, comm, name="GroupedOptimizer", replicated=()):
         super().__init__(name=name)
         self.comm = comm
+        self._replicated = {str(id(v)) for v in replicated}
         self.dense = de.DynamicEmbeddingOptimizer(_build(default))
         # Checkpointed: the optimizers (with their slots). Not checkpointed: which variable goes where, keyed by
         # id() as a string (a checkpoint cannot hold int keys) and rebuilt with the model.
         self.sparse = [de.DynamicEmbeddingOptimizer(spec.build()) for spec, _ in groups]
         self._var_index = {str(id(v)): i for i, (_, variables) in enumerate(groups) for v in variables}
 
+    def sparse_optimizer_of(self, variable):
+        """The TFRA optimizer that updates a table's trainable handle."""
+        return self.sparse[self._var_index[str(id(variable))]]
+
     def apply_gradients(self, grads_and_vars, name=None, **kwargs):  # noqa: ARG002  (Keras passes extras)
         per_optimizer = {}
-        dense = []
+        dense, replicated = [], []
         for grad, var in grads_and_vars:
             if grad is None:
                 continue
@@ -63,13 +72,20 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
             if index is None:
                 dense.append((grad, var))
                 continue
+            if str(id(var)) in self._replicated:
+                replicated.append((index, grad, var))
+                continue
             if self.comm.size > 1:
                 grad = _scale(grad, 1.0 / self.comm.size)
             per_optimizer.setdefault(index, []).append((grad, var))
-        if self.comm.size > 1 and dense:
-            reduced = self.comm.allreduce([tf.convert_to_tensor(g) for g, _ in dense], name="FusedRec/dense_gradients",
+        if self.comm.size > 1 and (dense or replicated):
+            grads = [g for g, _ in dense] + [g for _, g, _ in replicated]
+            reduced = self.comm.allreduce([tf.convert_to_tensor(g) for g in grads], name="FusedRec/dense_gradients",
                                           op="average")
-            dense = list(zip(reduced, [v for _, v in dense]))
+            dense = list(zip(reduced[:len(dense)], [v for _, v in dense]))
+            replicated = [(i, g, v) for (i, _, v), g in zip(replicated, reduced[len(dense):])]
+        for index, grad, var in replicated:
+            per_optimizer.setdefault(index, []).append((grad, var))
         ops = []
         for index, pairs in sorted(per_optimizer.items()):
             ops.append(self.sparse[index].apply_gradients(pairs))
@@ -103,4 +119,5 @@ def make_optimizer(model, default="adam", comm=None):
     if not layers:
         raise ValueError("make_optimizer: no FusedEmbedding or PerFeatureEmbedding layer found in the model")
     groups = [g for layer in layers for g in layer.optimizer_groups()]
-    return GroupedOptimizer(groups, default, comm if comm is not None else layers[0].comm)
+    replicated = [v for layer in layers if hasattr(layer, "replicated_variables") for v in layer.replicated_variables()]
+    return GroupedOptimizer(groups, default, comm if comm is not None else layers[0].comm, replicated=replicated)

@@ -1,0 +1,116 @@
+"""Training with hot-row replication, for tests/distributed/test_replication.py; runs alone or under horovodrun.
+
+    python tests/distributed/hot_scenario.py --layer fused_packed --optimizer adam --hot 5 --steps 8 --out DIR
+
+The features, batches and model of scenario.py. --hot R replicates each group's R most counted pairs (counted over
+the local slices of the first --sample-batches global batches, merged over workers; 0: no replication at all,
+"auto": R by the cost model with the costs given by --costs). --repeek-at S re-chooses the hot sets before step S
+from batches of another seed, moving rows and optimizer slots. Writes DIR/rank{r}.npz: losses, first-step outputs,
+held-out predictions, dense weights, the sharded rows and slot rows it holds (table/..., slot/...) and, rank 0 only,
+the replicated rows and slot rows (hot/..., hotslot/...; every rank checks that its copy equals rank 0's by writing
+a digest), the replication reports (JSON) and per-feature statistics.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import scenario as sc  # noqa: E402  (puts the repository root on sys.path)
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tf_fusedrec as fr  # noqa: E402
+from tf_fusedrec.distributed import comm as comm_lib  # noqa: E402
+from tf_fusedrec.distributed import replication  # noqa: E402
+
+IDS = np.arange(12, dtype=np.int64)
+
+
+def rows_of(params, layer, g, feature, slots=()):
+    """{(what, feature, id): row} held in `params` (and its slots) for the feature's ids."""
+    group = layer.groups[g]
+    segments = np.full(len(IDS), group.feature_names.index(feature), np.int32)
+    keys = fr.ops.category_unique(IDS, segments, group.num_categories, group.encoding).unified_keys
+    out = {}
+    for what, table in [("row", params)] + list(slots):
+        values, exists = table.lookup(keys, return_exists=True)
+        for i, v, e in zip(IDS, values.numpy(), exists.numpy()):
+            if e:
+                out[(what, feature, int(i))] = v
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--layer", choices=["fused", "fused_packed"], default="fused_packed")
+    p.add_argument("--optimizer", default="adam")
+    p.add_argument("--hot", default="0", help="R, 0 or auto")
+    p.add_argument("--costs", default="1e-6,1e-6", help="C_ar,C_a2a for --hot auto")
+    p.add_argument("--sample-batches", type=int, default=4)
+    p.add_argument("--repeek-at", type=int, default=None)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+
+    comm = comm_lib.init_workers()
+    rank, size = comm.rank, comm.size
+    optimizer = {"name": args.optimizer, "learning_rate": 0.1}
+    features = sc.make_features(optimizer, max_id_bits=20 if args.layer == "fused_packed" else None)
+    if args.hot == "auto":
+        costs = tuple(float(c) for c in args.costs.split(","))
+        hot = fr.HotReplication(rows=None, sample_batches=args.sample_batches, costs=costs)
+    else:
+        hot = fr.HotReplication(rows=int(args.hot), sample_batches=args.sample_batches) if int(args.hot) else None
+    layer = fr.FusedEmbedding(features, name="sparse", comm=comm, replication=hot)
+    model = sc.Model(layer)
+    opt = fr.train.make_optimizer(model, default={"name": "sgd", "learning_rate": 0.1})
+    reports = {}
+    if hot is not None:
+        sample = [{k: v for k, v in sc.local_slice(sc.make_batch(s), rank, size).items() if k != "label"}
+                  for s in range(args.sample_batches)]
+        reports["chosen"] = replication.choose_hot_set(layer, sample)
+
+    step = tf.function(sc.train_step_fn(model, opt), autograph=False)
+
+    forward = tf.function(lambda inputs: model(inputs, training=True)[1], autograph=False)
+    first = sc.local_slice(sc.make_batch(0), rank, size)
+    outputs = {k: (v.to_tensor() if isinstance(v, tf.RaggedTensor) else v).numpy() for k, v in forward(first).items()}
+    losses = []
+    for s in range(args.steps):
+        if hot is not None and args.repeek_at is not None and s == args.repeek_at:
+            sample = [{k: v for k, v in sc.local_slice(sc.make_batch(s, seed=1), rank, size).items() if k != "label"}
+                      for s in range(args.sample_batches)]
+            reports["repeek"] = replication.repeek(layer, sample, opt)
+        losses.append(float(step(sc.local_slice(sc.make_batch(s), rank, size)).numpy()))
+    stats = {f"stat/{k}/{s}": int(v) for k, d in layer.statistics().items() for s, v in d.items()}
+    predict = tf.function(lambda inputs: model(inputs, training=False)[0], autograph=False)
+    eval_pred = predict(sc.local_slice(sc.make_batch(10_000), rank, size)).numpy()
+
+    arrays = {}
+    for g, group in enumerate(layer.groups):
+        for table, kind in [(layer.tables[g], "table")] + ([(layer.hot_tables[g], "hot")] if hot else []):
+            opt_of = opt.sparse_optimizer_of(table.shadow)
+            opt_of._create_all_weights([table.shadow])  # noqa: SLF001
+            slots = [(f"slot-{n}", opt_of.get_slot(table.shadow, n).params) for n in sorted(opt_of.get_slot_names())]
+            for feature in group.feature_names:
+                for (what, f, i), v in rows_of(table.params, layer, g, feature, slots).items():
+                    arrays[f"{kind}/{what}/{f}/{i}"] = v
+    hot_arrays = {k: v for k, v in arrays.items() if k.startswith("hot/")}
+    digest = hashlib.sha256(b"".join(k.encode() + v.tobytes() for k, v in sorted(hot_arrays.items()))).hexdigest()
+    if rank != 0:
+        arrays = {k: v for k, v in arrays.items() if not k.startswith("hot/")}
+    hot_sizes = [len(s) for s in layer.hot_sets]
+    os.makedirs(args.out, exist_ok=True)
+    np.savez(os.path.join(args.out, f"rank{rank}.npz"), losses=np.array(losses), eval_pred=eval_pred,
+             kernel=model.dense.kernel.numpy(), bias=model.dense.bias.numpy(), hot_digest=digest,
+             hot_sizes=np.array(hot_sizes, np.int64), reports=json.dumps(reports),
+             **{f"out/{k}": v for k, v in outputs.items()}, **arrays, **stats)
+
+
+if __name__ == "__main__":
+    main()

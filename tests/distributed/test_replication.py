@@ -1,0 +1,94 @@
+"""Hot-row replication on 2 Horovod workers (tests/distributed/hot_scenario.py) equals the same training without it.
+
+For each configuration a run with --hot R and one without replication (R = 0: the plain layer) train the same 8
+steps; then, to 1e-6:
+
+* the losses, first-step outputs, dense weights and held-out predictions (training=False) are equal;
+* the union of what the workers hold (sharded rows on their owners, replicated rows from rank 0) equals the plain
+  run's union, rows and optimizer slot rows alike: nothing lost, nothing held twice;
+* every worker's replicated copy is the same (digests), and hot pairs were really served locally (hot_hits > 0);
+* configurations: Adam with packed keys and a re-peek at step 4 that moves rows both ways, Adagrad with hashed keys,
+  SGD with packed keys and a re-peek, and R chosen by the model (given costs) on both workers alike.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.subprocess_runner import execute, tail
+
+pytest.importorskip("horovod.tensorflow", reason="Horovod (horovod.tensorflow) is not importable")
+
+SCENARIO = Path(__file__).resolve().with_name("hot_scenario.py")
+HOROVODRUN = Path(sys.executable).with_name("horovodrun")
+TIMEOUT_S = 300
+RTOL, ATOL = 1e-6, 1e-7
+CONFIGS = {  # name: (layer, optimizer, extra flags)
+    "adam_packed_repeek": ("fused_packed", "adam", ["--hot", "5", "--repeek-at", "4"]),
+    "adagrad_hashed": ("fused", "adagrad", ["--hot", "5"]),
+    "sgd_packed_repeek": ("fused_packed", "sgd", ["--hot", "4", "--repeek-at", "4"]),
+    "adam_packed_auto": ("fused_packed", "adam", ["--hot", "auto", "--costs", "1e-7,1e-6"]),
+}
+_cache = {}
+
+
+def run(tmp_path_factory, layer, optimizer, flags):
+    key = (layer, optimizer, tuple(flags))
+    if key not in _cache:
+        out = tmp_path_factory.mktemp("hot")
+        cmd = [str(HOROVODRUN), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, str(SCENARIO),
+               "--layer", layer, "--optimizer", optimizer, "--out", str(out), *flags]
+        rc, log, _ = execute(cmd, TIMEOUT_S, merge_stderr=True)
+        assert rc == 0, f"exit status {rc}: {' '.join(cmd)}\n{tail(log)}"
+        ranks = []
+        for r in range(2):
+            with np.load(out / f"rank{r}.npz") as z:
+                ranks.append({k: z[k] for k in z.files})
+        _cache[key] = ranks
+    return _cache[key]
+
+
+def union(ranks):
+    rows = {}
+    for r, data in enumerate(ranks):
+        for k, v in data.items():
+            if k.startswith(("table/", "hot/")):
+                name = k.split("/", 1)[1]
+                assert name not in rows, f"{name} held by rank {rows[name][0]} and rank {r}"
+                rows[name] = (r, v)
+    return {k: v for k, (_, v) in rows.items()}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_replication_trains_like_no_replication(tmp_path_factory, name):
+    layer, optimizer, flags = CONFIGS[name]
+    plain = run(tmp_path_factory, layer, optimizer, ["--hot", "0"])
+    hot = run(tmp_path_factory, layer, optimizer, flags)
+    for r in range(2):
+        np.testing.assert_allclose(hot[r]["losses"], plain[r]["losses"], rtol=RTOL, err_msg=f"{name}: losses {r}")
+        np.testing.assert_allclose(hot[r]["eval_pred"], plain[r]["eval_pred"], rtol=RTOL, atol=ATOL,
+                                   err_msg=f"{name}: held-out predictions of rank {r}")
+        for k in ("kernel", "bias"):
+            np.testing.assert_allclose(hot[r][k], plain[r][k], rtol=RTOL, atol=ATOL, err_msg=f"{name}: {k}")
+        for k in plain[r]:
+            if k.startswith("out/"):
+                np.testing.assert_allclose(hot[r][k], plain[r][k], rtol=RTOL, atol=ATOL, err_msg=f"{name}: {k}")
+    got, want = union(hot), union(plain)
+    assert sorted(got) == sorted(want), f"{name}: rows differ: {sorted(set(got) ^ set(want))[:6]}"
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=RTOL, atol=ATOL, err_msg=f"{name}: {k}")
+    assert any(k.startswith("hot/") for k in hot[0]), f"{name}: no row was replicated"
+    assert str(hot[0]["hot_digest"]) == str(hot[1]["hot_digest"]), f"{name}: the replicas differ"
+    hits = sum(int(v) for r in hot for k, v in r.items() if k.endswith("/hot_hits"))
+    assert hits > 0, f"{name}: no id was served from the replicated rows"
+    assert all(int(v) == 0 for r in plain for k, v in r.items() if k.endswith("/hot_hits"))
+    reports = [json.loads(str(r["reports"])) for r in hot]
+    assert reports[0] == reports[1], f"{name}: the workers chose differently"
+    if "--repeek-at" in flags:
+        moved = sum(g["left"] + g["entered"] for g in reports[0]["repeek"])
+        assert moved > 0, f"{name}: the re-peek moved nothing: {reports[0]['repeek']}"
+    if "auto" in flags:
+        assert all(g["chosen_by"] == "model" and g["rows"] > 0 for g in reports[0]["chosen"]), reports[0]
