@@ -222,7 +222,7 @@ def test_empty_batch(mode, key_dtype):
     assert out["dense"].numpy().shape == (0, 3, 4)
     assert out["rag"].nrows() == 0 and out["rag_sqrtn"].numpy().shape == (0, 2)
     assert table_sizes(layer) == [0, 0]
-    assert all(v == {"ids": 0, "unique_sent": 0, "unique_looked_up": 0} for v in stats_numpy(layer).values())
+    assert all(v == {"ids": 0, "unique_sent": 0, "unique_looked_up": 0, "hot_hits": 0} for v in stats_numpy(layer).values())
 
 
 def test_all_padding_batch_inserts_nothing(mode):
@@ -526,7 +526,7 @@ def test_training_false_inserts_nothing_and_matches_training(mode):
 def test_statistics(mode, ablation):
     features = mixed_features()
     layer = fr.FusedEmbedding(features, **ablation)
-    assert stats_numpy(layer) == {f.name: {"ids": 0, "unique_sent": 0, "unique_looked_up": 0} for f in features}
+    assert stats_numpy(layer) == {f.name: {"ids": 0, "unique_sent": 0, "unique_looked_up": 0, "hot_hits": 0} for f in features}
     for batch in (mixed_batch(), second_mixed_batch()):
         ref.call_layer(layer, inputs_of(features, batch), mode)
         stats = stats_numpy(layer)
@@ -534,7 +534,7 @@ def test_statistics(mode, ablation):
         for f in features:
             ids, unique = ref.id_counts(batch[f.name])
             looked_up = -1 if ablation.get("fusion") == "source_hash" else unique
-            want = {"ids": ids, "unique_sent": unique, "unique_looked_up": looked_up}
+            want = {"ids": ids, "unique_sent": unique, "unique_looked_up": looked_up, "hot_hits": 0}
             if ablation.get("dedup") == "none":
                 del want["unique_sent"], stats[f.name]["unique_sent"]  # duplicates are sent on purpose
             assert stats[f.name] == want, f.name
@@ -804,7 +804,7 @@ def test_v1_graph_session_forward_and_sgd_step():
     for f in features:
         ids, unique = ref.id_counts(batch[f.name])
         assert {k: int(v) for k, v in got_stats[f.name].items()} == {
-            "ids": ids, "unique_sent": unique, "unique_looked_up": unique}, f.name
+            "ids": ids, "unique_sent": unique, "unique_looked_up": unique, "hot_hits": 0}, f.name
     # The SGD step in the session moved every touched row by -lr * gradient.
     for f in features:
         index, group = group_of(layer, f.name)
