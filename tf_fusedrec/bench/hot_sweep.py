@@ -145,7 +145,7 @@ def main(argv=None):
         "model_rows": int(chosen), "paper_formula_rows": int(chosen_paper), "best_measured_rows": best["rows"],
         "model_step_over_best": picked["step_seconds"] / best["step_seconds"],
         "groups": [{k: v for k, v in m.items() if not k.startswith("loss")} for m in model],
-        "curve": {"rows": list(range(length)), "predicted_seconds": total.tolist()},
+        "curve": curve_points(total, [e["rows"] for e in results] + [int(chosen)]),
         "results": results,
         "command": f"{launcher(comm.size)}.venv/bin/python -m tf_fusedrec.bench.hot_sweep {shlex.join(sys.argv[1:])}",
     }
@@ -165,6 +165,13 @@ def main(argv=None):
               f"at the model's R / best = {report['model_step_over_best']:.2f}")
         chart(report, base, os.path.join(args.out, "hot_sweep.png"))
         log(f"wrote {args.out}/hot_sweep.json and {args.out}/hot_sweep.png")
+
+
+def curve_points(total, keep, points=400):
+    """L(R) at R = 0, `points` log-spaced R values and the R in `keep`: enough to draw, small enough to commit."""
+    rows = np.unique(np.concatenate([[0], np.geomspace(1, len(total) - 1, points).round(),
+                                     [r for r in keep if r < len(total)]]).astype(np.int64))
+    return {"rows": rows.tolist(), "predicted_seconds": total[rows].tolist()}
 
 
 def launcher(size):
