@@ -27,6 +27,7 @@ import tensorflow as tf
 from tf_fusedrec import config as cfg
 from tf_fusedrec.distributed import comm as comm_lib
 from tf_fusedrec.distributed import replication as rl
+from tf_fusedrec.bench.train_bench import launcher, network_of
 from tf_fusedrec.train import experiment
 
 
@@ -93,14 +94,14 @@ def main(argv=None):
         f"{args.sample_batches} batches per worker")
     counter = experiment.make_embedding("fused", config.embedding_features(), config, comm=comm, name="counter",
                                         replication=rl.HotReplication(rows=1))
-    sample = [{k: v for k, v in f.items() if k != "dense"} for f, _ in experiment.make_dataset(
-        config, batch_size, comm.rank, comm.size, start_step=args.batches).take(args.sample_batches)]
+    sample = experiment.embedding_sample(config, batch_size, comm.rank, comm.size, args.batches,
+                                         args.sample_batches)
     counted = rl.count_pairs(counter, sample)
     merged, model = [], []
+    slopes = rl.measure_slopes(comm, name="FusedRec/hot_sweep/probe")
     for g, group in enumerate(counter.groups):
         m = rl.merge_counts(counted[g], comm, f"FusedRec/hot_sweep/{group.name}")
-        c_ar, c_a2a = rl.measure_costs(comm, group.spec.dim, 8 if group.encoding == "packed" else 16,
-                                       name=f"FusedRec/hot_sweep/{group.name}/probe")
+        c_ar, c_a2a = rl.group_costs(slopes, group)
         merged.append(m)
         model.append({"group": group.name, "c_ar": c_ar, "c_a2a": c_a2a,
                       "loss": rl.cost_curve(rl.sent_curve(m), c_ar, c_a2a),
@@ -141,7 +142,7 @@ def main(argv=None):
     base = next((e for e in results if e["rows"] == 0), None)
     report = {
         "config": config.name, "workers": comm.size, "batch_size_per_worker": batch_size,
-        "network": os.environ.get("FUSEDREC_CLUSTER_LINK_RATE", "loopback"),
+        "network": network_of(comm.size)[0],
         "model_rows": int(chosen), "paper_formula_rows": int(chosen_paper), "best_measured_rows": best["rows"],
         "model_step_over_best": picked["step_seconds"] / best["step_seconds"],
         "groups": [{k: v for k, v in m.items() if not k.startswith("loss")} for m in model],
@@ -172,16 +173,6 @@ def curve_points(total, keep, points=400):
     rows = np.unique(np.concatenate([[0], np.geomspace(1, len(total) - 1, points).round(),
                                      [r for r in keep if r < len(total)]]).astype(np.int64))
     return {"rows": rows.tolist(), "predicted_seconds": total[rows].tolist()}
-
-
-def launcher(size):
-    """The command that started these workers: the namespaced cluster (tf_fusedrec.cluster) or horovodrun."""
-    rate = os.environ.get("FUSEDREC_CLUSTER_LINK_RATE")
-    if rate is None:
-        return f"horovodrun -np {size} -H localhost:{size} --gloo "
-    hosts = int(os.environ.get("HOROVOD_CROSS_SIZE", 1))
-    return (f"python -m tf_fusedrec.cluster --hosts {hosts} --link-rate {rate} --workers-per-host {size // hosts} "
-            f"-- ")
 
 
 def chart(report, base, path):

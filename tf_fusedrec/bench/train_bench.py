@@ -111,8 +111,8 @@ def measure(config, modes, args, comm, meter, log):
     layer_comm = meter.wrap(comm) if meter is not None else comm
     hot_sample = None
     if any(m in HOT for m in modes):  # counted on the batches after the timed ones
-        hot_sample = [{k: v for k, v in f.items() if k != "dense"} for f, _ in experiment.make_dataset(
-            config, batch_size, comm.rank, comm.size, start_step=args.batches).take(args.hot_sample_batches)]
+        hot_sample = experiment.embedding_sample(config, batch_size, comm.rank, comm.size, args.batches,
+                                                 args.hot_sample_batches)
     runners = {}
     for mode in modes:
         log(f"  building {mode}")
@@ -201,23 +201,34 @@ def main(argv=None):
         log(f"sweep: M = {m} features")
         sweep[m] = measure(sweep_config(config, m), sweep_modes, sweep_args, comm, meter, log)
     if rank == 0:
-        # Under tf_fusedrec.cluster the workers are on namespaced hosts with shaped links; else on loopback.
-        network = os.environ.get("FUSEDREC_CLUSTER_LINK_RATE", "loopback" if size > 1 else "none")
-        hosts = int(os.environ.get("HOROVOD_CROSS_SIZE", 1))
-        launcher = ("" if size == 1 else
-                    f"python -m tf_fusedrec.cluster --hosts {hosts} --link-rate {network} --workers-per-host "
-                    f"{size // hosts} -- " if network != "loopback" else
-                    f"horovodrun -np {size} -H localhost:{size} --gloo ")
+        network, hosts = network_of(size)
         report = {"config": config.name, "workers": size, "hosts": hosts, "network": network,
                   "batch_size_per_worker": args.batch_size or config.train.batch_size, "steps": args.steps,
                   "repeats": args.repeats, "modes": results, "sweep": {str(k): v for k, v in sweep.items()},
-                  "command": f"{launcher}.venv/bin/python -m tf_fusedrec.bench {shlex.join(sys.argv[1:])}"}
+                  "command": f"{launcher(size)}.venv/bin/python -m tf_fusedrec.bench {shlex.join(sys.argv[1:])}"}
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "bench.json"), "w") as f:
             json.dump(report, f, indent=2)
         print(table(report))
         chart(report, os.path.join(args.out, "bench.png"))
         log(f"wrote {args.out}/bench.json and {args.out}/bench.png")
+
+
+def network_of(size):
+    """(network, hosts): under tf_fusedrec.cluster the workers are on namespaced hosts with shaped links; else on
+    loopback (or none, one worker)."""
+    network = os.environ.get("FUSEDREC_CLUSTER_LINK_RATE", "loopback" if size > 1 else "none")
+    return network, int(os.environ.get("HOROVOD_CROSS_SIZE", 1))
+
+
+def launcher(size):
+    """The command prefix that started these workers: the namespaced cluster, horovodrun, or none."""
+    network, hosts = network_of(size)
+    if size == 1:
+        return ""
+    if network == "loopback":
+        return f"horovodrun -np {size} -H localhost:{size} --gloo "
+    return f"python -m tf_fusedrec.cluster --hosts {hosts} --link-rate {network} --workers-per-host {size // hosts} -- "
 
 
 def table(report):

@@ -147,7 +147,7 @@ def _gather_rows(rows, index):
     return tf.gather(rows, index), grad
 
 
-def _fuse(ids_per_feature, num_categories):
+def fuse(ids_per_feature, num_categories):
     """Concatenates a group's ids; -> (keys int64 [n], segments int32 [n], feature_sizes int32 [M])."""
     with tf.name_scope("fuse"):
         keys = tf.concat(ids_per_feature, axis=0)
@@ -228,7 +228,7 @@ class FusedGroupLookup(GroupLookup):
 
     def input_dist(self, ids_per_feature, slot=0, send_after=()):
         num_categories = self.group.num_categories
-        keys, segments, feature_sizes = _fuse(ids_per_feature, num_categories)
+        keys, segments, feature_sizes = fuse(ids_per_feature, num_categories)
         keys, segments, inverse = self._dedup(keys, segments)
         ids, received_segments, splits, recover_index = self._route.send_keys(
             keys, segments, inverse, slot_name(self.prefix, "keys", slot), send_after)
@@ -282,7 +282,7 @@ class HotGroupLookup(FusedGroupLookup):
 
     def input_dist(self, ids_per_feature, slot=0, send_after=()):
         num_categories = self.group.num_categories
-        keys, segments, feature_sizes = _fuse(ids_per_feature, num_categories)
+        keys, segments, feature_sizes = fuse(ids_per_feature, num_categories)
         fused_segments = segments
         keys, segments, inverse = self._dedup(keys, segments)
         with tf.name_scope("hot_split"):
@@ -353,7 +353,7 @@ class SourceHashGroupLookup(GroupLookup):
 
     def input_dist(self, ids_per_feature, slot=0, send_after=()):
         num_categories = self.group.num_categories
-        keys, segments, feature_sizes = _fuse(ids_per_feature, num_categories)
+        keys, segments, feature_sizes = fuse(ids_per_feature, num_categories)
         fused = ops.category_unique(keys, segments, num_categories, self.group.encoding, name="source_hash_unique")
         received, _, splits, recover_index = self._route.send_keys(
             fused.unified_keys, None, fused.inverse, slot_name(self.prefix, "keys", slot), send_after)

@@ -168,7 +168,7 @@ def count_pairs(layer, batches):
       per group: dict(keys, ids, segments, counts (numpy, one entry per distinct pair), presence (batches each pair
       appears in), accesses (ids counted), batches).
     """
-    from tf_fusedrec.distributed.group_lookup import unified_keys  # noqa: PLC0415  (import cycle)
+    from tf_fusedrec.distributed.group_lookup import fuse, unified_keys  # noqa: PLC0415  (import cycle)
 
     parts = [[] for _ in layer.groups]
     accesses = np.zeros(len(layer.groups), np.int64)
@@ -177,9 +177,7 @@ def count_pairs(layer, batches):
         num += 1
         flats, _ = layer.flatten(inputs)
         for g, group in enumerate(layer.groups):
-            ids = [flats[n].ids for n in group.feature_names]
-            keys = tf.concat(ids, axis=0)
-            segments = tf.repeat(tf.range(group.num_categories, dtype=tf.int32), [tf.size(i) for i in ids])
+            keys, segments, _ = fuse([flats[n].ids for n in group.feature_names], group.num_categories)
             unified = unified_keys(keys, segments, group.num_categories, group.encoding)
             unified = unified.numpy()
             parts[g].append((unified, keys.numpy(), segments.numpy(), np.unique(unified)))
@@ -267,48 +265,57 @@ def _timed(fn, repeats):
     return float(np.median(times))
 
 
-def measure_costs(comm, dim, wire_bytes, sizes=(1 << 15, 1 << 19, 1 << 22), repeats=5,
-                  name="FusedRec/replication/probe"):
-    """(C_ar seconds per replicated row, C_a2a seconds per sharded access), from the least-squares slopes of allreduce
-    and all-to-all time against bytes (`sizes`: bytes per worker), averaged over workers (equal on every worker). One
-    worker: (0, 0), nothing is sent."""
+def measure_slopes(comm, sizes=(1 << 15, 1 << 19, 1 << 22), repeats=5, name="FusedRec/replication/probe"):
+    """(allreduce, all-to-all) seconds per byte: least-squares slopes of time against bytes (`sizes`: bytes per
+    worker, float32 rows of 16), averaged over workers (equal on every worker). One worker: (0, 0), nothing is sent."""
     if comm.size == 1:
         return 0.0, 0.0
+    width = 16
     slopes = []
     for kind in ("allreduce", "alltoall"):
         xs, ts = [], []
         for size in sizes:
-            rows = max(1, size // (4 * dim * comm.size))
-            data = tf.ones([rows * comm.size, dim], tf.float32)
+            rows = max(1, size // (4 * width * comm.size))
+            data = tf.ones([rows * comm.size, width], tf.float32)
             splits = tf.fill([comm.size], tf.constant(rows, tf.int32))
             if kind == "allreduce":
                 fn = lambda: comm.allreduce([data], name=f"{name}/allreduce/{rows}", op="sum")[0].numpy()  # noqa: E731
             else:
                 fn = lambda: comm.alltoall(data, splits, name=f"{name}/alltoall/{rows}")[0].numpy()  # noqa: E731
-            xs.append(rows * comm.size * dim * 4)
+            xs.append(rows * comm.size * width * 4)
             ts.append(_timed(fn, repeats))
         slopes.append(max(np.polyfit(xs, ts, 1)[0], 0.0))
     slopes = comm.allreduce([tf.constant(slopes, tf.float64)], name=f"{name}/slopes", op="average")[0].numpy()
-    per_row_ar = slopes[0] * (4 * dim + 4)
-    per_access_a2a = slopes[1] * (wire_bytes + 2 * 4 * dim)  # key out, row back, gradient back in the backward
-    return float(per_row_ar), float(per_access_a2a)
+    return float(slopes[0]), float(slopes[1])
 
 
-def choose_hot_set(layer, batches, comm=None):
-    """Counts `batches` (this worker's first sample_batches), merges over workers and sets every group's hot set.
+def group_costs(slopes, group):
+    """(C_ar seconds per replicated row: its gradient and touched flag in an allreduce, C_a2a seconds per sharded
+    access: the key out, the row back, its gradient back in the backward pass) of a group, from measure_slopes."""
+    dim, wire_bytes = group.spec.dim, 8 if group.encoding == "packed" else 16
+    return slopes[0] * (4 * dim + 4), slopes[1] * (wire_bytes + 2 * 4 * dim)
+
+
+def plan_hot_sets(layer, batches, comm=None):
+    """Counts `batches` (this worker's first sample_batches), merges over workers and chooses each group's hot set,
+    without setting it.
 
     Returns:
-      per group a report: {"group", "rows", "rho" (share of accesses the hot pairs cover), "sent_per_step" and
-      "sent_per_step_without" (sharded pairs a worker sends per step, by the counts), "predicted_seconds" and
-      "seconds_without" (L(R) and L(0); None when R is given), "c_ar", "c_a2a", "ids_per_step", "candidates",
-      "sample_batches" (batches counted, all workers), "model" ("unique" or "accesses"), "chosen_by"}.
+      per group (report, (keys, ids, segments) of the chosen pairs). The report: {"group", "rows", "rho" (share of
+      accesses the hot pairs cover), "sent_per_step" and "sent_per_step_without" (sharded pairs a worker sends per
+      step, by the counts), "predicted_seconds" and "seconds_without" (L(R) and L(0); None when R is given),
+      "c_ar", "c_a2a", "ids_per_step", "candidates", "sample_batches" (batches counted, all workers), "model"
+      ("unique" or "accesses"), "chosen_by"}.
     """
     replication = getattr(layer, "replication", None)
     if replication is None:
         raise ValueError(f"{layer.name}: choose_hot_set needs a FusedEmbedding built with replication=...")
     comm = comm or layer.comm
     counted = count_pairs(layer, batches)
-    reports = []
+    slopes = None
+    if replication.costs is None and replication.rows is None:  # measured once, for every group
+        slopes = measure_slopes(comm, name=f"FusedRec/{layer.name}/replication/probe")
+    plans = []
     for g, group in enumerate(layer.groups):
         name = f"FusedRec/{layer.name}/{group.name}/replication"
         cap = min(MAX_CANDIDATES, replication.max_bytes // bytes_per_row(group))
@@ -318,11 +325,10 @@ def choose_hot_set(layer, batches, comm=None):
         sent = sent_curve(merged, dedup)
         r_max = min(len(merged["counts"]), cap)
         ids_per_step = merged["accesses"] / max(merged["batches"], 1)
-        wire = 8 if group.encoding == "packed" else 16
         if replication.costs is not None:
             c_ar, c_a2a = replication.costs
-        elif replication.rows is None:
-            c_ar, c_a2a = measure_costs(comm, group.spec.dim, wire, name=f"{name}/probe")
+        elif slopes is not None:
+            c_ar, c_a2a = group_costs(slopes, group)
         else:
             c_ar, c_a2a = None, None  # R is given: nothing to decide, nothing measured
         loss = None if c_ar is None else cost_curve(sent, c_ar, c_a2a)
@@ -333,16 +339,24 @@ def choose_hot_set(layer, batches, comm=None):
         else:
             rows, _ = choose_rows(loss, r_max)
             chosen_by = "model"
-        layer.hot_sets[g].assign(merged["keys"][:rows], merged["ids"][:rows], merged["segments"][:rows])
-        reports.append({"group": group.name, "rows": rows, "rho": float(rho[rows]),
-                        "sent_per_step": float(sent[rows]), "sent_per_step_without": float(sent[0]),
-                        "model": "unique" if dedup else "accesses",
-                        "predicted_seconds": None if loss is None else float(loss[rows]),
-                        "seconds_without": None if loss is None else float(loss[0]),
-                        "c_ar": c_ar, "c_a2a": c_a2a, "ids_per_step": ids_per_step,
-                        "candidates": len(merged["counts"]), "sample_batches": merged["batches"],
-                        "chosen_by": chosen_by})
-    return reports
+        report = {"group": group.name, "rows": rows, "rho": float(rho[rows]),
+                  "sent_per_step": float(sent[rows]), "sent_per_step_without": float(sent[0]),
+                  "model": "unique" if dedup else "accesses",
+                  "predicted_seconds": None if loss is None else float(loss[rows]),
+                  "seconds_without": None if loss is None else float(loss[0]),
+                  "c_ar": c_ar, "c_a2a": c_a2a, "ids_per_step": ids_per_step,
+                  "candidates": len(merged["counts"]), "sample_batches": merged["batches"],
+                  "chosen_by": chosen_by}
+        plans.append((report, (merged["keys"][:rows], merged["ids"][:rows], merged["segments"][:rows])))
+    return plans
+
+
+def choose_hot_set(layer, batches, comm=None):
+    """plan_hot_sets, then sets every group's hot set (before training: no rows to move) -> the reports."""
+    plans = plan_hot_sets(layer, batches, comm)
+    for hot_set, (_, chosen) in zip(layer.hot_sets, plans):
+        hot_set.assign(*chosen)
+    return [report for report, _ in plans]
 
 
 # --- moving rows between the replicated and the sharded table -----------------------------------------------------
@@ -414,11 +428,9 @@ def move_hot_set(layer, g, keys, ids, segments, optimizer=None, name=None):
 
 
 def repeek(layer, batches, optimizer=None):
-    """Chooses the hot sets anew from `batches` and moves the rows (every worker, between steps)."""
-    before = [hs.numpy() for hs in layer.hot_sets]
-    reports = choose_hot_set(layer, batches)
-    for g, report in enumerate(reports):
-        chosen = layer.hot_sets[g].numpy()
-        layer.hot_sets[g].assign(*before[g])  # move_hot_set moves from the old set
+    """Chooses the hot sets anew from `batches` and moves the rows (every worker, between steps) -> the reports."""
+    reports = []
+    for g, (report, chosen) in enumerate(plan_hot_sets(layer, batches)):
         report.update(move_hot_set(layer, g, *chosen, optimizer=optimizer))
+        reports.append(report)
     return reports

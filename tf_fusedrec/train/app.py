@@ -86,12 +86,6 @@ def replication_of(args):
     return HotReplication(rows=None if hot == "auto" else hot, sample_batches=args.hot_sample_batches)
 
 
-def sample_inputs(config, batch_size, rank, size, start_step, count):
-    """This worker's embedding inputs of `count` batches from `start_step` (what the hot rows are counted on)."""
-    dataset = experiment.make_dataset(config, batch_size, rank, size, start_step=start_step, steps=None)
-    return [{k: v for k, v in features.items() if k != "dense"} for features, _ in dataset.take(count)]
-
-
 def report_hot(reports, rank, what):
     if rank == 0:
         for r in reports:
@@ -239,7 +233,7 @@ def run(args):
         from tf_fusedrec.distributed import replication as replication_lib  # noqa: PLC0415
 
         hot_reports = replication_lib.choose_hot_set(
-            embedding, sample_inputs(config, batch_size, rank, size, start, replication.sample_batches))
+            embedding, experiment.embedding_sample(config, batch_size, rank, size, start, replication.sample_batches))
         report_hot(hot_reports, rank, "chosen")
     # Endless: the pipeline prefetches one batch past the last step (its ids only; no table changes).
     dataset = experiment.make_dataset(config, batch_size, rank, size, start_step=start)
@@ -275,7 +269,7 @@ def run(args):
                 from tf_fusedrec.distributed import replication as replication_lib  # noqa: PLC0415
 
                 with watchdog.guard(f"the re-peek of step {step}"):
-                    hot_reports = replication_lib.repeek(embedding, sample_inputs(
+                    hot_reports = replication_lib.repeek(embedding, experiment.embedding_sample(
                         config, batch_size, rank, size, step, replication.sample_batches), optimizer)
                 report_hot(hot_reports, rank, f"re-peeked at step {step}")
             with watchdog.guard(f"the checkpoint of step {step}"):

@@ -58,6 +58,15 @@ def make_dataset(config, batch_size, rank, size, held_out=False, start_step=0, s
     return ds if held_out else ds.repeat().skip(start_step)
 
 
+def embedding_sample(config, batch_size, rank, size, start_step, count):
+    """This worker's embedding inputs (the batch dicts without "dense") of `count` batches from `start_step`: what
+    the hot rows of a replicated FusedEmbedding are counted on."""
+    from tf_fusedrec.models._blocks import sparse_inputs  # noqa: PLC0415
+
+    return [sparse_inputs(f) for f, _ in make_dataset(config, batch_size, rank, size, start_step=start_step)
+            .take(count)]
+
+
 def check_features_match(config, sample):
     configured = {f.name for f in config.features}
     given = {k for k in sample if k != "dense"}
