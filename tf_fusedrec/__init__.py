@@ -84,9 +84,11 @@ from tf_fusedrec.config import Feature, OptimizerSpec, Spec, SpecGroup  # noqa: 
 from tf_fusedrec.distributed.replication import HotReplication  # noqa: E402
 from tf_fusedrec.layers import FusedEmbedding, PerFeatureEmbedding  # noqa: E402
 from tf_fusedrec import train  # noqa: E402
+from tf_fusedrec import export  # noqa: E402
 
 __all__ = [
     "Feature",
+    "export",
     "FusedEmbedding",
     "HotReplication",
     "OptimizerSpec",

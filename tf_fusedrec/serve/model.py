@@ -1,0 +1,223 @@
+"""A model rebuilt from an export: embeddings from a backend, combined as training combines them, then the dense
+SavedModel. What fr.export.load_model returns (with every row in this process) and what the ranker runs (with the rows
+on embedding servers)."""
+
+import collections
+import os
+import threading
+
+import numpy as np
+
+from tf_fusedrec.export import format as fmt
+from tf_fusedrec.serve.backend import LocalBackend, pool
+
+FlatIds = collections.namedtuple("FlatIds", ["ids", "rows_of", "positions", "num_rows", "lengths"])
+FlatIds.__doc__ = """One feature's ids of a batch: ids int64 [n] (valid ids), rows_of int64 [n] (the instance of each),
+positions int64 [n] (index of each among all P positions, padding included), num_rows (B), lengths int64 [B]
+(positions per instance)."""
+
+
+class InputError(ValueError):
+    """A request the model cannot take; the message names the feature or input and what is wrong."""
+
+
+def _is_int_list(value):
+    return all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in value)
+
+
+def flatten_ids(feature, value, allow_padding=True):
+    """A feature's ids -> FlatIds, checked.
+
+    Args:
+      feature: the manifest's feature dict.
+      value: ids [B] or [B, L] (NumPy, TensorFlow, nested lists; padding -1 in a rectangular [B, L]), a
+        tf.RaggedTensor [B, None], or a list of lists (one list per instance).
+      allow_padding: False rejects -1 too (requests over HTTP have no use for padding).
+    """
+    name, layout = feature["name"], feature["layout"]
+    where = f"feature '{name}'"
+    if hasattr(value, "row_lengths") and hasattr(value, "flat_values"):  # tf.RaggedTensor
+        lengths = np.asarray(value.row_lengths(), np.int64)
+        values = np.asarray(value.flat_values)
+        if values.ndim != 1:
+            raise InputError(f"{where}: ragged ids must be [B, None], got {value.shape}")
+    elif isinstance(value, (list, tuple)) and value and any(isinstance(v, (list, tuple)) for v in value):
+        rows = [v if isinstance(v, (list, tuple)) else [v] for v in value]
+        for r in rows:
+            if not _is_int_list(r):
+                raise InputError(f"{where}: ids must be integers, got {r!r}")
+        lengths = np.array([len(r) for r in rows], np.int64)
+        values = np.array([x for r in rows for x in r], np.int64)
+    else:
+        if isinstance(value, (list, tuple)) and not _is_int_list(value):
+            raise InputError(f"{where}: ids must be integers, got {list(value)[:8]!r}")
+        array = np.asarray(value)
+        if array.dtype.kind not in "iu" and not (array.size == 0 and isinstance(value, (list, tuple))):
+            raise InputError(f"{where}: ids must be integers ({feature['key_dtype']}), got {array.dtype}")
+        if array.ndim == 1:
+            lengths = np.ones(len(array), np.int64)
+        elif array.ndim == 2:
+            lengths = np.full(array.shape[0], array.shape[1], np.int64)
+        else:
+            raise InputError(f"{where}: ids must be [B], [B, L] or one list per instance, got shape {array.shape}")
+        values = array.reshape(-1)
+    if values.dtype.kind == "u" and values.size and values.max() >= 1 << 63:
+        raise InputError(f"{where}: id {int(values.max())} does not fit in int64")
+    values = values.astype(np.int64)
+    lowest = -1 if allow_padding else 0
+    if values.size and values.min() < lowest:
+        raise InputError(f"{where}: ids must be >= 0{' (-1 marks padding)' if allow_padding else ''}; found "
+                         f"{int(values.min())}")
+    bits = feature.get("max_id_bits")
+    limit = (1 << bits) if bits is not None else (1 << 31 if feature["key_dtype"] == "int32" else None)
+    if limit is not None and values.size and values.max() >= limit:
+        raise InputError(f"{where}: id {int(values.max())} is too large (ids must be < {limit}"
+                         f"{f', max_id_bits={bits}' if bits is not None else ', key_dtype int32'})")
+    if layout == "one" and np.any(lengths != 1):
+        raise InputError(f"{where}: takes one id per instance (exported with layout 'one'), got an instance with "
+                         f"{int(lengths[lengths != 1][0])}")
+    rows_of = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    positions = np.flatnonzero(values >= 0)
+    return FlatIds(values[positions], rows_of[positions], positions, len(lengths), lengths)
+
+
+def combine(combiner, sums, counts):
+    """A combiner applied to per-instance sums [B, dim] and id counts [B], as training applies it (float32)."""
+    if combiner == "sum":
+        return sums
+    counts = np.maximum(counts, 1).astype(np.float32)[:, None]
+    if combiner == "mean":
+        return sums / counts
+    return sums / np.sqrt(counts)
+
+
+class ServingModel:
+    """An export's model over a backend of rows.
+
+    Args:
+      export_dir: the export.
+      backend: a serve.backend.Backend; None reads every row into this process (LocalBackend).
+      pooling: multi-hot features with a combiner are pooled by the backend (on the embedding servers, FlexEMR's
+        hierarchical pooling) rather than fetched row by row.
+    """
+
+    def __init__(self, export_dir, backend=None, pooling=True):
+        import tensorflow as tf  # noqa: PLC0415
+
+        self.export_dir = export_dir
+        self.manifest = fmt.read_manifest(export_dir)
+        for entry in self.manifest["dense"]["files"]:
+            fmt.check_file(export_dir, entry)
+        self.backend = backend if backend is not None else LocalBackend(export_dir, self.manifest)
+        self.pooling = pooling
+        self.features = {f["name"]: f for f in self.manifest["features"]}
+        self.groups = {g["name"]: g for g in self.manifest["groups"]}
+        self.dense_inputs = self.manifest["dense"]["inputs"]
+        self._tf = tf
+        self._loaded = tf.saved_model.load(os.path.join(export_dir, self.manifest["dense"]["path"]))
+        self._signature = self._loaded.signatures[self.manifest["dense"]["signature"]]
+        self._lock = threading.Lock()
+
+    def check_names(self, inputs):
+        """InputError naming a missing or unknown input."""
+        if not isinstance(inputs, dict):
+            raise InputError(f"inputs must be a dict of input name -> values, got {type(inputs).__name__}")
+        expected = set(self.features) | set(self.dense_inputs)
+        missing = sorted(expected - set(inputs))
+        unknown = sorted(set(inputs) - expected)
+        if unknown:
+            raise InputError(f"unknown feature '{unknown[0]}' (the model takes {sorted(expected)})")
+        if missing:
+            raise InputError(f"feature '{missing[0]}' is missing (the model takes {sorted(expected)})")
+
+    def _dense_value(self, name, value, batch):
+        spec = self.dense_inputs[name]
+        try:
+            array = np.asarray(value, dtype=spec["dtype"])
+        except (TypeError, ValueError):
+            raise InputError(f"input '{name}': values must be {spec['dtype']}") from None
+        expected = [batch] + spec["shape"][1:]
+        if list(array.shape) != expected:
+            raise InputError(f"input '{name}': shape {list(array.shape)}, expected {expected}")
+        if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+            raise InputError(f"input '{name}': values must be finite")
+        return array
+
+    def flatten(self, inputs, allow_padding=True):
+        """{feature: FlatIds} and the batch size; InputError naming the feature when instances disagree."""
+        self.check_names(inputs)
+        flats = {name: flatten_ids(f, inputs[name], allow_padding) for name, f in self.features.items()}
+        sizes = {name: flat.num_rows for name, flat in flats.items()}
+        batch = next(iter(sizes.values())) if sizes else None
+        for name, size in sizes.items():
+            if size != batch:
+                raise InputError(f"feature '{name}' has {size} instances, feature '{next(iter(sizes))}' has {batch}")
+        return flats, batch
+
+    def embed(self, flats, batch):
+        """{signature input: float32/int64 array} of every feature's embeddings, one backend call per group and kind
+        (rows, pooled)."""
+        inputs = {}
+        for group_name, group in self.groups.items():
+            members = [self.features[n] for n in group["features"]]
+            pooled = [f for f in members if f["layout"] == "bag" and self.pooling]
+            direct = [f for f in members if f not in pooled]
+            if direct:
+                ids = np.concatenate([flats[f["name"]].ids for f in direct])
+                cats = np.concatenate([np.full(len(flats[f["name"]].ids), f["category"], np.int32) for f in direct])
+                rows = self.backend.rows(group_name, ids, cats)
+                offset = 0
+                for f in direct:
+                    flat = flats[f["name"]]
+                    inputs.update(self._place(f, flat, rows[offset:offset + len(flat.ids)], batch))
+                    offset += len(flat.ids)
+            if pooled:
+                ids = np.concatenate([flats[f["name"]].ids for f in pooled])
+                cats = np.concatenate([np.full(len(flats[f["name"]].ids), f["category"], np.int32) for f in pooled])
+                segments = np.concatenate([flats[f["name"]].rows_of + i * batch for i, f in enumerate(pooled)])
+                sums, counts = self.backend.pooled(group_name, ids, cats, segments, batch * len(pooled))
+                for i, f in enumerate(pooled):
+                    part = slice(i * batch, (i + 1) * batch)
+                    inputs[f["inputs"]["rows"]] = combine(f["combiner"], sums[part], counts[part])
+        return inputs
+
+    @staticmethod
+    def _place(feature, flat, rows, batch):
+        dim = feature["dim"]
+        if feature["layout"] == "sequence":
+            values = np.zeros((int(flat.lengths.sum()), dim), np.float32)
+            values[flat.positions] = rows
+            return {feature["inputs"]["values"]: values, feature["inputs"]["row_lengths"]: flat.lengths}
+        if feature["layout"] == "one":
+            out = np.zeros((batch, dim), np.float32)
+            out[flat.rows_of] = rows
+            return {feature["inputs"]["rows"]: out}
+        sums, counts = pool(rows, flat.rows_of, batch)  # a bag with pooling off: combined here
+        return {feature["inputs"]["rows"]: combine(feature["combiner"], sums, counts)}
+
+    def predict(self, inputs, allow_padding=True):
+        """Scores float32 [B] of a batch dict (feature -> ids as in training; dense inputs by name)."""
+        flats, batch = self.flatten(inputs, allow_padding)
+        dense = {name: self._dense_value(name, inputs[name], batch) for name in self.dense_inputs}
+        return self.predict_flat(flats, dense, batch)
+
+    def predict_flat(self, flats, dense, batch):
+        tf = self._tf
+        values = {**self.embed(flats, batch), **dense}
+        with self._lock:  # one signature call at a time: the ranker batches requests instead
+            out = self._signature(**{k: tf.constant(v) for k, v in values.items()})
+        return out[self.manifest["dense"]["output"]].numpy()
+
+    __call__ = predict
+
+    def stats(self):
+        return self.backend.stats()
+
+    def close(self):
+        self.backend.close()
+
+
+def load_model(export_dir, backend=None, pooling=True):
+    """A single-process model rebuilt from an export (every row in this process unless a backend is given): its
+    predict(batch) equals the training model's call with training=False on the same batch."""
+    return ServingModel(export_dir, backend=backend, pooling=pooling)
