@@ -1,5 +1,7 @@
 """Argument handling shared by the embedding layers."""
 
+import contextlib
+
 import tensorflow as tf
 
 from tf_fusedrec import config as cfg
@@ -98,3 +100,26 @@ def layer_config(features, optimizer, initializer):
         "optimizer": {"name": optimizer.name, **dict(optimizer.config)},
         "initializer": initializers.serialize(initializer),
     }
+
+
+class Injection:
+    """A layer's injected outputs (a plain object: Keras must not track the tensors): while a block is open, the
+    layer's next call returns them after checking the call's input dict. How a pipeline runs a user's model on
+    embeddings it computed ahead, and how fr.export saves the dense part without tracing any table."""
+
+    outputs = None
+
+    @contextlib.contextmanager
+    def block(self, outputs, layer_name):
+        if self.outputs is not None:
+            raise RuntimeError(f"{layer_name}: injected() blocks cannot nest")
+        self.outputs = outputs
+        try:
+            yield
+        finally:
+            self.outputs = None
+
+    def take(self, features, inputs, layer_name):
+        _inputs.check_input_dict(features, inputs, layer_name)
+        outputs, self.outputs = self.outputs, None
+        return outputs

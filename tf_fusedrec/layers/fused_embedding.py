@@ -1,7 +1,6 @@
 """FusedEmbedding: the drop-in replacement for a dict of per-feature TFRA embedding layers."""
 
 import collections
-import contextlib
 
 import tensorflow as tf
 
@@ -97,7 +96,7 @@ class FusedEmbedding(tf.keras.layers.Layer):
                 self.hot_tables.append(hot[1])
             self.group_lookups.append(
                 make_group_lookup(group, table, self.comm, self.collective_prefix(group), dedup, fusion, hot))
-        self._injection = _Injection()  # a plain object: Keras must not track the injected tensors
+        self._injection = _common.Injection()  # a plain object: Keras must not track the injected tensors
         # Tracked by Keras as the layer's trainable weights (empty in a tf.compat.v1 graph, see EmbeddingTable).
         self._shadows = [t.shadow for t in self.tables + self.hot_tables if t.shadow is not None]
         # Tracked so tf.train.Checkpoint saves the tables' contents (the shadows only hold one step's rows).
@@ -237,17 +236,10 @@ class FusedEmbedding(tf.keras.layers.Layer):
             return outputs  # eager and tf.function run the stateful update without being asked
         return [{name: _common.after([update], out) for name, out in o.items()} for o in outputs]
 
-    @contextlib.contextmanager
     def injected(self, outputs):
         """Within the block, the next call of the layer returns `outputs` (a dict from lookup_and_output) after
         checking the call's input dict: how a pipeline runs a user's model on embeddings it computed ahead."""
-        if self._injection.outputs is not None:
-            raise RuntimeError(f"{self.name}: injected() blocks cannot nest")
-        self._injection.outputs = outputs
-        try:
-            yield
-        finally:
-            self._injection.outputs = None
+        return self._injection.block(outputs, self.name)
 
     def statistics(self):
         """Per feature, from the last call on this worker: {"ids": ids looked up (padding excluded),
@@ -271,15 +263,6 @@ class FusedEmbedding(tf.keras.layers.Layer):
 
 class _Untracked:
     """Holds what Keras must not track."""
-
-
-class _Injection:
-    outputs = None
-
-    def take(self, features, inputs, layer_name):
-        _inputs.check_input_dict(features, inputs, layer_name)
-        outputs, self.outputs = self.outputs, None
-        return outputs
 
 
 def _sum_counts(counts):

@@ -113,6 +113,7 @@ class PerFeatureEmbedding(tf.keras.layers.Layer):
             self._layers[f.name], self._fresh_rows[f.name] = make_tfra_layer(
                 f"{self.name}-{f.name}", f.dim, initializer, f.name, self.comm
             )
+        self._injection = _common.Injection()  # see FusedEmbedding.injected
         self._shadows = [self._layers[n].shadow for n in sorted(self._layers)]
         self._table_params = [self._layers[n].params for n in sorted(self._layers)]
 
@@ -139,7 +140,13 @@ class PerFeatureEmbedding(tf.keras.layers.Layer):
     def tfra_layer(self, feature_name):
         return self._layers[feature_name]
 
+    def injected(self, outputs):
+        """As FusedEmbedding.injected: within the block the next call returns `outputs`."""
+        return self._injection.block(outputs, self.name)
+
     def call(self, inputs, training=None):
+        if self._injection.outputs is not None:
+            return self._injection.take(self.features, inputs, self.name)
         flats, checks = _common.checked_inputs(self.features, inputs, self.name, self.comm,
                                                f"FusedRec/{scope_safe(self.name)}/valid")
         outputs = {}

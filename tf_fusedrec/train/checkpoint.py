@@ -117,8 +117,10 @@ class Checkpointer:
         for index, (_, variables) in enumerate(g for layer in layers for g in layer.optimizer_groups()):
             for v in variables:
                 self._table_optimizer[id(v)] = optimizer.sparse[index]
-        self.dense_vars = [v for v in model.variables
-                           if id(v) not in sparse_ids and not isinstance(v, de.TrainableWrapper)]
+        # Not dense: TFRA's trainable wrappers, and the per-step ids/exists buffers of its shadow variables (TFRA's
+        # Keras layers track them as layer variables; their shape changes every step).
+        self.dense_vars = [v for v in model.variables if id(v) not in sparse_ids
+                           and not isinstance(v, (de.TrainableWrapper, de.shadow_ops.DEResourceVariable))]
         self._trainable_dense = [v for v in model.trainable_variables if id(v) not in sparse_ids]
         self._slots_built = False
 
