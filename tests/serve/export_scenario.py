@@ -1,0 +1,166 @@
+"""Training then exporting, for tests/serve/test_export.py; runs alone or under horovodrun.
+
+    python tests/serve/export_scenario.py train --layer fused --model-dir DIR --out OUT
+    python tests/serve/export_scenario.py export --layer fused --model-dir DIR --export EXPORT
+
+train: N workers train a DLRM for STEPS steps on slices of a global batch, checkpoint, then each rank writes
+OUT/rank{r}.npz: its slices of EVAL_STEPS held-out batches and the model's scores on them with training=False.
+export: one process builds the same model, restores the checkpoint (any worker count) and writes the export.
+
+Features: a packed group (user_id, item_id: max_id_bits), a hashed group (tags: ragged multi-hot with mean, genres:
+[B, 3] with -1 padding and sum, country: int32 ids), and history: [B, 2] with padding and no combiner (a sequence).
+"""
+
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+import tf_fusedrec as fr  # noqa: E402  (sets TF_USE_LEGACY_KERAS before TensorFlow)
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tf_fusedrec import models  # noqa: E402
+from tf_fusedrec.distributed import comm as comm_lib  # noqa: E402
+from tf_fusedrec.train.checkpoint import Checkpointer  # noqa: E402
+
+GLOBAL_BATCH = 12
+STEPS = 4
+EVAL_STEPS = 2
+NUM_DENSE = 3
+
+
+def make_features():
+    opt = {"name": "adagrad", "learning_rate": 0.2}
+    return [
+        fr.Feature("user_id", dim=4, optimizer=opt, max_id_bits=12),
+        fr.Feature("item_id", dim=4, optimizer=opt, max_id_bits=12),
+        fr.Feature("tags", dim=8, combiner="mean", optimizer=opt),
+        fr.Feature("genres", dim=8, combiner="sum", optimizer=opt),
+        fr.Feature("country", dim=8, optimizer=opt, key_dtype=tf.int32),
+        fr.Feature("history", dim=4, optimizer="sgd"),
+    ]
+
+
+def make_batch(step):
+    """The global batch of a step (steps >= 1000 are held out: ids partly never trained)."""
+    rng = np.random.default_rng([3, step])
+    b = GLOBAL_BATCH
+    span = 40 if step < 1000 else 60
+    lengths = rng.integers(0, 4, b)
+    lengths[step % b] = 0
+    genres = rng.integers(0, span, (b, 3))
+    genres[rng.random((b, 3)) < 0.3] = -1
+    history = rng.integers(0, span, (b, 2))
+    history[rng.random((b, 2)) < 0.2] = -1
+    return {
+        "dense": rng.normal(size=(b, NUM_DENSE)).astype(np.float32),
+        "user_id": rng.integers(0, span, b).astype(np.int64),
+        "item_id": rng.integers(0, span, b).astype(np.int64),
+        "tags": (rng.integers(0, span, int(lengths.sum())).astype(np.int64), lengths),
+        "genres": genres.astype(np.int64),
+        "country": rng.integers(0, 20, b).astype(np.int32),
+        "history": history.astype(np.int64),
+        "label": (rng.random(b) < 0.3).astype(np.float32),
+    }
+
+
+def local_slice(batch, rank, size):
+    per = GLOBAL_BATCH // size
+    lo, hi = rank * per, (rank + 1) * per
+    out = {}
+    for k, v in batch.items():
+        if k == "tags":
+            values, lengths = v
+            starts = np.concatenate([[0], np.cumsum(lengths)])
+            out[k] = tf.RaggedTensor.from_row_lengths(values[starts[lo]:starts[hi]], lengths[lo:hi])
+        else:
+            out[k] = tf.constant(v[lo:hi])
+    return out
+
+
+def build(layer, comm):
+    features = make_features()
+    if layer == "per_feature":
+        embedding = fr.PerFeatureEmbedding(features, name="sparse", comm=comm)
+    else:
+        replication = fr.HotReplication(rows=6, sample_batches=2) if layer == "fused_hot" else None
+        embedding = fr.FusedEmbedding(features, name="sparse", comm=comm, replication=replication)
+    model = models.DLRM(embedding, bottom_mlp=(8, 4), top_mlp=(8,), num_dense=NUM_DENSE)
+    opt = fr.train.make_optimizer(model, default={"name": "adam", "learning_rate": 0.05})
+    step = tf.Variable(0, dtype=tf.int64, trainable=False)
+    features_only = {k: v for k, v in local_slice(make_batch(0), 0, comm.size).items() if k != "label"}
+    model(features_only, training=False)
+    return model, opt, step, Checkpointer
+
+
+def inputs_of(batch):
+    return {k: v for k, v in batch.items() if k != "label"}
+
+
+def train(args):
+    comm = comm_lib.init_workers()
+    rank, size = comm.rank, comm.size
+    model, opt, step_var, _ = build(args.layer, comm)
+    if args.layer == "fused_hot":
+        from tf_fusedrec.distributed import replication as replication_lib  # noqa: PLC0415
+
+        sample = [{k: v for k, v in local_slice(make_batch(s), rank, size).items() if k not in ("dense", "label")}
+                  for s in range(2)]
+        replication_lib.choose_hot_set(model.embedding, sample)
+
+    @tf.function
+    def step(inputs):
+        with tf.GradientTape() as tape:
+            scores = model(inputs_of(inputs), training=True)
+            loss = tf.reduce_mean(tf.keras.losses.binary_crossentropy(inputs["label"][:, None], scores[:, None],
+                                                                      from_logits=True))
+        variables = model.trainable_variables
+        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    for s in range(STEPS):
+        step(local_slice(make_batch(s), rank, size))
+        step_var.assign_add(1)
+    Checkpointer(args.model_dir, model, opt, step_var, comm).save()
+    out = {}
+    for e in range(EVAL_STEPS):
+        batch = local_slice(make_batch(1000 + e), rank, size)
+        out[f"eval{e}/scores"] = model(inputs_of(batch), training=False).numpy()
+        for k, v in batch.items():
+            if isinstance(v, tf.RaggedTensor):
+                out[f"eval{e}/{k}/values"], out[f"eval{e}/{k}/lengths"] = v.flat_values.numpy(), v.row_lengths().numpy()
+            else:
+                out[f"eval{e}/{k}"] = v.numpy()
+    os.makedirs(args.out, exist_ok=True)
+    np.savez(os.path.join(args.out, f"rank{rank}.npz"), **out)
+    if args.layer == "fused_hot" and rank == 0:
+        print(f"hot rows: {[len(h) for h in model.embedding.hot_sets]}")
+
+
+def export(args):
+    comm = comm_lib.get_comm("single")
+    model, opt, step_var, checkpointer = build(args.layer, comm)
+    restored = checkpointer(args.model_dir, model, opt, step_var, comm).restore()
+    example = inputs_of(local_slice(make_batch(0), 0, 1))
+    fr.export.export_model(model, args.export, example=example, parts=args.parts,
+                           source={"step": restored["step"], "workers": restored["workers"]})
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=["train", "export"])
+    p.add_argument("--layer", choices=["fused", "fused_hot", "per_feature"], default="fused")
+    p.add_argument("--model-dir", required=True)
+    p.add_argument("--out")
+    p.add_argument("--export")
+    p.add_argument("--parts", type=int, default=3)
+    args = p.parse_args()
+    train(args) if args.mode == "train" else export(args)
+
+
+if __name__ == "__main__":
+    main()
