@@ -1,0 +1,429 @@
+"""An embedding server: the rows of one routing range of an export, answered over gRPC (embedding.proto).
+
+    python -m tf_fusedrec.serve.embedding_server --export EXPORT --shard i --num-shards n --port P
+        [--host 127.0.0.1] [--start S --end E] [--max-inflight K] [--threads T] [--max-request-mb M]
+        [--max-response-mb R]
+
+The server holds, for every group of the export, the rows whose route (format.route of the table key) lies in its
+range [start, end): range i of n even ranges (format.even_ranges), or the explicit hex range --start/--end (how a
+range is split to add a server: RangeTable.split in client.py). It answers
+
+  Lookup   the rows of (id, category) pairs, or, when the request carries segments, the per-segment partial sums and
+           counts of those rows: pooling on the embedding server, so that only one row per (segment, server) crosses
+           the network and the ranker adds the partial sums (FlexEMR section 3.1.2, hierarchical pooling);
+  Credits  its flow-control state: the credits it grants each client (--max-inflight divided among the clients that
+           polled recently), its Lookups in flight and queued, the high-water mark (FlexEMR section 3.2, credit-based
+           flow control; clients poll it on a connection of its own, so Lookup traffic never delays it);
+  Info     the export's identity, the range held, the groups and the server's limits.
+
+Bounds: requests larger than --max-request-mb are refused by gRPC; more than --max-inflight Lookups at once get
+RESOURCE_EXHAUSTED; at most --threads Lookups compute at once (the others wait in flight). A malformed request gets
+INVALID_ARGUMENT naming the group and the field. Requests are decoded from protobuf and numpy buffers only; nothing
+from the wire is ever unpickled.
+
+The CLI logs one line to stderr when the tables are loaded, prints "ready" to stdout when it serves, and stops
+gracefully on SIGTERM or SIGINT. EmbeddingServer is the same server in-process (tests, a ranker's tests).
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from tf_fusedrec.export import format as fmt
+from tf_fusedrec.serve import embedding_pb2 as pb
+
+SERVICE = pb.DESCRIPTOR.services_by_name["EmbeddingService"].full_name
+LOOKUP_METHOD = f"/{SERVICE}/Lookup"
+CREDITS_METHOD = f"/{SERVICE}/Credits"
+INFO_METHOD = f"/{SERVICE}/Info"
+# Trailing metadata of a RESOURCE_EXHAUSTED that means "too many lookups in flight, retry", as opposed to gRPC's own
+# RESOURCE_EXHAUSTED for a message over the size limit, which a retry cannot cure.
+BUSY_METADATA = ("tf-fusedrec-busy", "1")
+# Threads beyond --max-inflight (each admitted Lookup may hold one while it waits to compute): they answer Credits,
+# Info and the refusals of excess Lookups, so that a server full of Lookups still answers its clients' polls.
+CONTROL_THREADS = 4
+# A client that has not polled Credits for this long no longer takes a share of the in-flight limit.
+CLIENT_TTL_S = 5.0
+MB = 1 << 20
+
+
+def export_fingerprint(manifest):
+    """sha256 (hex) of an export's tables: each group's name, dim, encoding, features, row count and part checksums.
+
+    Servers report it in Info and clients compute it from their manifest, so a client notices a server of another
+    export (or of another version of it) before it mixes their rows.
+    """
+    identity = [[g["name"], g["dim"], g["encoding"], list(g["features"]), g["rows"],
+                 [[p["path"], p["sha256"]] for p in g["parts"]]]
+                for g in sorted(manifest["groups"], key=lambda g: g["name"])]
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def unique_pairs(ids, categories):
+    """The distinct (id, category) pairs and where each pair went.
+
+    Args:
+      ids: int64 [n]; categories: int [n].
+
+    Returns:
+      (first int64 [u]: the index of each distinct pair's first occurrence, inverse int64 [n]: the distinct pair of
+      each pair), so that pairs == distinct[inverse] with distinct = (ids[first], categories[first]).
+    """
+    ids = np.asarray(ids, np.int64)
+    categories = np.asarray(categories, np.int64)
+    if len(ids) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    # Pairs, not table keys: two pairs may share a hashed key yet differ in their initializer row.
+    order = np.lexsort((categories, ids))
+    sorted_ids, sorted_categories = ids[order], categories[order]
+    new = np.ones(len(ids), bool)
+    new[1:] = (sorted_ids[1:] != sorted_ids[:-1]) | (sorted_categories[1:] != sorted_categories[:-1])
+    distinct_of_sorted = np.cumsum(new) - 1
+    inverse = np.empty(len(ids), np.int64)
+    inverse[order] = distinct_of_sorted
+    return order[new], inverse
+
+
+def parse_hash(text):
+    """A position in the routing hash space from hex ("0x8000000000000000" or "8000000000000000"); 2**64 allowed."""
+    try:
+        value = int(text, 16)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a hex number") from None
+    if not 0 <= value <= fmt.HASH_SPACE:
+        raise ValueError(f"{text} is outside the hash space [0, 2**64]")
+    return value
+
+
+class _Invalid(Exception):
+    """A malformed Lookup entry; the message names the group and the field."""
+
+
+class EmbeddingServer:
+    """The rows of one routing range of an export, served over gRPC.
+
+    Args:
+      export_dir: the export (its manifest and table parts are checked against their sha256).
+      start, end: the routing range held, [start, end) within [0, 2**64).
+      max_inflight: most Lookups admitted at once; beyond it RESOURCE_EXHAUSTED. Also the credits granted, divided
+        among the clients that poll Credits.
+      threads: most Lookups computing at once (the others admitted wait for a slot).
+      max_request_mb / max_response_mb: the largest request accepted and response sent, in MiB.
+      host: the interface to bind (127.0.0.1: only this machine; "0.0.0.0" or "[::]" to serve others).
+    """
+
+    def __init__(self, export_dir, start=0, end=fmt.HASH_SPACE, max_inflight=32, threads=4, max_request_mb=64,
+                 max_response_mb=512, host="127.0.0.1"):
+        if not 0 <= start < end <= fmt.HASH_SPACE:
+            raise ValueError(f"the range [{start:#x}, {end:#x}) must be non-empty and within [0, 2**64)")
+        for name, value in (("max_inflight", max_inflight), ("threads", threads), ("max_request_mb", max_request_mb),
+                            ("max_response_mb", max_response_mb)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        self.export_dir = os.path.abspath(export_dir)
+        self.range_start, self.range_end = start, end
+        self.max_inflight, self.threads, self.host = max_inflight, threads, host
+        self.max_request_bytes, self.max_response_bytes = max_request_mb * MB, max_response_mb * MB
+        self.manifest = fmt.read_manifest(self.export_dir)
+        self.manifest_sha256 = fmt.sha256_of(os.path.join(self.export_dir, "manifest.json"))
+        self.fingerprint = export_fingerprint(self.manifest)
+        self.groups = {g["name"]: fmt.GroupRows(self.export_dir, self.manifest, g, start, end)
+                       for g in self.manifest["groups"]}
+        self._lock = threading.Lock()
+        self._compute = threading.Semaphore(threads)
+        self._inflight = self._queued = self._high_water = 0
+        self._lookups = self._rejected = self._invalid = 0
+        self._clients = {}  # client_id -> time of its last Credits poll
+        self._server = None
+        self._port = None
+
+    # --- life cycle ----------------------------------------------------------------------------------------------
+
+    @property
+    def port(self):
+        """The port served (None before start)."""
+        return self._port
+
+    @property
+    def rows_held(self):
+        return sum(len(g) for g in self.groups.values())
+
+    @property
+    def bytes_held(self):
+        return sum(g.nbytes for g in self.groups.values())
+
+    def start(self, port=0):
+        """Starts serving on host:port (0: a free port); -> the port. RuntimeError naming the address if it is taken."""
+        if self._server is not None:
+            raise RuntimeError(f"the server already serves on port {self._port}")
+        control = CONTROL_THREADS
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self.max_inflight + control,
+                                       thread_name_prefix="embedding_server"),
+            # A backstop for floods only: the in-flight counter refuses Lookups beyond max_inflight itself, with the
+            # busy metadata clients retry on; gRPC's own refusal beyond this bound carries none. The margin lets the
+            # counter's quick refusals queue for a thread instead of reaching the backstop.
+            maximum_concurrent_rpcs=4 * (self.max_inflight + control),
+            options=[("grpc.max_receive_message_length", self.max_request_bytes),
+                     ("grpc.max_send_message_length", self.max_response_bytes),
+                     # Without this a second server could bind the same port and silently take half the traffic.
+                     ("grpc.so_reuseport", 0)])
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+            # Raw bytes in and out: the handlers parse the request themselves, so that bytes that are no
+            # LookupRequest get INVALID_ARGUMENT rather than gRPC's INTERNAL.
+            "Lookup": grpc.unary_unary_rpc_method_handler(self._lookup),
+            "Credits": grpc.unary_unary_rpc_method_handler(self._credits),
+            "Info": grpc.unary_unary_rpc_method_handler(self._info),
+        }),))
+        address = f"{self.host}:{port}"
+        try:
+            bound = server.add_insecure_port(address)
+        except RuntimeError as e:
+            raise RuntimeError(f"embedding server: cannot bind {address}: {e}") from None
+        if bound == 0:
+            raise RuntimeError(f"embedding server: cannot bind {address} (in use?)")
+        server.start()
+        self._server, self._port = server, bound
+        return bound
+
+    def stop(self, grace=1.0):
+        """Stops serving: in-flight RPCs get `grace` seconds to finish."""
+        if self._server is not None:
+            self._server.stop(grace).wait()
+            self._server = None
+
+    def wait(self):
+        """Blocks until the server stops."""
+        if self._server is not None:
+            self._server.wait_for_termination()
+
+    def describe(self):
+        """One line: range, groups, rows, bytes, port, limits."""
+        groups = ", ".join(f"{name} ({len(g)} rows, dim {g.dim})" for name, g in self.groups.items())
+        return (f"embedding server {self.export_dir}: range [{self.range_start:#018x}, {self.range_end:#x}) "
+                f"groups {groups}; {self.rows_held} rows, {self.bytes_held} bytes; {self.host}:{self._port}; "
+                f"max_inflight {self.max_inflight}, threads {self.threads}, "
+                f"max request {self.max_request_bytes // MB} MiB")
+
+    # --- state ---------------------------------------------------------------------------------------------------
+
+    def credits_state(self, client_id=""):
+        """The Credits answer as a message (also for in-process callers); polling with a client_id registers it."""
+        now = time.monotonic()
+        with self._lock:
+            if client_id:
+                self._clients[client_id] = now
+            for stale in [c for c, seen in self._clients.items() if now - seen > CLIENT_TTL_S]:
+                del self._clients[stale]
+            clients = len(self._clients)
+            return pb.CreditsResponse(
+                credits=max(1, self.max_inflight // max(1, clients)), max_inflight=self.max_inflight,
+                inflight=self._inflight, queued=self._queued, high_water=self._high_water, clients=clients,
+                lookups=self._lookups, rejected=self._rejected, invalid=self._invalid)
+
+    def info(self):
+        groups = [pb.GroupInfo(name=name, dim=g.dim, encoding=g.group["encoding"],
+                               num_categories=len(g.group["features"]), rows_held=len(g), rows_total=g.group["rows"],
+                               bytes_held=g.nbytes)
+                  for name, g in self.groups.items()]
+        return pb.InfoResponse(
+            export_dir=self.export_dir, manifest_sha256=self.manifest_sha256, fingerprint=self.fingerprint,
+            source_json=json.dumps(self.manifest.get("source", {}), sort_keys=True), range_start=self.range_start,
+            range_last=self.range_end - 1, groups=groups, max_inflight=self.max_inflight, threads=self.threads,
+            max_request_bytes=self.max_request_bytes, max_response_bytes=self.max_response_bytes)
+
+    # --- handlers ------------------------------------------------------------------------------------------------
+
+    def _credits(self, payload, context):
+        try:
+            request = pb.CreditsRequest.FromString(payload)
+        except DecodeError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a CreditsRequest: {e}")
+        return self.credits_state(request.client_id).SerializeToString()
+
+    def _info(self, payload, context):
+        return self.info().SerializeToString()
+
+    def _lookup(self, payload, context):
+        with self._lock:
+            if self._inflight >= self.max_inflight:
+                self._rejected += 1
+                busy = True
+            else:
+                self._inflight += 1
+                self._high_water = max(self._high_water, self._inflight)
+                busy = False
+        if busy:
+            context.set_trailing_metadata((BUSY_METADATA,))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{self.max_inflight} lookups already in flight (--max-inflight); retry later")
+        try:
+            with self._lock:
+                self._queued += 1
+            with self._compute:
+                with self._lock:
+                    self._queued -= 1
+                answer = self._answer(payload)
+            with self._lock:
+                self._lookups += 1
+            return answer
+        except _Invalid as e:
+            with self._lock:
+                self._invalid += 1
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        finally:
+            with self._lock:
+                self._inflight -= 1
+
+    def _answer(self, payload):
+        try:
+            request = pb.LookupRequest.FromString(payload)
+        except DecodeError as e:
+            raise _Invalid(f"the request is not a LookupRequest: {e}") from None
+        results = []
+        response_bytes = 0
+        for index, entry in enumerate(request.groups):
+            result = self._answer_group(index, entry)
+            response_bytes += result.ByteSize()
+            if response_bytes > self.max_response_bytes:
+                # Checked here so the client learns which entry overflowed, not gRPC's bare "message too large".
+                raise _Invalid(f"group {entry.group!r} (entry {index}): the response would exceed "
+                               f"{self.max_response_bytes} bytes (--max-response-mb); send fewer ids per request")
+            results.append(result)
+        return pb.LookupResponse(groups=results).SerializeToString()
+
+    def _answer_group(self, index, entry):
+        rows_of, ids, categories, segments = self._decode(index, entry)
+        dim = rows_of.dim
+        if not entry.pool:
+            rows, not_trained = rows_of.lookup(ids, categories)
+            return pb.GroupResult(group=entry.group, dim=dim, rows=rows.astype("<f4").tobytes(),
+                                  not_trained=not_trained)
+        # Each distinct pair once: bags repeat ids, and an untrained id's initializer row costs a hash per element.
+        first, inverse = unique_pairs(ids, categories)
+        distinct_rows, not_trained = rows_of.lookup(ids[first], categories[first])
+        present, slot = np.unique(segments, return_inverse=True)
+        sums = np.zeros((len(present), dim), np.float32)
+        # In the order of the ids, as LocalBackend's pool (and training's unsorted_segment_sum) adds them.
+        np.add.at(sums, slot, distinct_rows[inverse])
+        counts = np.bincount(slot, minlength=len(present))
+        return pb.GroupResult(group=entry.group, dim=dim, segments=present.astype("<i4").tobytes(),
+                              sums=sums.astype("<f4").tobytes(), counts=counts.astype("<i4").tobytes(),
+                              not_trained=not_trained)
+
+    def _decode(self, index, entry):
+        """(GroupRows, ids int64 [n], categories int64 [n], segments int64 [n] or None) of a valid entry; _Invalid
+        naming the group and the field otherwise."""
+        where = f"group {entry.group!r} (entry {index})"
+        rows_of = self.groups.get(entry.group)
+        if rows_of is None:
+            raise _Invalid(f"{where}: field group: no such group on this server (groups: {sorted(self.groups)})")
+        ids = _array(where, "ids", entry.ids, "<i8", "int64")
+        categories = _array(where, "categories", entry.categories, "<i4", "int32")
+        if len(categories) != len(ids):
+            raise _Invalid(f"{where}: field categories has {len(categories)} values, field ids has {len(ids)}")
+        if len(ids) and ids.min() < 0:
+            raise _Invalid(f"{where}: field ids: {int((ids < 0).sum())} negative ids (first {int(ids[ids < 0][0])})")
+        num_categories = len(rows_of.group["features"])
+        bad = (categories < 0) | (categories >= num_categories)
+        if bad.any():
+            raise _Invalid(f"{where}: field categories: {int(categories[bad][0])} is out of range "
+                           f"[0, {num_categories}) ({int(bad.sum())} such values)")
+        categories = categories.astype(np.int64)
+        segments = None
+        if entry.pool:
+            segments = _array(where, "segments", entry.segments, "<i4", "int32")
+            if len(segments) != len(ids):
+                raise _Invalid(f"{where}: field segments has {len(segments)} values, field ids has {len(ids)}")
+            if entry.num_segments < 0:
+                raise _Invalid(f"{where}: field num_segments is {entry.num_segments}, must be >= 0")
+            bad = (segments < 0) | (segments >= entry.num_segments)
+            if bad.any():
+                raise _Invalid(f"{where}: field segments: {int(segments[bad][0])} is out of range "
+                               f"[0, num_segments={entry.num_segments}) ({int(bad.sum())} such values)")
+            segments = segments.astype(np.int64)
+        elif entry.segments or entry.num_segments:
+            raise _Invalid(f"{where}: fields segments / num_segments are given but field pool is false")
+        routes = fmt.route(rows_of.keys_of(ids, categories))
+        outside = ~fmt.in_range(routes, self.range_start, self.range_end)
+        if outside.any():
+            # A client whose routing table disagrees with the server's range would otherwise get initializer rows
+            # for trained ids: a silent wrong answer.
+            raise _Invalid(f"{where}: field ids: {int(outside.sum())} of {len(ids)} (id, category) pairs route "
+                           f"outside this server's range [{self.range_start:#x}, {self.range_end:#x}) (first: id "
+                           f"{int(ids[outside][0])}); the client's routing table disagrees with the server's")
+        return rows_of, ids, categories, segments
+
+
+def _array(where, field, data, dtype, name):
+    size = np.dtype(dtype).itemsize
+    if len(data) % size:
+        raise _Invalid(f"{where}: field {field} has {len(data)} bytes, not a multiple of {size} ({name} "
+                       f"little-endian)")
+    return np.frombuffer(data, dtype).astype(np.int64)
+
+
+# --- CLI ---------------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m tf_fusedrec.serve.embedding_server",
+                                     description="Serve one routing range of an export's embedding rows over gRPC.")
+    parser.add_argument("--export", required=True, help="the export directory (fr.export)")
+    parser.add_argument("--shard", type=int, default=0, help="serve even range SHARD of NUM_SHARDS (default 0)")
+    parser.add_argument("--num-shards", type=int, default=1, help="number of even ranges (default 1: all)")
+    parser.add_argument("--start", type=parse_hash, help="explicit range start (hex), with --end; overrides --shard")
+    parser.add_argument("--end", type=parse_hash, help="explicit range end (hex, exclusive; 0x10000000000000000 "
+                                                        "for the top of the space)")
+    parser.add_argument("--port", type=int, required=True, help="port to serve (0: any free port, logged)")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine)")
+    parser.add_argument("--max-inflight", type=int, default=32, help="most lookups in flight (default 32)")
+    parser.add_argument("--threads", type=int, default=4, help="most lookups computing at once (default 4)")
+    parser.add_argument("--max-request-mb", type=int, default=64, help="largest request accepted (default 64)")
+    parser.add_argument("--max-response-mb", type=int, default=512, help="largest response sent (default 512)")
+    args = parser.parse_args(argv)
+    if (args.start is None) != (args.end is None):
+        parser.error("--start and --end go together")
+    if args.start is None:
+        if not 0 <= args.shard < args.num_shards:
+            parser.error(f"--shard {args.shard} must be in [0, --num-shards {args.num_shards})")
+        args.start, args.end = fmt.even_ranges(args.num_shards)[args.shard]
+    elif not args.start < args.end:
+        parser.error(f"--start {args.start:#x} must be below --end {args.end:#x}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        server = EmbeddingServer(args.export, args.start, args.end, max_inflight=args.max_inflight,
+                                 threads=args.threads, max_request_mb=args.max_request_mb,
+                                 max_response_mb=args.max_response_mb, host=args.host)
+        server.start(args.port)
+    except (fmt.ExportError, ValueError, RuntimeError) as e:
+        print(f"embedding_server: {e}", file=sys.stderr, flush=True)
+        return 2
+    stop = threading.Event()
+    # The handler only sets the event: the main thread, not a signal handler, runs the shutdown.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    print(server.describe(), file=sys.stderr, flush=True)
+    print("ready", flush=True)
+    stop.wait()
+    server.stop(grace=2.0)
+    print("embedding_server: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
