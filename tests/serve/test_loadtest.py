@@ -1,0 +1,286 @@
+"""The load test against a small in-test HTTP server that answers :predict (200, or the status an instance asks for)
+and /stats, and records what it saw: counts by status and the most requests it held at once."""
+
+import http.server
+import json
+import sys
+import threading
+import time
+
+import pytest
+
+from tf_fusedrec.serve import loadtest
+
+# The server's counters before the test, so the report must use deltas.
+BASE = {"requests": 1000, "bytes_from_servers": 123_456, "hits": 50, "misses": 70}
+BYTES_PER_REQUEST = 1000
+HITS_PER_REQUEST, MISSES_PER_REQUEST = 3, 1
+
+OK, FAIL_500, FAIL_400 = {"x": 1}, {"x": 2, "status": 500}, {"x": 3, "status": 400}
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, delay_s=0.0, with_stats=True):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.delay_s = delay_s
+        self.with_stats = with_stats
+        self.lock = threading.Lock()
+        self.by_status = {}
+        self.instances = 0
+        self.in_flight = self.max_in_flight = 0
+        self.handler_errors = []
+
+    def handle_error(self, request, client_address):
+        # A client that timed out closed its end: writing the late answer fails, as it should. Anything else is a bug
+        # in the test server (or a request it did not expect), which the fixture reports.
+        error = sys.exc_info()[1]
+        if not isinstance(error, ConnectionError):
+            self.handler_errors.append(error)
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.server_address[1]}/v1/models/m"
+
+    def handled(self):
+        with self.lock:
+            return sum(self.by_status.values())
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the load test's connections expect
+
+    def log_message(self, *args):
+        pass
+
+    def _answer(self, status, payload):
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):  # noqa: N802  (http.server's name)
+        server = self.server
+        with server.lock:
+            server.in_flight += 1
+            server.max_in_flight = max(server.max_in_flight, server.in_flight)
+        try:
+            instances = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["instances"]
+            assert self.path == "/v1/models/m:predict", self.path
+            status = max([i.get("status", 200) for i in instances])
+            time.sleep(server.delay_s)
+            with server.lock:
+                server.by_status[status] = server.by_status.get(status, 0) + 1
+                server.instances += len(instances)
+        finally:
+            with server.lock:
+                server.in_flight -= 1
+        if status == 200:
+            self._answer(200, {"predictions": [0.5] * len(instances)})
+        else:
+            self._answer(status, {"error": f"asked for {status}"})
+
+    def do_GET(self):  # noqa: N802
+        server = self.server
+        if self.path != "/v1/models/m/stats" or not server.with_stats:
+            self._answer(404, {"error": "no such path"})
+            return
+        n = server.handled()
+        self._answer(200, {"requests": BASE["requests"] + n,
+                           "bytes_from_servers": BASE["bytes_from_servers"] + BYTES_PER_REQUEST * n,
+                           "cache": {"hits": BASE["hits"] + HITS_PER_REQUEST * n,
+                                     "misses": BASE["misses"] + MISSES_PER_REQUEST * n}})
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(**kwargs):
+        server = _Server(**kwargs)
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+        assert not server.handler_errors, server.handler_errors
+
+
+def _run(server, instances, loop, batch=1, duration_s=1.0, timeout_s=2.0):
+    test = loadtest.LoadTest(server.url, loadtest.CycledInstances(instances), loop, batch, duration_s, timeout_s)
+    began = time.perf_counter()
+    report = test.run()
+    return report, time.perf_counter() - began
+
+
+def _check_counts_match_the_server(report, server):
+    statuses = {str(s): n for s, n in server.by_status.items() if s != 200}
+    assert report["ok"] == server.by_status.get(200, 0)
+    assert report["errors"] == statuses and report["error_count"] == sum(statuses.values())
+    assert report["sent"] == server.handled() == report["ok"] + report["error_count"]
+    assert report["unfinished"] == 0
+
+
+# --- statistics ------------------------------------------------------------------------------------------------------
+
+
+def test_percentile_is_the_nearest_rank():
+    values = list(range(100, 0, -1))  # 1..100, unsorted
+    assert [loadtest.percentile(values, q) for q in (0, 1, 50, 90, 99, 100)] == [1, 1, 50, 90, 99, 100]
+    assert loadtest.percentile(values, 50.5) == 51
+    assert loadtest.percentile(range(1, 1001), 99.9) == 999
+    assert loadtest.percentile([7.5], 99) == 7.5
+    assert loadtest.percentile([3, 1, 2], 50) == 2 and loadtest.percentile([4, 1, 3, 2], 50) == 2
+    assert loadtest.percentile([], 50) is None
+    with pytest.raises(ValueError, match=r"q must be in \[0, 100\]"):
+        loadtest.percentile([1], 101)
+
+
+def test_latency_summary_in_milliseconds():
+    summary = loadtest.latency_summary([i / 1000 for i in range(20, 0, -1)])  # 1..20 ms
+    assert summary["count"] == 20
+    assert summary["p50"] == pytest.approx(10.0) and summary["p90"] == pytest.approx(18.0)
+    assert summary["p99"] == pytest.approx(20.0) and summary["max"] == pytest.approx(20.0)
+    assert summary["mean"] == pytest.approx(10.5)
+    assert loadtest.latency_summary([]) == {"count": 0, "p50": None, "p90": None, "p99": None, "max": None,
+                                            "mean": None}
+
+
+def test_stats_delta():
+    before = {"requests": 10, "bytes_from_servers": 100, "cache": {"hits": 5, "misses": 5}}
+    after = {"requests": 14, "bytes_from_servers": 900, "cache": {"hits": 11, "misses": 7}}
+    hit_rate, per_request, delta = loadtest.stats_delta(before, after)
+    assert hit_rate == 0.75 and per_request == 200.0 and delta["requests"] == 4
+    assert loadtest.stats_delta({}, after)[:2] == (None, None)
+    assert loadtest.stats_delta(before, before)[:2] == (None, None)  # nothing moved: no rate to give
+
+
+# --- instances -------------------------------------------------------------------------------------------------------
+
+
+def test_cycled_instances_wrap_around(tmp_path):
+    source = loadtest.CycledInstances([1, 2, 3])
+    assert [source.next_batch(2) for _ in range(3)] == [[1, 2], [3, 1], [2, 3]]
+    assert loadtest.CycledInstances([1, 2]).next_batch(5) == [1, 2, 1, 2, 1]
+    for name, text in [("list.json", '[{"a": 1}, {"a": 2}]'), ("object.json", '{"instances": [{"a": 1}, {"a": 2}]}'),
+                       ("lines.jsonl", '{"a": 1}\n\n{"a": 2}\n')]:
+        (tmp_path / name).write_text(text)
+        assert loadtest.load_instances(str(tmp_path / name)) == [{"a": 1}, {"a": 2}]
+    (tmp_path / "empty.json").write_text("[]")
+    with pytest.raises(ValueError, match="non-empty list"):
+        loadtest.load_instances(str(tmp_path / "empty.json"))
+
+
+def test_synthetic_instances_follow_the_spec():
+    spec = {"features": {"user": {"range": [100, 200], "zipf": 1.2},
+                         "tags": {"range": [0, 50], "zipf": 0, "length": [0, 3]},
+                         "pair": {"range": [0, 10], "zipf": 1.0, "length": 2}},
+            "dense": {"name": "dense", "width": 5}}
+    batch = loadtest.SyntheticInstances(spec, seed=3).next_batch(2000)
+    assert batch == loadtest.SyntheticInstances(spec, seed=3).next_batch(2000)  # reproducible
+    assert batch != loadtest.SyntheticInstances(spec, seed=4).next_batch(2000)
+    users = [i["user"] for i in batch]
+    assert all(100 <= u < 200 for u in users) and max(users) > 150
+    counts = [users.count(100 + k) for k in range(4)]
+    assert counts == sorted(counts, reverse=True) and counts[0] > 10 * users.count(199)  # zipf: low ids are hot
+    assert all(len(i["tags"]) <= 3 and all(0 <= t < 50 for t in i["tags"]) for i in batch)
+    assert {len(i["tags"]) for i in batch} == {0, 1, 2, 3}
+    assert all(len(i["pair"]) == 2 and len(i["dense"]) == 5 for i in batch)
+    for bad, message in [({"features": {"f": {"range": [5, 5]}}}, "feature 'f': \"range\""),
+                         ({"features": {"f": {"range": [0, 5], "zipf": -1}}}, "feature 'f': \"zipf\""),
+                         ({"features": {"f": {"range": [0, 5], "length": 0}}}, "feature 'f': \"length\""),
+                         ({"features": {}}, "needs \"features\""),
+                         ({"features": {"f": {"range": [0, 5]}}, "dense": {"width": 3}}, '"dense" must be')]:
+        with pytest.raises(ValueError, match=message):
+            loadtest.SyntheticInstances(bad)
+
+
+# --- runs against a server -------------------------------------------------------------------------------------------
+
+
+def test_open_loop_counts_requests_and_errors_and_stops_on_time(serve):
+    server = serve(delay_s=0.005)
+    loop = loadtest.OpenLoop(qps=60, max_in_flight=16, seed=1)
+    report, wall = _run(server, [OK, OK, FAIL_500, OK, FAIL_400], loop, batch=1, duration_s=1.0)
+    assert wall < 1.0 + 0.8 and report["elapsed_s"] < 1.0 + 0.5
+    _check_counts_match_the_server(report, server)
+    assert report["dropped"] == 0 and report["arrivals"] == report["sent"]
+    assert 25 <= report["sent"] <= 110  # Poisson at 60/s over 1 s
+    assert report["errors"].keys() == {"400", "500"}
+    assert report["latency_ms"]["count"] == report["ok"] and report["latency_ms"]["p50"] >= 5.0
+    assert report["requests_per_s"] == pytest.approx(report["ok"] / report["elapsed_s"])
+    assert report["cache_hit_rate"] == HITS_PER_REQUEST / (HITS_PER_REQUEST + MISSES_PER_REQUEST)
+    assert report["bytes_per_request"] == BYTES_PER_REQUEST
+    assert report["ranker_delta"]["requests"] == report["sent"]
+
+
+def test_open_loop_drops_arrivals_beyond_the_in_flight_cap(serve):
+    server = serve(delay_s=0.35)
+    # Bursts only: 5 arrivals at 0.25, 0.5 and 0.75 s; at most 2 in flight, each held 0.35 s by the server.
+    loop = loadtest.OpenLoop(qps=0, burst_every_s=0.25, burst_size=5, max_in_flight=2)
+    report, wall = _run(server, [OK], loop, batch=3, duration_s=1.0)
+    assert report["arrivals"] == 15 and report["sent"] + report["dropped"] == 15
+    assert 2 <= report["sent"] <= 6 and report["dropped"] >= 9
+    assert server.max_in_flight <= 2 and report["max_in_flight_seen"] <= 2
+    _check_counts_match_the_server(report, server)
+    assert server.instances == 3 * report["sent"]
+    assert report["instances_per_s"] == pytest.approx(3 * report["ok"] / report["elapsed_s"])
+    assert wall < 1.0 + 0.35 + 0.8  # the last requests in flight are waited for, then it stops
+
+
+def test_closed_loop_never_exceeds_its_concurrency(serve):
+    server = serve(delay_s=0.02)
+    report, wall = _run(server, [OK, FAIL_500], loadtest.ClosedLoop(3), batch=2, duration_s=0.8)
+    assert server.max_in_flight == 3 and report["max_in_flight_seen"] == 3
+    assert report["mode"] == "closed" and report["concurrency"] == 3 and report["dropped"] == 0
+    _check_counts_match_the_server(report, server)
+    assert report["sent"] >= 3 * 0.8 / 0.1  # back to back: far more than one request per client
+    assert report["errors"] == {"500": server.by_status[500]}  # every batch of 2 holds FAIL_500
+    assert report["ok"] == 0 and report["latency_ms"]["p50"] is None
+    assert wall < 0.8 + 0.8
+
+
+def test_timeouts_are_errors_and_bound_the_run(serve):
+    server = serve(delay_s=1.5)
+    report, wall = _run(server, [OK], loadtest.ClosedLoop(2), duration_s=0.3, timeout_s=0.4)
+    assert report["errors"] == {"timeout": report["sent"]} and report["ok"] == 0 and report["sent"] == 2
+    assert wall < 0.3 + 0.4 + 0.8
+
+
+def test_cli_writes_the_report_and_prints_one_line(serve, tmp_path, capsys):
+    server = serve(with_stats=False)
+    out = tmp_path / "report.json"
+    spec = json.dumps({"features": {"user": {"range": [0, 1000], "zipf": 1.1}}, "dense": {"name": "d", "width": 2}})
+    report = loadtest.main(["--url", server.url, "--synthetic", spec, "--batch", "4", "--qps", "30",
+                            "--duration", "0.5", "--timeout", "2", "--out", str(out)])
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 1 and printed[0].startswith("open loop") and "cache hit rate -" in printed[0]
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    assert report["cache_hit_rate"] is None and report["bytes_per_request"] is None
+    assert report["ranker_delta"] is None and report["sent"] == server.handled() > 0
+    assert server.instances == 4 * report["sent"]
+
+
+def test_bad_arguments_are_clear_errors(capsys):
+    with pytest.raises(ValueError, match="--qps 0 without bursts"):
+        loadtest.OpenLoop(qps=0)
+    with pytest.raises(ValueError, match="go together"):
+        loadtest.OpenLoop(qps=1, burst_every_s=1.0)
+    with pytest.raises(ValueError, match="--max-in-flight"):
+        loadtest.OpenLoop(qps=1, max_in_flight=0)
+    with pytest.raises(ValueError, match="--concurrency"):
+        loadtest.ClosedLoop(0)
+    with pytest.raises(ValueError, match="--url must be http"):
+        loadtest.LoadTest("ftp://x/v1/models/m", loadtest.CycledInstances([1]), loadtest.ClosedLoop(1), 1, 1.0)
+    with pytest.raises(ValueError, match="--batch"):
+        loadtest.LoadTest("http://x/v1/models/m", loadtest.CycledInstances([1]), loadtest.ClosedLoop(1), 0, 1.0)
+    with pytest.raises(SystemExit):
+        loadtest.main(["--url", "http://127.0.0.1:1/v1/models/m", "--example-instances", "[1]", "--batch", "1",
+                       "--duration", "1", "--closed-loop", "--qps", "5"])
+    assert "--qps and bursts are for the open loop" in capsys.readouterr().err
