@@ -178,7 +178,7 @@ def good_request(n=2):
     (lambda r: r.update(user_id=[[1, 2], [3]]), "feature 'user_id': takes one id per instance"),
     (lambda r: r.update(tags=[[1]] * 3), "feature 'tags' has 3 instances"),
     (lambda r: r.update(dense=np.zeros((2, 4))), r"input 'dense': shape \[2, 4\], expected \[2, 3\]"),
-    (lambda r: r.update(dense=[["a"] * 3] * 2), "input 'dense': values must be float32"),
+    (lambda r: r.update(dense=[["a"] * 3] * 2), r"input 'dense': values must be float32 of shape \[2, 3\]"),
 ])
 def test_bad_requests_name_the_feature(served, change, message):
     request = good_request()

@@ -132,11 +132,12 @@ class ServingModel:
 
     def _dense_value(self, name, value, batch):
         spec = self.dense_inputs[name]
+        expected = [batch] + spec["shape"][1:]
         try:
             array = np.asarray(value, dtype=spec["dtype"])
         except (TypeError, ValueError):
-            raise InputError(f"input '{name}': values must be {spec['dtype']}") from None
-        expected = [batch] + spec["shape"][1:]
+            raise InputError(f"input '{name}': values must be {spec['dtype']} of shape {expected} (got values that "
+                             f"are not numbers, or instances of different lengths)") from None
         if list(array.shape) != expected:
             raise InputError(f"input '{name}': shape {list(array.shape)}, expected {expected}")
         if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
