@@ -7,7 +7,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 HOROVODRUN := .venv/bin/horovodrun -np 2 -H localhost:2 --gloo
 DEMO_STEPS ?= 100
 
-.PHONY: install build bazel wheel demo test test-ops test-bazel bench bench-ops bench-cluster bench-cluster-runs \
+.PHONY: install build bazel wheel demo test test-ops test-bazel bench bench-ops bench-cluster bench-cluster-runs bench-serve \
 	cuda-harness cuda-check cuda-bench clean
 
 install:
@@ -48,6 +48,10 @@ bench-ops: build
 # The side-by-side benchmark the README's table comes from.
 bench: build
 	$(HOROVODRUN) $(PY) -m tf_fusedrec.bench --config configs/criteo_synthetic.yaml --out bench_results
+
+# Serving: 2 embedding servers and a ranker on loopback, pooling x cache, at a low and a high load (docs/serve).
+bench-serve: build
+	$(PY) -m tf_fusedrec.serve.bench --out docs/serve
 
 # The same benchmark on a cluster of namespaced hosts with shaped links (needs root; see tf_fusedrec/cluster), with
 # the link cost probe beside each run, then the cost model checked against the runs and projected to N = 8..128.

@@ -1,0 +1,93 @@
+"""python -m tf_fusedrec.serve.bench, end to end on a tiny config (one-process training, export, 2 embedding servers,
+4 rankers, 8 one-second load tests), and its synthetic spec of configs/criteo_serve.yaml.
+
+Behaviour only, never timing: every run answered requests, none failed at the low load, bytes moved, pooling on the
+servers moves fewer bytes back than fetching the rows when there is no cache, and the cache gets hits.
+"""
+
+import json
+import sys
+
+import pytest
+
+from tests.subprocess_runner import ROOT, execute, tail
+from tf_fusedrec import config as cfg
+from tf_fusedrec.serve import bench
+
+# 2 one-hot features and 2 bags of 1 to 30 ids: the bags are what pooling on the servers saves on.
+TINY_CONFIG = """
+name: serve_bench_smoke
+data: {source: synthetic, num_dense: 4, seed: 0, eval_batches: 1}
+feature_defaults: {vocab: 20000, zipf: 1.2, max_id_bits: 15, optimizer: {name: adagrad, learning_rate: 0.05}}
+features:
+  - {name: user, dim: 8}
+  - {name: item, dim: 8}
+  - {name: tags, dim: 8, hotness: [1, 30], combiner: mean}
+  - {name: history, dim: 8, hotness: [1, 30], combiner: mean}
+model: {name: dlrm, bottom_mlp: [16, 8], top_mlp: [16]}
+train: {batch_size: 256, steps: 3, checkpoint_every: 3, log_every: 1}
+"""
+
+
+def manifest_of(config, dense_width):
+    """The parts of an export's manifest synthetic_spec reads."""
+    return {"features": [{"name": f.name} for f in config.features],
+            "dense": {"inputs": {"dense": {"shape": [None, dense_width], "dtype": "float32"}}}}
+
+
+def test_the_serve_config_gives_bags_with_a_combiner_to_pool():
+    config = cfg.load_config(ROOT / "configs" / "criteo_serve.yaml")
+    bags = [f for f in config.features if f.hotness != 1]
+    assert bags and all(f.combiner == "mean" and f.to_feature().combiner == "mean" for f in bags)
+    spec = bench.synthetic_spec(config, manifest_of(config, config.data.num_dense))
+    assert spec["dense"] == {"name": "dense", "width": 13}
+    assert len(spec["features"]) == len(config.features) == 26
+    for f in config.features:
+        entry = spec["features"][f.name]
+        assert entry["range"] == [0, f.vocab] and entry["zipf"] == f.zipf
+        assert entry.get("length") == (list(f.hotness) if f.hotness != 1 else None)
+
+
+def test_an_export_of_another_config_is_refused_naming_a_feature():
+    config = cfg.load_config(ROOT / "configs" / "criteo_serve.yaml")
+    manifest = manifest_of(config, 13)
+    manifest["features"][0]["name"] = "colour"
+    with pytest.raises(ValueError, match="'C1' is in only one|'colour' is in only one"):
+        bench.synthetic_spec(config, manifest)
+
+
+def test_the_bench_end_to_end(tmp_path):
+    config_path = tmp_path / "tiny.yaml"
+    config_path.write_text(TINY_CONFIG)
+    out = tmp_path / "out"
+    code, stdout, stderr = execute(
+        [sys.executable, "-m", "tf_fusedrec.serve.bench", "--config", str(config_path), "--steps", "3",
+         "--train-batch-size", "256", "--duration", "1", "--warmup", "0.5", "--low-qps", "4", "--high-qps", "12",
+         "--burst-every", "0.5", "--burst-size", "2", "--timeout", "10", "--out", str(out)], timeout=240)
+    assert code == 0, tail(stderr)
+    result = json.loads((out / "serve_bench.json").read_text())
+    assert result["command"].startswith("python -m tf_fusedrec.serve.bench --config")
+    assert len(result["machine"]["load_average_start"]) == 3
+    runs = result["runs"]
+    assert [(r["pooling"], r["cache_mb"] > 0, r["load"]) for r in runs] == [
+        (pooling, cache, load) for pooling in (True, False) for cache in (True, False) for load in ("low", "high")]
+    for run in runs:
+        where = f"pooling {run['pooling']}, cache {run['cache_mb']}, {run['load']} load"
+        assert run["ok"] > 0 and run["requests_per_s"] > 0 and run["instances_per_s"] > 0, where
+        assert run["p50_ms"] is not None and run["p50_ms"] <= run["p99_ms"], where
+        assert run["bytes_from_servers_per_request"] > 0 and run["bytes_to_servers_per_request"] > 0, where
+        if run["load"] == "low":
+            assert run["errors"] == 0 and run["dropped"] == 0, (where, run["errors_by_kind"])
+        if run["cache_mb"]:
+            assert run["cache_hit_rate"] > 0, where
+        else:
+            assert run["cache_hit_rate"] is None, where
+    # Without a cache, the servers' partial sums (one per bag and server) are fewer bytes than the bags' rows.
+    # (With the cache, what reaches the servers is the tail, about one id per bag, where pooling saves nothing.)
+    for load in ("low", "high"):
+        pooled, fetched = (next(r for r in runs if r["pooling"] is p and not r["cache_mb"] and r["load"] == load)
+                           for p in (True, False))
+        assert pooled["bytes_from_servers_per_request"] < fetched["bytes_from_servers_per_request"], load
+    table = (out / "serve_bench.md").read_text()
+    assert table.count("\n| on |") + table.count("\n| off |") == 8
+    assert "| pooling | cache | load |" in stdout
