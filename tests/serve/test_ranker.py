@@ -242,3 +242,47 @@ def test_a_killed_server_gives_503_naming_it_and_recovers(cluster):
         time.sleep(0.5)
     assert status == 200, answer
     np.testing.assert_allclose(answer["predictions"], expected(cluster["local"], instances), rtol=1e-6, atol=1e-7)
+
+
+def test_connections_beyond_the_cap_get_503():
+    """BoundedHTTPServer: with 1 connection open (and idle), the next one is answered 503 and closed; once the first
+    closes, connections are served again."""
+    from http.server import BaseHTTPRequestHandler  # noqa: PLC0415
+
+    from tf_fusedrec.serve.ranker import BoundedHTTPServer  # noqa: PLC0415
+
+    class Hello(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+    server = BoundedHTTPServer(("127.0.0.1", 0), Hello, max_connections=1)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    try:
+        holder = socket.create_connection(server.server_address, timeout=10)
+        time.sleep(0.3)  # accepted: its thread waits for a request line
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=10)
+        assert refused.value.code == 503 and b"--max-connections" in refused.value.read()
+        assert server.refused == 1
+        holder.close()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=10) as r:
+                    assert r.read() == b"ok"
+                break
+            except urllib.error.HTTPError:
+                assert time.monotonic() < deadline, "the slot of the closed connection was not released"
+                time.sleep(0.1)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -217,6 +217,39 @@ class Ranker:
         self.model.close()
 
 
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, at most `max_connections` at once: one more is answered HTTP 503 and closed, so a
+    flood of connections cannot start threads without bound."""
+
+    daemon_threads = True
+
+    def __init__(self, address, handler, max_connections=64):
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self.max_connections = max_connections
+        self.refused = 0
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            body = json.dumps({"error": f"the ranker is overloaded: {self.max_connections} connections are open "
+                                        f"(--max-connections)"}).encode()
+            try:
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 def make_handler(ranker, name, max_body_bytes):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -322,10 +355,11 @@ def parse_args(argv=None):
     p.add_argument("--max-queue", type=int, default=256, help="most requests waiting; beyond, HTTP 503")
     p.add_argument("--max-instances", type=int, default=4096, help="most instances in one request")
     p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body")
+    p.add_argument("--max-connections", type=int, default=64, help="most open connections; beyond, HTTP 503")
     p.add_argument("--io-threads", type=int, default=8, help="threads sending lookups to the servers")
     p.add_argument("--timeout-s", type=float, default=5.0, help="a lookup's deadline (credit wait included)")
     args = p.parse_args(argv)
-    for flag in ("max_batch", "max_queue", "max_instances", "io_threads"):
+    for flag in ("max_batch", "max_queue", "max_instances", "io_threads", "max_connections"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
     if args.cache_mb < 0 or args.max_body_mb <= 0 or args.timeout_s <= 0 or args.batch_wait_ms < 0:
@@ -365,12 +399,11 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         ranker = build(args)
-        server = ThreadingHTTPServer((args.host, args.port), make_handler(ranker, args.name,
-                                                                          int(args.max_body_mb * MB)))
+        server = BoundedHTTPServer((args.host, args.port), make_handler(ranker, args.name, int(args.max_body_mb * MB)),
+                                   max_connections=args.max_connections)
     except (ValueError, OSError) as e:
         print(f"ranker: {e}", file=sys.stderr, flush=True)
         return 2
-    server.daemon_threads = True
     signal.signal(signal.SIGTERM, lambda signum, frame: threading.Thread(target=server.shutdown).start())
     print(f"ranker: serving '{args.name}' of {args.export} on http://{args.host}:{server.server_address[1]} "
           f"(servers: {args.servers}; pooling {'on' if not args.no_pooling else 'off'}; cache "
