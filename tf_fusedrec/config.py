@@ -215,8 +215,9 @@ def group_features(features, default_optimizer, default_initializer):
 # Experiment configs (configs/*.yaml), parsed in one place: load_config().
 # ---------------------------------------------------------------------------------------------------------------
 
-DATA_SOURCES = ("synthetic", "criteo", "movielens")
-MODELS = ("dlrm", "dcn")
+DATA_SOURCES = ("synthetic", "criteo", "movielens", "grm_synthetic")
+SEQUENCE_SOURCES = ("grm_synthetic",)  # user sequences with two labels (click, conversion): the GRM's data
+MODELS = ("dlrm", "dcn", "grm")
 PIPELINES = ("sync", "dbp", "fwp")
 
 
@@ -246,12 +247,33 @@ class FeatureConfig:
 
 
 @dataclasses.dataclass
+class SequenceConfig:
+    """``data.sequences`` of a sequence source (tf_fusedrec/data/sequences.py has the details).
+
+    feature: the sequence feature (ragged ids, embedded with combiner null); the other features are context
+      features, one id per user. target: the context feature that is a candidate item, or null.
+    median_length, length_sigma, longest_length, empty_fraction: the long-tailed length law (log-normal, bounded).
+    max_length: the cap; a longer sequence is an error unless truncate: true (keeps the last max_length items).
+    """
+
+    feature: str = "items"
+    target: Optional[str] = None
+    median_length: float = 32.0
+    length_sigma: float = 1.0
+    longest_length: int = 1600
+    empty_fraction: float = 0.0
+    max_length: int = 2048
+    truncate: bool = False
+
+
+@dataclasses.dataclass
 class DataConfig:
     source: str = "synthetic"
     path: Optional[str] = None
     num_dense: int = 13
     seed: int = 0
     eval_batches: int = 8
+    sequences: Any = None  # a SequenceConfig for the SEQUENCE_SOURCES (parsed from a mapping), else None
 
 
 @dataclasses.dataclass
@@ -261,6 +283,16 @@ class ModelConfig:
     top_mlp: Tuple[int, ...] = (64, 32)
     cross_layers: int = 2
     deep_mlp: Tuple[int, ...] = (64, 32)
+    # grm (tf_fusedrec/models/grm.py): HSTU blocks over the sequence, an MMoE head with two tasks
+    num_blocks: int = 2
+    hidden_dim: int = 32  # U, Q, K and V each have hidden_dim (num_heads heads of hidden_dim / num_heads)
+    num_heads: int = 2
+    position_buckets: int = 16  # log-spaced relative-position buckets of the attention bias; 0: no bias
+    attention_norm: Any = "causal"  # "causal" (divide by the keys a query sees) or a fixed int normaliser
+    pooling: str = "last"  # "last" (the last item's state) or "mean" over the sequence
+    experts: int = 4
+    expert_units: Tuple[int, ...] = (64, 32)
+    tower_units: Tuple[int, ...] = (16,)
 
 
 @dataclasses.dataclass
@@ -356,11 +388,25 @@ def parse_config(raw, where="config"):
     data = _build(DataConfig, raw.get("data"), f"{where}.data")
     if data.source not in DATA_SOURCES:
         raise ValueError(f"{where}.data.source: must be one of {DATA_SOURCES}, got {data.source!r}")
-    if data.source != "synthetic" and not data.path:
+    if data.source not in ("synthetic",) + SEQUENCE_SOURCES and not data.path:
         raise ValueError(f"{where}.data.path: required for source {data.source!r}")
+    if data.source in SEQUENCE_SOURCES:
+        data.sequences = _build(SequenceConfig, data.sequences, f"{where}.data.sequences")
+        if data.num_dense != 0:
+            raise ValueError(f"{where}.data.num_dense: source {data.source!r} has no dense features; set 0, got "
+                             f"{data.num_dense!r}")
+    elif data.sequences is not None:
+        raise ValueError(f"{where}.data.sequences: only for the sequence sources {SEQUENCE_SOURCES}, not "
+                         f"{data.source!r}")
     model = _build(ModelConfig, raw.get("model"), f"{where}.model")
     if model.name not in MODELS:
         raise ValueError(f"{where}.model.name: must be one of {MODELS}, got {model.name!r}")
+    if (model.name == "grm") != (data.source in SEQUENCE_SOURCES):
+        raise ValueError(f"{where}.model.name: {model.name!r} does not fit data.source {data.source!r} (the grm "
+                         f"model takes the sequence sources {SEQUENCE_SOURCES} and their two labels; dlrm and dcn "
+                         f"the others)")
+    if model.name == "grm":
+        _check_grm_model(model, f"{where}.model")
     train = _build(TrainConfig, raw.get("train"), f"{where}.train")
     if train.pipeline not in PIPELINES:
         raise ValueError(f"{where}.train.pipeline: must be one of {PIPELINES}, got {train.pipeline!r}")
@@ -371,7 +417,48 @@ def parse_config(raw, where="config"):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{where}.train.{key}: must be a positive int, got {value!r}")
     features = _expand_features(raw["features"], raw.get("feature_defaults") or {}, where)
-    return ExperimentConfig(name=raw.get("name", where), features=features, data=data, model=model, train=train)
+    config = ExperimentConfig(name=raw.get("name", where), features=features, data=data, model=model, train=train)
+    if data.source in SEQUENCE_SOURCES:
+        _check_sequences(config, where)
+    return config
+
+
+def _check_grm_model(model, where):
+    for key in ("num_blocks", "hidden_dim", "num_heads", "experts"):
+        value = getattr(model, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{where}.{key}: must be a positive int, got {value!r}")
+    if model.hidden_dim % model.num_heads:
+        raise ValueError(f"{where}.hidden_dim: must be a multiple of num_heads ({model.num_heads}), got "
+                         f"{model.hidden_dim}")
+    if isinstance(model.position_buckets, bool) or not isinstance(model.position_buckets, int) \
+            or model.position_buckets < 0:
+        raise ValueError(f"{where}.position_buckets: must be an int >= 0, got {model.position_buckets!r}")
+    norm = model.attention_norm
+    if norm != "causal" and (isinstance(norm, bool) or not isinstance(norm, int) or norm <= 0):
+        raise ValueError(f"{where}.attention_norm: must be 'causal' or a positive int, got {norm!r}")
+    if model.pooling not in ("last", "mean"):
+        raise ValueError(f"{where}.pooling: must be 'last' or 'mean', got {model.pooling!r}")
+    for key in ("expert_units", "tower_units"):
+        units = getattr(model, key)
+        if not isinstance(units, tuple) or not units or any(
+                isinstance(u, bool) or not isinstance(u, int) or u <= 0 for u in units):
+            raise ValueError(f"{where}.{key}: must be a non-empty list of positive ints, got {units!r}")
+
+
+def _check_sequences(config, where):
+    """The sequence section against the features: a sequence feature with combiner null, valid length knobs."""
+    from tf_fusedrec.data.sequences import SequenceSpec  # noqa: PLC0415  (data imports the op-free modules only)
+
+    seq = config.data.sequences
+    for f in config.features:
+        if f.name == seq.feature and f.combiner is not None:
+            raise ValueError(f"{where}.features ({f.name}): the sequence feature needs combiner null (one "
+                             f"embedding per item), got {f.combiner!r}")
+    try:
+        SequenceSpec.from_config(config)
+    except ValueError as e:
+        raise ValueError(f"{where}.data.sequences: {e}") from None
 
 
 def load_config(path):

@@ -32,6 +32,11 @@ def make_model(config, embedding):
     from tf_fusedrec import models  # noqa: PLC0415
 
     m = config.model
+    if m.name == "grm":
+        return models.GRM(embedding, sequence_feature=config.data.sequences.feature, num_blocks=m.num_blocks,
+                          hidden_dim=m.hidden_dim, num_heads=m.num_heads, position_buckets=m.position_buckets,
+                          attention_norm=m.attention_norm, pooling=m.pooling, experts=m.experts,
+                          expert_units=m.expert_units, tower_units=m.tower_units)
     if m.name == "dlrm":
         return models.DLRM(embedding, bottom_mlp=m.bottom_mlp, top_mlp=m.top_mlp, num_dense=config.data.num_dense)
     return models.DCNv2(embedding, cross_layers=m.cross_layers, deep_mlp=m.deep_mlp, num_dense=config.data.num_dense)
@@ -42,6 +47,9 @@ def make_dataset(config, batch_size, rank, size, held_out=False, start_step=0, s
     from tf_fusedrec import data  # noqa: PLC0415
 
     d = config.data
+    if d.source == "grm_synthetic":  # labels float32 [B, 2] (click, conversion)
+        return data.grm_dataset(config, batch_size, seed=d.seed, rank=rank, num_ranks=size, held_out=held_out,
+                                start_step=start_step, steps=steps)
     if d.source == "synthetic":
         inputs = [data.SparseInput(f.name, f.vocab, f.zipf, tuple(f.hotness) if isinstance(f.hotness, list)
                                    else f.hotness) for f in config.features]
