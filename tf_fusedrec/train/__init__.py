@@ -5,11 +5,14 @@
   step per ``progress()``, with the embedding lookup split into stages and overlapped (train/pipeline.py).
 * ``fr.train.choose_hot_set(layer, batches)`` / ``fr.train.repeek(layer, batches, optimizer)``: the hot rows of a
   FusedEmbedding built with ``replication=...`` (tf_fusedrec/distributed/replication.py).
+* ``fr.train.balance``: token-balanced batches (MTGRBoost's dynamic sequence batching), the global-count loss
+  weighting that makes them exact, gradient accumulation over micro-steps (train/balance.py).
 * train/experiment.py builds embeddings, models and datasets from a configs/*.yaml; train/app.py is the CLI.
 """
 
 from tf_fusedrec.distributed.replication import choose_hot_set, repeek
+from tf_fusedrec.train import balance
 from tf_fusedrec.train.optimizer import GroupedOptimizer, make_optimizer
 from tf_fusedrec.train.pipeline import SCHEDULES, TrainPipeline
 
-__all__ = ["GroupedOptimizer", "SCHEDULES", "TrainPipeline", "choose_hot_set", "make_optimizer", "repeek"]
+__all__ = ["GroupedOptimizer", "balance", "SCHEDULES", "TrainPipeline", "choose_hot_set", "make_optimizer", "repeek"]
