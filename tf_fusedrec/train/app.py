@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import tensorflow as tf
 
 from tf_fusedrec import config as cfg
@@ -48,6 +49,10 @@ def parse_args(argv=None):
                    help="batches each worker counts to find the hot rows (default 100)")
     p.add_argument("--hot-repeek", action="store_true",
                    help="choose the hot rows anew at every checkpoint, from the batches that follow it (sync only)")
+    p.add_argument("--balance", choices=("tokens", "none"),
+                   help="sequence configs (data.source: grm_synthetic): token-balanced batches whose token count is "
+                        "closest to batch size x the mean sequence length (MTGRBoost; the default), or a fixed "
+                        "sample count per worker (none)")
     p.add_argument("--steps", type=int, help="override train.steps")
     p.add_argument("--batch-size", type=int, help="override train.batch_size (per worker)")
     p.add_argument("--model-dir", help="checkpoints and TensorBoard summaries; resumes from it when it has a checkpoint")
@@ -188,6 +193,14 @@ def run(args):
     from tf_fusedrec.distributed.meter import AlltoallMeter  # noqa: PLC0415
 
     schedule, micro_batches, cluster = schedule_of(args, config, args.embedding)
+    sequences = config.data.source in cfg.SEQUENCE_SOURCES
+    balance = args.balance or ("tokens" if sequences else "none")
+    if balance == "tokens" and not sequences:
+        raise ValueError(f"--balance tokens needs a sequence config (data.source in {cfg.SEQUENCE_SOURCES}), "
+                         f"{args.config} has data.source: {config.data.source}")
+    if sequences and schedule == "fwp":
+        raise ValueError("--pipeline fwp weights micro-batches by their local size; with a sequence config (workers "
+                         "holding different sample counts) use --pipeline sync or dbp")
     meter = AlltoallMeter() if size > 1 else None
     features = config.embedding_features()
     replication = replication_of(args)
@@ -226,6 +239,9 @@ def run(args):
         if rank == 0:
             print(f"resumed from {restored['directory']} at step {start} (written by {restored['workers']} "
                   f"worker(s), restored onto {size}); bytes read per rank: {bytes_read}", file=sys.stderr)
+    if restored is not None and sequences:
+        raise ValueError("resuming a sequence config is not supported yet: the position of a worker's sample stream "
+                         "after token-balanced steps is not a function of the step; start a new --model-dir")
     if start >= steps:
         raise ValueError(f"--model-dir is already at step {start} >= --steps {steps}; ask for more steps")
     hot_reports = None
@@ -236,8 +252,14 @@ def run(args):
             embedding, experiment.embedding_sample(config, batch_size, rank, size, start, replication.sample_batches))
         report_hot(hot_reports, rank, "chosen")
     # Endless: the pipeline prefetches one batch past the last step (its ids only; no table changes).
-    dataset = experiment.make_dataset(config, batch_size, rank, size, start_step=start)
-    pipe = fr.train.TrainPipeline(model, optimizer, experiment.binary_cross_entropy(), dataset, schedule=schedule,
+    loss_fn = experiment.binary_cross_entropy()
+    if sequences:
+        sequence_batches = experiment.SequenceBatches(config, batch_size, rank, size, balance)
+        dataset = sequence_batches.dataset()
+        loss_fn = experiment.global_mean_loss(comm)
+    else:
+        dataset = experiment.make_dataset(config, batch_size, rank, size, start_step=start)
+    pipe = fr.train.TrainPipeline(model, optimizer, loss_fn, dataset, schedule=schedule,
                                   micro_batches=micro_batches, cluster_samples=cluster, step_counter=step_var,
                                   meter=meter)
 
@@ -295,6 +317,20 @@ def run(args):
             {"group": g.name, "rows": len(h), "chosen_by": "restored"} for g, h in zip(embedding.groups,
                                                                                       embedding.hot_sets)]
         result["hot_hits_per_step"] = {n: int(s["hot_hits"]) for n, s in embedding.statistics().items()}
+    if sequences:
+        from tf_fusedrec.train import balance as balance_lib  # noqa: PLC0415
+
+        counts = np.asarray(sequence_batches.counts[:steps - start], np.int64)  # [steps, (samples, tokens)]
+        everyone = comm.allgather(tf.constant(counts[None]), name="FusedRec/balance/summary").numpy()
+        result["balance"] = balance
+        result["target_tokens_per_step"] = sequence_batches.target_tokens if balance == "tokens" else None
+        result["token_imbalance"] = balance_lib.token_imbalance(everyone[:, :, 1].T)
+        result["samples_per_worker"] = balance_lib.samples_per_worker(everyone[:, :, 0].T)
+        result["tokens_per_worker"] = everyone[:, :, 1].sum(axis=1).tolist()
+        if timed_seconds:  # the samples the workers really held in the timed (last) steps, not batch_size x N
+            timed = everyone[:, everyone.shape[1] - timed_steps:, :]
+            result["samples_per_s"] = float(timed[:, :, 0].sum()) / timed_seconds
+            result["tokens_per_s"] = float(timed[:, :, 1].sum()) / timed_seconds
     if restored is not None:
         result["restored"] = {"step": start, "from_workers": restored["workers"], "bytes_read_per_rank": bytes_read}
     result["auc"] = experiment.evaluate(model, config, batch_size, rank, size, comm)

@@ -66,6 +66,73 @@ def make_dataset(config, batch_size, rank, size, held_out=False, start_step=0, s
     return ds if held_out else ds.repeat().skip(start_step)
 
 
+BALANCE_MODES = ("tokens", "none")
+
+
+class SequenceBatches:
+    """This worker's batches of a sequence source (data.source: grm_synthetic) for the train app: token-balanced
+    (MTGRBoost's dynamic sequence batching: each batch's token count is the closest cut to batch_size x the mean
+    sequence length, so workers get different sample counts and similar token counts) or of a fixed sample count.
+    Records each batch's (samples, tokens) in `counts`, in the order the batches are made (tf.data prefetches, so it
+    may run a few batches ahead of training).
+
+    Args:
+      config: the ExperimentConfig.
+      batch_size: samples per worker and step (fixed), or the sample count whose mean token count is the target.
+      rank, size: this worker's share of the samples.
+      balance: "tokens" or "none".
+    """
+
+    def __init__(self, config, batch_size, rank, size, balance):
+        from tf_fusedrec import data  # noqa: PLC0415
+        from tf_fusedrec.train import balance as balance_lib  # noqa: PLC0415
+
+        if balance not in BALANCE_MODES:
+            raise ValueError(f"--balance must be one of {BALANCE_MODES}, got {balance!r}")
+        self.config, self.batch_size, self.rank, self.size, self.balance = config, batch_size, rank, size, balance
+        self.spec = data.SequenceSpec.from_config(config)
+        # The target: batch_size x the mean length of this worker's first 4096 samples (deterministic).
+        first = [s["tokens"] for _, s in zip(range(4096), data.grm_samples(config, rank=rank, num_ranks=size))]
+        self.target_tokens = max(1, int(round(batch_size * float(np.mean(first)))))
+        self.counts = []
+        name = self.spec.items.name
+        self.signature = {name: tf.RaggedTensorSpec([None, None], tf.int64, 1, tf.int64),
+                          **{c.name: tf.TensorSpec([None], tf.int64) for c in self.spec.contexts},
+                          "labels": tf.TensorSpec([None, 2], tf.float32)}
+        self._balance_lib, self._data = balance_lib, data
+
+    def _batches(self):
+        samples = self._data.grm_samples(self.config, rank=self.rank, num_ranks=self.size)
+        if self.balance == "tokens":
+            batches = self._balance_lib.TokenBatcher(self.target_tokens, tokens_of=lambda s: s["tokens"])(samples)
+        else:
+            batches = self._balance_lib.fixed_batches(samples, self.batch_size)
+        for batch in batches:
+            self.counts.append((len(batch), sum(s["tokens"] for s in batch)))
+            yield batch
+
+    def dataset(self):
+        return self._balance_lib.to_dataset(self._batches, self.signature, label_key="labels")
+
+
+def global_mean_loss(comm):
+    """The loss of a step whose workers hold different sample counts: binary cross-entropy on logits, summed over
+    this worker's samples (the mean over tasks per sample) x N / the global sample count (one allreduce). With the
+    grouped optimizer's average over workers, the update equals one worker's on the union of the batches with the
+    global mean loss (train/balance.py)."""
+    from tf_fusedrec.train import balance as balance_lib  # noqa: PLC0415
+
+    weighted = balance_lib.GlobalMeanLoss(comm, by="samples", name="FusedRec/balance/samples")
+
+    def loss(labels, logits):
+        per_sample = tf.keras.losses.binary_crossentropy(labels, logits, from_logits=True)
+        if per_sample.shape.rank == 2:  # one label per sample: [B, 1] -> [B]
+            per_sample = per_sample[:, 0]
+        return weighted(per_sample, tf.ones_like(per_sample, tf.int64)).loss
+
+    return loss
+
+
 def embedding_sample(config, batch_size, rank, size, start_step, count):
     """This worker's embedding inputs (the batch dicts without "dense") of `count` batches from `start_step`: what
     the hot rows of a replicated FusedEmbedding are counted on."""
@@ -101,7 +168,8 @@ def auc(labels, scores):
 
 
 def evaluate(model, config, batch_size, rank, size, comm):
-    """AUC over every worker's share of the held-out stream (config.data.eval_batches batches per worker)."""
+    """AUC over every worker's share of the held-out stream (config.data.eval_batches batches per worker); with
+    several tasks (labels [B, T], the GRM's click and conversion), {task: AUC}."""
     scores, labels = [], []
     held_out = make_dataset(config, batch_size, rank, size, held_out=True).take(config.data.eval_batches)
     predict = tf.function(lambda f: tf.sigmoid(model(f, training=False)), autograph=False)
@@ -113,6 +181,11 @@ def evaluate(model, config, batch_size, rank, size, comm):
     if size > 1:
         scores = comm.allgather(tf.constant(scores, tf.float32), name="FusedRec/eval_scores").numpy()
         labels = comm.allgather(tf.constant(labels, tf.float32), name="FusedRec/eval_labels").numpy()
+    if labels.ndim == 2:
+        from tf_fusedrec.data.sequences import TASKS  # noqa: PLC0415
+
+        names = TASKS if labels.shape[1] == len(TASKS) else [f"task{t}" for t in range(labels.shape[1])]
+        return {name: auc(labels[:, t], scores[:, t]) for t, name in enumerate(names)}
     return auc(labels, scores)
 
 

@@ -1,0 +1,50 @@
+"""`python -m tf_fusedrec.train` on a sequence config (configs/grm_synthetic.yaml, the GRM): token-balanced batches.
+
+* 2 workers with --balance tokens: the summary holds the balance, the token target, the token imbalance (mean over
+  steps of max/min tokens across workers), samples and tokens per worker (the workers' sample counts differ: that is
+  what balancing does) and one held-out AUC per task; with --balance none every worker holds batch_size samples.
+* Refused, exit 2 naming the problem: --balance tokens on a config without sequences, --pipeline fwp on a sequence
+  config.
+"""
+
+import pytest
+
+CONFIG = "configs/grm_synthetic.yaml"
+STEPS, BATCH = 4, 32
+
+
+@pytest.fixture(scope="module")
+def runs(apps):
+    out = {}
+    for balance in ("tokens", "none"):
+        run = apps.run_app("tf_fusedrec.train", ["--config", CONFIG, "--steps", STEPS, "--batch-size", BATCH,
+                                                 "--balance", balance, "--no-progress"], workers=2)
+        assert run.rc == 0, run.describe()
+        (rank, summary), = apps.summaries(run)
+        out[balance] = (run, summary)
+    return out
+
+
+def test_balanced_summary(runs):
+    run, s = runs["tokens"]
+    assert s["balance"] == "tokens" and s["workers"] == 2 and s["target_tokens_per_step"] > 0, run.describe()
+    assert s["token_imbalance"] >= 1.0
+    totals = s["samples_per_worker"]["total"]
+    assert len(totals) == 2 and all(t > 0 for t in totals) and len(s["tokens_per_worker"]) == 2
+    assert s["samples_per_s"] > 0 and s["tokens_per_s"] > 0
+    assert set(s["auc"]) == {"click", "conversion"} and all(0.0 <= v <= 1.0 for v in s["auc"].values())
+
+
+def test_fixed_sample_counts_without_balance(runs):
+    run, s = runs["none"]
+    assert s["balance"] == "none" and s["target_tokens_per_step"] is None, run.describe()
+    assert s["samples_per_worker"]["total"] == [STEPS * BATCH, STEPS * BATCH]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config", "configs/criteo_synthetic.yaml", "--balance", "tokens"], "--balance tokens needs a sequence config"),
+    (["--config", CONFIG, "--pipeline", "fwp"], "--pipeline fwp weights micro-batches by their local size"),
+])
+def test_refusals(apps, args, message):
+    run = apps.run_app("tf_fusedrec.train", args + ["--steps", "2", "--batch-size", "8", "--no-progress"])
+    assert run.rc == 2 and message in run.stderr, run.describe()
