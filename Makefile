@@ -36,7 +36,7 @@ demo: build
 		--model-dir runs/demo-$$(date +%s) 2>&1 | grep --line-buffered -v -E '$(TF_PLUGIN_NOISE)'
 
 test: build bazel
-	$(PY) -m pytest tests
+	TF_FUSEDREC_REQUIRE_HOROVOD=1 $(PY) -m pytest tests
 	TF_FUSEDREC_OPS_LIB=$(CURDIR)/$(BAZEL_LIB) $(PY) -m pytest tests/ops
 
 test-ops: build
