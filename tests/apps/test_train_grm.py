@@ -32,6 +32,8 @@ def test_balanced_summary(runs):
     totals = s["samples_per_worker"]["total"]
     assert len(totals) == 2 and all(t > 0 for t in totals) and len(s["tokens_per_worker"]) == 2
     assert s["samples_per_s"] > 0 and s["tokens_per_s"] > 0
+    waits = s["allreduce_seconds_per_step_per_worker"]
+    assert len(waits) == 2 and all(w > 0 for w in waits) and s["allreduce_seconds_per_step"] == waits[0]
     assert set(s["auc"]) == {"click", "conversion"} and all(0.0 <= v <= 1.0 for v in s["auc"].values())
 
 

@@ -38,10 +38,13 @@ class AlltoallMeter:
         self.compute_intervals = tf.Variable(tf.zeros([MAX_INTERVALS, 2], tf.float64), trainable=False,
                                              name="compute_intervals")
         self.num_compute_intervals = tf.Variable(0, dtype=tf.int64, trainable=False, name="num_compute_intervals")
+        # Seconds in allreduces (the dense gradients' above all), from the inputs being ready to the result: the
+        # transfer plus the wait for the slowest worker to arrive.
+        self.allreduce_seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="allreduce_seconds")
         self._busy = self._exposed = 0.0
 
     def wrap(self, comm):
-        """A comm that counts its all-to-alls here; every other collective goes straight to `comm`."""
+        """A comm that counts its all-to-alls and times its allreduces here; allgathers go straight to `comm`."""
         return MeteredComm(comm_lib.get_comm(comm), self)
 
     def record(self, tensor, call, forward=True):
@@ -62,6 +65,18 @@ class AlltoallMeter:
             self.seconds.assign_add(end - start)
         _append(self.intervals, self.num_intervals, start, end)
         return received, received_splits
+
+    def record_allreduce(self, tensors, call):
+        """Runs call(tensors) -> list and adds its time, inputs ready to results out, to `allreduce_seconds`."""
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        with tf.control_dependencies(tensors):
+            start = tf.timestamp()
+        with tf.control_dependencies([start]):
+            reduced = call([tf.identity(t) for t in tensors])
+        with tf.control_dependencies(reduced):
+            end = tf.timestamp()
+        self.allreduce_seconds.assign_add(end - start)
+        return reduced
 
     def record_compute(self, start, end):
         """An op recording [start, end] (float64 seconds, tf.timestamp) as dense compute of the current step."""
@@ -87,6 +102,7 @@ class AlltoallMeter:
         for v in (self.calls, self.bytes, self.num_intervals, self.num_compute_intervals):
             v.assign(0)
         self.seconds.assign(0.0)
+        self.allreduce_seconds.assign(0.0)
         self._busy = self._exposed = 0.0
 
     def per_step(self, steps):
@@ -100,6 +116,7 @@ class AlltoallMeter:
             "forward_alltoall_seconds_per_step": float(self.seconds.numpy()) / steps,
             "alltoall_busy_seconds_per_step": self._busy / steps,
             "exposed_alltoall_seconds_per_step": self._exposed / steps,
+            "allreduce_seconds_per_step": float(self.allreduce_seconds.numpy()) / steps,
         }
 
 
@@ -140,7 +157,7 @@ def overlap_length(a, b):
 
 
 class MeteredComm(comm_lib.Comm):
-    """`comm` with its all-to-alls counted by `meter`."""
+    """`comm` with its all-to-alls counted and its allreduces timed by `meter`."""
 
     def __init__(self, comm, meter):
         self.inner, self.meter = comm, meter
@@ -176,7 +193,7 @@ class MeteredComm(comm_lib.Comm):
         return received, held["splits"]
 
     def allreduce(self, tensors, name, op="average"):
-        return self.inner.allreduce(tensors, name, op)
+        return self.meter.record_allreduce(tensors, lambda ts: self.inner.allreduce(ts, name, op))
 
     def allgather(self, tensor, name):
         return self.inner.allgather(tensor, name)

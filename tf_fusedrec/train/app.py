@@ -327,6 +327,10 @@ def run(args):
         result["token_imbalance"] = balance_lib.token_imbalance(everyone[:, :, 1].T)
         result["samples_per_worker"] = balance_lib.samples_per_worker(everyone[:, :, 0].T)
         result["tokens_per_worker"] = everyone[:, :, 1].sum(axis=1).tolist()
+        if meter is not None:  # each worker's time in the allreduces, waiting for the slowest included
+            mine = tf.constant([result["allreduce_seconds_per_step"]], tf.float64)
+            result["allreduce_seconds_per_step_per_worker"] = comm.allgather(
+                mine, name="FusedRec/balance/allreduce_seconds").numpy().tolist()
         if timed_seconds:  # the samples the workers really held in the timed (last) steps, not batch_size x N
             timed = everyone[:, everyone.shape[1] - timed_steps:, :]
             result["samples_per_s"] = float(timed[:, :, 0].sum()) / timed_seconds
