@@ -314,15 +314,7 @@ class RemoteBackend(Backend):
         spec, ids, categories = self._check(group, ids, categories)
         first, inverse = embedding_server.unique_pairs(ids, categories)
         ids, categories = ids[first], categories[first]
-        entry = self.table.index(fmt.route(fmt.table_keys(ids, categories, len(spec["features"]), spec["encoding"])))
-        jobs = []
-        for r in np.unique(entry):
-            members = np.flatnonzero(entry == r)
-            for chunk in self._chunks(r, members, spec["dim"]):
-                request = pb.LookupRequest(groups=[pb.GroupLookup(
-                    group=group, ids=ids[chunk].astype("<i8").tobytes(),
-                    categories=categories[chunk].astype("<i4").tobytes())])
-                jobs.append((chunk, self._pool.submit(self._send, r, group, request)))
+        jobs = self._submit(group, spec, ids, categories)
         distinct = np.empty((len(ids), spec["dim"]), np.float32)
         not_trained = 0
         for chunk, job in jobs:
@@ -349,21 +341,12 @@ class RemoteBackend(Backend):
             raise ValueError(f"group {group!r}: segments must lie in [0, num_segments={num_segments})")
         if not self.pooling:
             return super().pooled(group, ids, categories, segments, num_segments)
-        entry = self.table.index(fmt.route(fmt.table_keys(ids, categories, len(spec["features"]), spec["encoding"])))
-        jobs = []
-        for r in np.unique(entry):
-            # Kept in the order asked: each server adds its rows in the order of the ids, as training does.
-            members = np.flatnonzero(entry == r)
-            for chunk in self._chunks(r, members, spec["dim"]):
-                request = pb.LookupRequest(groups=[pb.GroupLookup(
-                    group=group, ids=ids[chunk].astype("<i8").tobytes(),
-                    categories=categories[chunk].astype("<i4").tobytes(), pool=True,
-                    segments=segments[chunk].astype("<i4").tobytes(), num_segments=num_segments)])
-                jobs.append(self._pool.submit(self._send, r, group, request))
+        jobs = self._submit(group, spec, ids, categories, lambda chunk: {
+            "pool": True, "segments": segments[chunk].astype("<i4").tobytes(), "num_segments": num_segments})
         sums = np.zeros((num_segments, spec["dim"]), np.float32)
         counts = np.zeros(num_segments, np.int64)
         not_trained = 0
-        for job in jobs:
+        for _, job in jobs:
             address, result = job.result()
             present = _decode(result.segments, "<i4", None, address, group, "segments")
             if len(present) and (present.min() < 0 or present.max() >= num_segments):
@@ -413,6 +396,25 @@ class RemoteBackend(Backend):
         self.close()
 
     # --- route and send --------------------------------------------------------------------------------------------
+
+    def _submit(self, group, spec, ids, categories, fields=None):
+        """Routes the pairs to their ranges and sends each range's server its pairs, in chunks it accepts, from the
+        I/O threads; -> [(chunk: positions in ids, future of (address, GroupResult))].
+
+        Args:
+          fields: None, or function(chunk) -> more GroupLookup fields of a chunk (pooling: its segments).
+        """
+        entry = self.table.index(fmt.route(fmt.table_keys(ids, categories, len(spec["features"]), spec["encoding"])))
+        jobs = []
+        for r in np.unique(entry):
+            # Kept in the order asked: a pooling server adds its rows in the order of the ids, as training does.
+            members = np.flatnonzero(entry == r)
+            for chunk in self._chunks(r, members, spec["dim"]):
+                request = pb.LookupRequest(groups=[pb.GroupLookup(
+                    group=group, ids=ids[chunk].astype("<i8").tobytes(),
+                    categories=categories[chunk].astype("<i4").tobytes(), **(fields(chunk) if fields else {}))])
+                jobs.append((chunk, self._pool.submit(self._send, r, group, request)))
+        return jobs
 
     def _check(self, group, ids, categories):
         spec = self.groups.get(group)
