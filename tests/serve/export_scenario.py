@@ -27,7 +27,11 @@ from tf_fusedrec import models  # noqa: E402
 from tf_fusedrec.distributed import comm as comm_lib  # noqa: E402
 from tf_fusedrec.train.checkpoint import Checkpointer  # noqa: E402
 
-GLOBAL_BATCH = 12
+sys.path.insert(0, os.path.join(ROOT, "tests", "distributed"))
+import scenario  # noqa: E402  (its local_slice: the slicing of a global batch every distributed test uses)
+
+GLOBAL_BATCH = scenario.GLOBAL_BATCH = 12
+local_slice = scenario.local_slice
 STEPS = 4
 EVAL_STEPS = 2
 NUM_DENSE = 3
@@ -66,20 +70,6 @@ def make_batch(step):
         "history": history.astype(np.int64),
         "label": (rng.random(b) < 0.3).astype(np.float32),
     }
-
-
-def local_slice(batch, rank, size):
-    per = GLOBAL_BATCH // size
-    lo, hi = rank * per, (rank + 1) * per
-    out = {}
-    for k, v in batch.items():
-        if k == "tags":
-            values, lengths = v
-            starts = np.concatenate([[0], np.cumsum(lengths)])
-            out[k] = tf.RaggedTensor.from_row_lengths(values[starts[lo]:starts[hi]], lengths[lo:hi])
-        else:
-            out[k] = tf.constant(v[lo:hi])
-    return out
 
 
 def build(layer, comm):
