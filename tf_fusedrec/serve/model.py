@@ -21,8 +21,11 @@ class InputError(ValueError):
     """A request the model cannot take; the message names the feature or input and what is wrong."""
 
 
-def _is_int_list(value):
-    return all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in value)
+def _check_ints(where, values):
+    """InputError naming the feature and the first value of a list that is not an integer (bools are not)."""
+    for x in values:
+        if not isinstance(x, (int, np.integer)) or isinstance(x, bool):
+            raise InputError(f"{where}: ids must be integers, got {x!r}")
 
 
 def flatten_ids(feature, value, allow_padding=True):
@@ -44,13 +47,12 @@ def flatten_ids(feature, value, allow_padding=True):
     elif isinstance(value, (list, tuple)) and value and any(isinstance(v, (list, tuple)) for v in value):
         rows = [v if isinstance(v, (list, tuple)) else [v] for v in value]
         for r in rows:
-            if not _is_int_list(r):
-                raise InputError(f"{where}: ids must be integers, got {r!r}")
+            _check_ints(where, r)
         lengths = np.array([len(r) for r in rows], np.int64)
         values = np.array([x for r in rows for x in r], np.int64)
     else:
-        if isinstance(value, (list, tuple)) and not _is_int_list(value):
-            raise InputError(f"{where}: ids must be integers, got {list(value)[:8]!r}")
+        if isinstance(value, (list, tuple)):
+            _check_ints(where, value)
         array = np.asarray(value)
         if array.dtype.kind not in "iu" and not (array.size == 0 and isinstance(value, (list, tuple))):
             raise InputError(f"{where}: ids must be integers ({feature['key_dtype']}), got {array.dtype}")

@@ -77,15 +77,6 @@ def parse_body(body, max_instances):
     return inputs, "inputs"
 
 
-def check_ids_json(feature, values):
-    """Values of a feature as JSON gives them: an int or a list of ints per instance (InputError naming it)."""
-    for value in values:
-        items = value if isinstance(value, list) else [value]
-        for x in items:
-            if not isinstance(x, int) or isinstance(x, bool):
-                raise InputError(f"feature '{feature}': ids must be integers, got {x!r}")
-
-
 def merge(parts):
     """One batch of several requests' (flats, dense, batch) -> (flats, dense, batch)."""
     if len(parts) == 1:
@@ -137,9 +128,6 @@ class Ranker:
 
     def prepare(self, inputs):
         """Checks a request's columnar inputs -> (flats, dense, batch); InputError naming the field."""
-        for name, values in inputs.items():
-            if name in self.model.features:
-                check_ids_json(name, values)
         flats, batch = self.model.flatten(inputs, allow_padding=False)
         dense = {name: self.model._dense_value(name, inputs[name], batch)  # noqa: SLF001
                  for name in self.model.dense_inputs}
