@@ -182,16 +182,15 @@ class Ranker:
     def stats(self):
         with self._lock:
             counts = dict(self._counts)
-        backend = self.model.stats()
-        servers = backend.get("servers") or backend.get("inner", {}).get("servers") or {}
-        inner = backend.get("inner", backend)
+        backend = self.model.stats()  # a CachedBackend's stats are its inner backend's plus "cache"
+        servers = backend.get("servers", {})
         return {
             **counts,
             "mean_batch": counts["batched_instances"] / counts["batches"] if counts["batches"] else None,
             "queue_depth": self._queue.qsize(),
             "pooling": self.model.pooling,
-            "bytes_to_servers": inner.get("bytes_sent"),
-            "bytes_from_servers": inner.get("bytes_received"),
+            "bytes_to_servers": backend.get("bytes_sent"),
+            "bytes_from_servers": backend.get("bytes_received"),
             "cache": backend.get("cache", {"hits": 0, "misses": 0, "hit_rate": None, "entries": 0, "bytes": 0,
                                           "capacity_bytes": 0}),
             "servers": {address: {k: s.get(k) for k in ("up", "requests", "errors", "inflight", "queue_depth",
