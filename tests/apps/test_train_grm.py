@@ -3,6 +3,8 @@
 * 2 workers with --balance tokens: the summary holds the balance, the token target, the token imbalance (mean over
   steps of max/min tokens across workers), samples and tokens per worker (the workers' sample counts differ: that is
   what balancing does) and one held-out AUC per task; with --balance none every worker holds batch_size samples.
+* --table-storage float16 --hot 40 (mixed precision: float16 rows, 40 hot rows per group replicated in float32) on
+  2 workers trains and reports its table bytes: fewer row bytes than the float32 run over the same batches.
 * Refused, exit 2 naming the problem: --balance tokens on a config without sequences, --pipeline fwp on a sequence
   config.
 """
@@ -16,12 +18,14 @@ STEPS, BATCH = 4, 32
 @pytest.fixture(scope="module")
 def runs(apps):
     out = {}
-    for balance in ("tokens", "none"):
+    for name, extra in (("tokens", []), ("none", []),
+                        ("mixed", ["--table-storage", "float16", "--hot", "40", "--hot-sample-batches", "2"])):
+        balance = "none" if name == "none" else "tokens"
         run = apps.run_app("tf_fusedrec.train", ["--config", CONFIG, "--steps", STEPS, "--batch-size", BATCH,
-                                                 "--balance", balance, "--no-progress"], workers=2)
+                                                 "--balance", balance, "--no-progress"] + extra, workers=2)
         assert run.rc == 0, run.describe()
         (rank, summary), = apps.summaries(run)
-        out[balance] = (run, summary)
+        out[name] = (run, summary)
     return out
 
 
@@ -43,9 +47,23 @@ def test_fixed_sample_counts_without_balance(runs):
     assert s["samples_per_worker"]["total"] == [STEPS * BATCH, STEPS * BATCH]
 
 
+def test_mixed_precision_tables(runs):
+    run, s = runs["mixed"]
+    _, plain = runs["tokens"]  # the same balanced batches, float32 rows, nothing replicated
+    assert s["table_storage"] == "float16" and plain["table_storage"] == "float32", run.describe()
+    assert [h["rows"] for h in s["hot"]] == [40] * len(s["hot"]) and s["hot"], run.describe()
+    mixed_rows, plain_rows = s["table_bytes_per_worker"]["rows"], plain["table_bytes_per_worker"]["rows"]
+    assert len(mixed_rows) == 2 and all(b > 0 for b in mixed_rows)
+    assert sum(mixed_rows) < 0.75 * sum(plain_rows), (mixed_rows, plain_rows)
+    assert all(b > 0 for b in s["table_bytes_per_worker"]["slots"])  # Adagrad's accumulators, float32
+    assert set(s["auc"]) == {"click", "conversion"} and s["final_loss"] == s["final_loss"]  # not NaN
+
+
 @pytest.mark.parametrize("args, message", [
     (["--config", "configs/criteo_synthetic.yaml", "--balance", "tokens"], "--balance tokens needs a sequence config"),
     (["--config", CONFIG, "--pipeline", "fwp"], "--pipeline fwp weights micro-batches by their local size"),
+    (["--config", CONFIG, "--embedding", "per_feature", "--table-storage", "float16"],
+     "--table-storage float16 needs a fused --embedding"),
 ])
 def test_refusals(apps, args, message):
     run = apps.run_app("tf_fusedrec.train", args + ["--steps", "2", "--batch-size", "8", "--no-progress"])

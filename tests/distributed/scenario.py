@@ -107,7 +107,7 @@ def count_alltoalls(fn, *args):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--layer", choices=["fused", "fused_packed", "per_feature"], default="fused")
+    p.add_argument("--layer", choices=["fused", "fused_packed", "fused_fp16", "per_feature"], default="fused")
     p.add_argument("--optimizer", default="adagrad")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--mode", choices=["function", "eager"], default="function")
@@ -126,7 +126,8 @@ def main():
     optimizer = {"name": args.optimizer, "learning_rate": 0.1}
     features = make_features(optimizer, max_id_bits=20 if args.layer == "fused_packed" else None)
     layer_cls = fr.PerFeatureEmbedding if args.layer == "per_feature" else fr.FusedEmbedding
-    model = Model(layer_cls(features, name="sparse"))
+    storage = {"storage": "float16"} if args.layer == "fused_fp16" else {}
+    model = Model(layer_cls(features, name="sparse", **storage))
     opt = fr.train.make_optimizer(model, default={"name": "sgd", "learning_rate": 0.1})
 
     step = train_step_fn(model, opt)
@@ -166,7 +167,7 @@ def table_rows(layer, feature, ids):
         group = layer.groups[group_index]
         segments = np.full(len(ids), group.feature_names.index(feature), np.int32)
         keys = fr.ops.category_unique(ids, segments, group.num_categories, group.encoding).unified_keys
-        params = layer.tables[group_index].params
+        params = layer.tables[group_index].rows  # float16 storage: the stored rows, as float32
     else:
         keys = tf.constant(ids)
         params = layer.tfra_layer(feature).params

@@ -265,6 +265,24 @@ def test_two_workers_equal_one_worker(scenario, optimizer):
     assert_two_workers_equal_one(scenario(2, "fused", optimizer), scenario(1, "fused", optimizer))
 
 
+def test_float16_storage_two_workers_equal_one_worker(scenario):
+    """float16 storage (FusedEmbedding(storage="float16")): rows stored by 2 workers equal 1 worker's up to one
+    float16 rounding (the float32 sums of the two runs may differ in their last bit, which can move a rounding by
+    one float16 step, 2**-11 relative); the rows are float16 values; the model stays close to float32 storage."""
+    two, one, fp32 = scenario(2, "fused_fp16", "adagrad"), scenario(1, "fused_fp16", "adagrad"), \
+        scenario(1, "fused", "adagrad")
+    ta, tb, t32 = two.tables(), one.tables(), fp32.tables()
+    assert set(ta) == set(tb) == set(t32), "float16 storage holds other rows than float32 storage"
+    for key in sorted(ta):
+        row = ta[key][1]
+        np.testing.assert_array_equal(row.astype(np.float16).astype(np.float32), row,
+                                      err_msg=f"{key}: a stored row that is not a float16 value")
+        np.testing.assert_allclose(row, tb[key][1], rtol=2e-3, atol=2e-4, err_msg=f"{key}: 2 workers vs 1")
+        np.testing.assert_allclose(row, t32[key][1], rtol=2e-2, atol=2e-3, err_msg=f"{key}: float16 vs float32")
+    mean_two = np.mean([two.ranks[r]["losses"] for r in range(2)], axis=0)
+    np.testing.assert_allclose(mean_two, one.ranks[0]["losses"], rtol=1e-3, err_msg="losses: 2 workers vs 1")
+
+
 # --------------------------------------------------------------------------------------------------------------
 # 3. Sharding
 # --------------------------------------------------------------------------------------------------------------

@@ -407,14 +407,14 @@ def move_hot_set(layer, g, keys, ids, segments, optimizer=None, name=None):
     # Leaving pairs: every worker holds their rows; the owner keeps them in its sharded table.
     lk, li = old_keys[leaving], old_ids[leaving]
     mine = ops.owner_of(tf.constant(li, tf.int64), comm.size).numpy() == comm.rank if len(li) else np.zeros(0, bool)
-    for src, dst in zip([hot.params] + hot_slots, [cold.params] + cold_slots):
+    for src, dst in zip([hot.rows] + hot_slots, [cold.rows] + cold_slots):
         rows, exists = _take(src, lk)
         _put(dst, lk[mine], rows[mine], exists[mine])
         _drop(src, lk)
     # Entering pairs: their owner holds them (if they were ever touched); every worker gets a copy.
     ek, ei = keys[entering], ids[entering]
     mine = ops.owner_of(tf.constant(ei, tf.int64), comm.size).numpy() == comm.rank if len(ei) else np.zeros(0, bool)
-    for t, (src, dst) in enumerate(zip([cold.params] + cold_slots, [hot.params] + hot_slots)):
+    for t, (src, dst) in enumerate(zip([cold.rows] + cold_slots, [hot.rows] + hot_slots)):
         rows, exists = _take(src, ek[mine])
         flat = np.concatenate([rows, exists[:, None].astype(np.float32)], axis=1)
         order = ek[mine]

@@ -3,6 +3,16 @@
 Each worker's table holds only the keys it owns (owner_of), so a layer's rows are sharded across workers, never
 copied. New keys get the spec's initializer: Keras initializers are TFRA's default value; Hashed rows are computed
 from (seed, feature, id) and inserted on the owner right before the lookup that first touches them.
+
+**float16 storage** (``EmbeddingTable(storage="float16")``, MTGRBoost §5.2's cold rows): the rows live in a float16
+TFRA table (``store``: half the row bytes); the float32 table ``params`` holds only the rows in flight. A training
+lookup copies the rows it reads from the store into ``params`` as float32 (staging), the step reads and updates them
+there through the shadow with float32 optimizer math (the optimizer's slots are float32 tables keyed like
+``params``), and ``commit()``, run by the GroupedOptimizer right after the update, rounds the updated rows to
+float16 into the store and empties ``params``. An update is therefore the float32 update of the float32 value of the
+stored row, rounded to the nearest float16 once. Ids never trained are not stored. Slots stay float32 (Adagrad's
+and Adam's accumulators underflow in float16). ``rows`` reads and writes the union as float32 (checkpoints, export,
+hot-set moves).
 """
 
 import collections
@@ -68,8 +78,65 @@ def insert_missing_rows(params, keys, rows_of_missing):
     return params.upsert(tf.boolean_mask(keys, missing), rows_of_missing(missing))
 
 
+STORAGE_DTYPES = ("float32", "float16")
+
+
+def check_storage(storage, owner):
+    if storage not in STORAGE_DTYPES:
+        raise ValueError(f"{owner}: storage must be one of {STORAGE_DTYPES}, got {storage!r}")
+    return storage
+
+
+class HalfRows:
+    """The rows of a float16-storage table as one float32 table: the store's rows, overridden by the rows in flight
+    in ``params`` (staged by a lookup, not yet committed). The subset of a TFRA variable's interface that
+    checkpoints, export and hot-set moves use: lookup, upsert, remove, export, size, dim, name."""
+
+    def __init__(self, params, store):
+        self.params, self.store = params, store
+        self.dim, self.name = params.dim, params.name
+
+    def lookup(self, keys, return_exists=False):
+        v32, e32 = self.params.lookup(keys, return_exists=True)
+        v16, e16 = self.store.lookup(keys, return_exists=True)
+        values = tf.where(tf.logical_and(tf.logical_not(e32), e16)[:, None], tf.cast(v16, tf.float32), v32)
+        exists = tf.logical_or(e32, e16)
+        return (values, exists) if return_exists else values
+
+    def upsert(self, keys, rows):
+        """Stores rows [K, dim] (rounded to float16) and drops any copy in flight."""
+        keys = tf.convert_to_tensor(keys, tf.int64)
+        put = self.store.upsert(keys, tf.cast(tf.convert_to_tensor(rows, tf.float32), tf.float16))
+        with tf.control_dependencies([put]):
+            return self.params.remove(tf.identity(keys))
+
+    def remove(self, keys):
+        keys = tf.convert_to_tensor(keys, tf.int64)
+        return tf.group(self.store.remove(keys), self.params.remove(keys))
+
+    def export(self):
+        """(keys int64 [K], rows float32 [K, dim]): every stored row, the in-flight copy where there is one."""
+        k32, v32 = self.params.export()
+        k16, v16 = self.store.export()
+        _, in_flight = self.params.lookup(k16, return_exists=True)
+        keep = tf.logical_not(in_flight)
+        return (tf.concat([tf.boolean_mask(k16, keep), k32], 0),
+                tf.concat([tf.cast(tf.boolean_mask(v16, keep), tf.float32), v32], 0))
+
+    def size(self):
+        return tf.shape(self.export()[0], out_type=tf.int64)[0]
+
+
+def row_bytes(rows):
+    """Bytes of the keys and rows of a TFRA variable (float32) or a HalfRows: 8 per key, 4 per float32 value, 2 per
+    float16 one; an int. Optimizer slots are separate TFRA variables (float32)."""
+    if isinstance(rows, HalfRows):
+        return row_bytes(rows.params) + int(rows.store.size()) * (8 + 2 * rows.dim)
+    return int(rows.size()) * (8 + rows.value_dtype.size * rows.dim)
+
+
 class EmbeddingTable:
-    """A sharded dynamic table of `dim`-wide float32 rows keyed by int64.
+    """A sharded dynamic table of `dim`-wide rows keyed by int64, stored as float32 or float16 (module docstring).
 
     Args:
       name: the table's name, derived from the layer's and the group's; must not be taken in this process.
@@ -77,10 +144,12 @@ class EmbeddingTable:
       initializer: the spec's initializer.
       salts: for Hashed, the int64 feature_salt of each category (index = category); one entry for a per-feature
         table.
+      storage: "float32" or "float16".
     """
 
-    def __init__(self, name, dim, initializer, salts):
+    def __init__(self, name, dim, initializer, salts, storage="float32"):
         self.name = check_table_name(name, f"table {name}")
+        self.storage = check_storage(storage, f"table {name}")
         self.dim = dim
         self.initializer = initializer
         self.hashed = initializers.is_hashed(initializer)
@@ -98,6 +167,16 @@ class EmbeddingTable:
             self.shadow = None
             if tf.executing_eagerly():
                 self.shadow = de.shadow_ops.ShadowVariable(self.params, name=f"{self.name}-shadow", trainable=True)
+            self.store = None
+            self.rows = self.params
+            if self.storage == "float16":
+                if not tf.executing_eagerly():
+                    raise ValueError(f"table {name}: float16 storage needs TF2 (eager construction, tf.function "
+                                     f"steps); this is a tf.compat.v1 graph")
+                self.store = de.get_variable(check_table_name(f"{self.name}/fp16", f"table {name}"),
+                                             key_dtype=tf.int64, value_dtype=tf.float16, dim=dim,
+                                             initializer=0.0, trainable=False)
+                self.rows = HalfRows(self.params, self.store)
         self._graph_trainables = []
 
     @property
@@ -130,10 +209,13 @@ class EmbeddingTable:
         if ids is None:
             ids = keys
         if training is False:
-            values, exists = self.params.lookup(keys, return_exists=True)
+            values, exists = self.rows.lookup(keys, return_exists=True)
             if self.hashed:
                 values = tf.where(exists[:, None], values, self.initial_rows(ids, categories))
             return values
+        if self.store is not None:
+            with tf.control_dependencies([self._stage(keys)]):
+                keys = tf.identity(keys)
         if not self.hashed:
             return self._trainable_lookup(keys)
         insert = insert_missing_rows(self.params, keys, lambda missing: self.initial_rows(
@@ -141,9 +223,30 @@ class EmbeddingTable:
         with tf.control_dependencies([insert]):
             return self._trainable_lookup(tf.identity(keys))
 
+    def _stage(self, keys):
+        """float16 storage: copies the stored rows of keys [U] that are not in flight into params, as float32."""
+        _, in_flight = self.params.lookup(keys, return_exists=True)
+        stored, exists = self.store.lookup(keys, return_exists=True)
+        take = tf.logical_and(exists, tf.logical_not(in_flight))
+        return self.params.upsert(tf.boolean_mask(keys, take), tf.cast(tf.boolean_mask(stored, take), tf.float32))
+
+    def commit(self):
+        """float16 storage: rounds the rows in flight (read, and updated, by this step) into the store and empties
+        params. Run after the update (fr.train's GroupedOptimizer does); a no-op for float32 storage."""
+        if self.store is None:
+            return tf.no_op()
+        keys, rows = self.params.export()
+        put = self.store.upsert(keys, tf.cast(rows, tf.float16))
+        with tf.control_dependencies([put]):
+            return self.params.remove(tf.identity(keys))
+
     def size(self):
-        return self.params.size()
+        return self.rows.size()
+
+    def row_bytes(self):
+        """Bytes of this worker's keys and rows (row_bytes)."""
+        return row_bytes(self.rows)
 
     def export(self):
         """(keys int64 [K], rows float32 [K, dim]) held by this worker."""
-        return self.params.export()
+        return self.rows.export()

@@ -10,7 +10,7 @@ from tf_fusedrec.distributed import comm as comm_lib
 from tf_fusedrec.distributed.comm import slot_name
 from tf_fusedrec.distributed import replication as replication_lib
 from tf_fusedrec.distributed.group_lookup import make_group_lookup
-from tf_fusedrec.distributed.table import EmbeddingTable, ReplicatedTable, ShardedTable, packed_ids
+from tf_fusedrec.distributed.table import EmbeddingTable, ReplicatedTable, ShardedTable, check_storage, packed_ids
 from tf_fusedrec.layers import _common
 from tf_fusedrec.layers import _inputs
 
@@ -60,7 +60,7 @@ class FusedEmbedding(tf.keras.layers.Layer):
     """
 
     def __init__(self, features, optimizer=_common.DEFAULT_OPTIMIZER, initializer=None, comm=None,
-                 dedup="segment", fusion="deferred", replication=None, name=None, **kwargs):
+                 dedup="segment", fusion="deferred", replication=None, storage="float32", name=None, **kwargs):
         super().__init__(name=name, **kwargs)
         self.features = _common.parse_features(features, self.name)
         if dedup not in DEDUP_MODES:
@@ -68,6 +68,7 @@ class FusedEmbedding(tf.keras.layers.Layer):
         if fusion not in FUSION_MODES:
             raise ValueError(f"{self.name}: fusion must be one of {FUSION_MODES}, got {fusion!r}")
         self.dedup, self.fusion = dedup, fusion
+        self.storage = check_storage(storage, self.name)
         self.replication = replication_lib.parse_replication(replication, self.name)
         if self.replication is not None and fusion != "deferred":
             raise ValueError(f"{self.name}: replication needs fusion='deferred', got fusion={fusion!r}")
@@ -85,7 +86,7 @@ class FusedEmbedding(tf.keras.layers.Layer):
             initializer = self._initializers[group.feature_names[0]]
             seed = initializer.seed if initializers.is_hashed(initializer) else 0
             salts = [initializers.feature_salt(seed, n) for n in group.feature_names]
-            table = EmbeddingTable(f"{self.name}/{group.name}", group.spec.dim, initializer, salts)
+            table = EmbeddingTable(f"{self.name}/{group.name}", group.spec.dim, initializer, salts, self.storage)
             self.tables.append(table)
             hot = None
             if self.replication is not None:
@@ -100,7 +101,8 @@ class FusedEmbedding(tf.keras.layers.Layer):
         # Tracked by Keras as the layer's trainable weights (empty in a tf.compat.v1 graph, see EmbeddingTable).
         self._shadows = [t.shadow for t in self.tables + self.hot_tables if t.shadow is not None]
         # Tracked so tf.train.Checkpoint saves the tables' contents (the shadows only hold one step's rows).
-        self._table_params = [t.params for t in self.tables + self.hot_tables]
+        self._table_params = [t.params for t in self.tables + self.hot_tables] + [
+            t.store for t in self.tables if t.store is not None]
         self._stat_order = [n for g in self._groups for n in g.feature_names]
         self._statistics = tf.Variable(
             tf.zeros([len(self._stat_order), len(STATISTICS)], tf.int64), trainable=False, name="statistics"
@@ -117,6 +119,16 @@ class FusedEmbedding(tf.keras.layers.Layer):
         hot = self.hot_tables or [None] * len(self.tables)
         return [(g.spec.optimizer, t.trainable_variables + (h.trainable_variables if h is not None else []))
                 for g, t, h in zip(self._groups, self.tables, hot)]
+
+    def commit_rows(self):
+        """The op that writes the rows updated by this step back to float16 storage (a no-op for float32); the
+        GroupedOptimizer runs it after each update."""
+        return tf.group([t.commit() for t in self.tables])
+
+    def table_bytes(self):
+        """{"rows": bytes of this worker's keys and rows (sharded and replicated), "storage": self.storage}; the
+        optimizer's slots are not counted (they stay float32)."""
+        return {"rows": sum(t.row_bytes() for t in self.tables + self.hot_tables), "storage": self.storage}
 
     def embedding_variables(self):
         return [v for t in self.tables + self.hot_tables for v in t.trainable_variables]
@@ -136,7 +148,7 @@ class FusedEmbedding(tf.keras.layers.Layer):
 
     def sharded_tables(self):
         """[ShardedTable] of the groups, in group order (what fr.train.checkpoint saves and restores)."""
-        return [ShardedTable(t.name, t.params, t.shadow,
+        return [ShardedTable(t.name, t.rows, t.shadow,
                              packed_ids(g.num_categories) if g.encoding == "packed" else lambda keys: None)
                 for g, t in zip(self._groups, self.tables)]
 
@@ -255,7 +267,7 @@ class FusedEmbedding(tf.keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(_common.layer_config(self.features, self.default_optimizer, self.default_initializer))
-        config.update({"dedup": self.dedup, "fusion": self.fusion})
+        config.update({"dedup": self.dedup, "fusion": self.fusion, "storage": self.storage})
         if self.replication is not None:
             config["replication"] = self.replication.get_config()
         return config

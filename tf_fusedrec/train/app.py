@@ -1,7 +1,7 @@
 """`python -m tf_fusedrec.train`: train a model from a configs/*.yaml, alone or under horovodrun.
 
     python -m tf_fusedrec.train --config configs/criteo_synthetic.yaml [--embedding fused|per_feature]
-        [--pipeline sync|dbp|fwp] [--micro-batches K] [--cluster-samples] [--hot auto|R|0] [--steps N]
+        [--pipeline sync|dbp|fwp] [--micro-batches K] [--cluster-samples] [--hot auto|R|0] [--table-storage float32|float16] [--steps N]
         [--model-dir DIR]
     horovodrun -np 2 -H localhost:2 --gloo python -m tf_fusedrec.train ...
 
@@ -49,6 +49,9 @@ def parse_args(argv=None):
                    help="batches each worker counts to find the hot rows (default 100)")
     p.add_argument("--hot-repeek", action="store_true",
                    help="choose the hot rows anew at every checkpoint, from the batches that follow it (sync only)")
+    p.add_argument("--table-storage", choices=("float32", "float16"), default="float32",
+                   help="how the fused embedding stores its sharded rows: float16 halves the row bytes (lookups and "
+                        "optimizer math stay float32; replicated hot rows, --hot, stay float32: mixed precision)")
     p.add_argument("--balance", choices=("tokens", "none"),
                    help="sequence configs (data.source: grm_synthetic): token-balanced batches whose token count is "
                         "closest to batch size x the mean sequence length (MTGRBoost; the default), or a fixed "
@@ -207,9 +210,11 @@ def run(args):
     if args.hot_repeek and schedule != "sync":
         raise ValueError(f"--hot-repeek needs --pipeline sync (a {schedule} pipeline holds a batch in flight across "
                          f"the checkpoint, routed by the old hot set)")
+    if args.table_storage != "float32" and args.embedding == "per_feature":
+        raise ValueError(f"--table-storage {args.table_storage} needs a fused --embedding, got per_feature")
     embedding = experiment.make_embedding(args.embedding, features, config,
                                           comm=meter.wrap(comm) if meter is not None else comm,
-                                          replication=replication)
+                                          replication=replication, storage=args.table_storage)
     model = experiment.make_model(config, embedding)
     optimizer = fr.train.make_optimizer(model, default=config.train.dense_optimizer)
     step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
@@ -312,6 +317,8 @@ def run(args):
     }
     if meter is not None:
         result.update(meter.per_step(timed_steps))
+    result["table_storage"] = args.table_storage
+    result["table_bytes_per_worker"] = experiment.table_bytes(embedding, optimizer, comm)
     if replication is not None:
         result["hot"] = hot_reports if hot_reports is not None else [
             {"group": g.name, "rows": len(h), "chosen_by": "restored"} for g, h in zip(embedding.groups,

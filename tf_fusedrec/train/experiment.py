@@ -12,9 +12,9 @@ EMBEDDINGS = ("fused", "per_feature", "fused_nodedup", "fused_source_hash")
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "criteo_synthetic.yaml")
 
 
-def make_embedding(kind, features, config, comm=None, name="sparse", replication=None):
-    """The embedding layer of a kind in EMBEDDINGS, over `comm` (None: the process's default); `replication`:
-    FusedEmbedding's hot-row replication (fused kinds only)."""
+def make_embedding(kind, features, config, comm=None, name="sparse", replication=None, storage="float32"):
+    """The embedding layer of a kind in EMBEDDINGS, over `comm` (None: the process's default); `replication` and
+    `storage`: FusedEmbedding's hot-row replication and row storage (fused kinds only)."""
     import tf_fusedrec as fr  # noqa: PLC0415
 
     common = {"optimizer": config.train.sparse_optimizer, "name": name, "comm": comm}
@@ -25,7 +25,25 @@ def make_embedding(kind, features, config, comm=None, name="sparse", replication
         raise ValueError(f"--embedding must be one of {EMBEDDINGS}, got {kind!r}")
     if replication is not None:
         common["replication"] = replication
-    return fr.FusedEmbedding(features, **common, **modes[kind])
+    return fr.FusedEmbedding(features, **common, **modes[kind], storage=storage)
+
+
+def table_bytes(embedding, optimizer, comm):
+    """{"rows": [bytes per worker], "slots": [...]}: each worker's embedding keys and rows (sharded and replicated;
+    8 bytes a key, 4 a float32 value, 2 a float16 one) and its optimizer slot rows (float32), over every worker (one
+    allgather)."""
+    from tf_fusedrec.distributed.table import row_bytes  # noqa: PLC0415
+
+    tables = embedding.sharded_tables() + (embedding.replicated_tables() if hasattr(embedding, "replicated_tables")
+                                           else [])
+    rows = slots = 0
+    for table in tables:
+        rows += row_bytes(table.params)
+        if table.trainable is not None:
+            opt = optimizer.sparse_optimizer_of(table.trainable)
+            slots += sum(row_bytes(opt.get_slot(table.trainable, name).params) for name in opt.get_slot_names())
+    everyone = comm.allgather(tf.constant([[rows, slots]], tf.int64), name="FusedRec/summary/table_bytes").numpy()
+    return {"rows": everyone[:, 0].tolist(), "slots": everyone[:, 1].tolist()}
 
 
 def make_model(config, embedding):

@@ -9,6 +9,9 @@ dense gradients are averaged over workers (Horovod allreduce), and embedding gra
 all-to-all has already delivered to the owner summed over the workers that asked for a row, are divided by N. The
 update is then the one a single worker makes on the union of the batches with the loss averaged over it.
 
+Tables stored as float16 (FusedEmbedding(storage="float16")) are updated in float32 like the others; right after the
+update, apply_gradients runs each layer's commit_rows(), which rounds the updated rows into the float16 store.
+
 Replicated (hot) rows (FusedEmbedding(replication=...)) are read on every worker: their gradients are averaged over
 workers in the same grouped allreduce as the dense gradients, which is the sharded rows' sum over workers times 1/N,
 so every worker applies the same update to its copy, and the one a sharded table would apply.
@@ -48,9 +51,10 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
     state lives in the wrapped optimizers, and ``iterations`` counts calls of apply_gradients.
     """
 
-    def __init__(self, groups, default, comm, name="GroupedOptimizer", replicated=()):
+    def __init__(self, groups, default, comm, name="GroupedOptimizer", replicated=(), after_update=()):
         super().__init__(name=name)
         self.comm = comm
+        self._after_update = list(after_update)  # functions -> op, run after every update (float16 commits)
         self._replicated = {str(id(v)) for v in replicated}
         self.dense = de.DynamicEmbeddingOptimizer(_build(default))
         # Checkpointed: the optimizers (with their slots). Not checkpointed: which variable goes where, keyed by
@@ -91,7 +95,11 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
             ops.append(self.sparse[index].apply_gradients(pairs))
         if dense:
             ops.append(self.dense.apply_gradients(dense))
-        with tf.control_dependencies([o for o in ops if o is not None]):
+        ops = [o for o in ops if o is not None]
+        if self._after_update:
+            with tf.control_dependencies(ops):
+                ops = [fn() for fn in self._after_update]
+        with tf.control_dependencies(ops):
             return self.iterations.assign_add(1)
 
     def minimize(self, loss, var_list, tape=None):
@@ -120,4 +128,7 @@ def make_optimizer(model, default="adam", comm=None):
         raise ValueError("make_optimizer: no FusedEmbedding or PerFeatureEmbedding layer found in the model")
     groups = [g for layer in layers for g in layer.optimizer_groups()]
     replicated = [v for layer in layers if hasattr(layer, "replicated_variables") for v in layer.replicated_variables()]
-    return GroupedOptimizer(groups, default, comm if comm is not None else layers[0].comm, replicated=replicated)
+    after_update = [layer.commit_rows for layer in layers
+                    if getattr(layer, "storage", "float32") != "float32" and hasattr(layer, "commit_rows")]
+    return GroupedOptimizer(groups, default, comm if comm is not None else layers[0].comm, replicated=replicated,
+                            after_update=after_update)

@@ -1,0 +1,295 @@
+"""float16 table storage (FusedEmbedding(storage="float16"), tf_fusedrec/distributed/table.py) on one worker.
+
+* HalfRows, the union of the float16 store and the rows in flight: values float16 can hold round-trip exactly,
+  others become the nearest float16; in-flight rows win; remove and export see both;
+* SGD training against an independent NumPy reference (Hashed initial rows, float32 update, one rounding to float16
+  per update), eager and tf.function: every step's outputs and every row after training, bit for bit;
+* Adagrad and Adam against float32 storage whose rows the test rounds to float16 after each update: outputs, rows and
+  optimizer slots equal; nothing stays in flight between steps;
+* with hot-row replication the replicated rows stay float32 (mixed precision); a hot-set move rounds the rows that
+  leave it; a checkpoint of the mix restores and continues exactly;
+* row bytes: float16 rows cost 8 + 2 dim bytes per key instead of 8 + 4 dim;
+* a storage that is not float32 or float16 is a ValueError naming it.
+The 2-worker run is tests/distributed/test_horovod.py::test_float16_storage_two_workers_equal_one_worker.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_fusedrec as fr
+from tf_fusedrec import initializers
+from tf_fusedrec.distributed import replication as rl
+from tf_fusedrec.distributed.comm import SingleProcessComm
+from tf_fusedrec.distributed.group_lookup import unified_keys
+from tf_fusedrec.distributed.table import EmbeddingTable
+from tf_fusedrec.train.checkpoint import Checkpointer
+
+VOCAB = 12
+
+
+def round16(x):
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_session():
+    tf.keras.backend.clear_session()
+    yield
+    tf.keras.backend.clear_session()
+
+
+# --- HalfRows -----------------------------------------------------------------------------------------------------
+
+def test_half_rows_round_trip_and_in_flight_rows():
+    table = EmbeddingTable("half_rows", 3, initializers.Hashed(0, 0.05), [11], storage="float16")
+    keys = tf.constant([5, 9, 2], tf.int64)
+    exact = np.array([[0.5, -1.25, 1024.0], [0.0, 2 ** -14, -3.0], [65504.0, 1.0, -0.125]], np.float32)
+    table.rows.upsert(keys, exact)
+    k, v = (x.numpy() for x in table.rows.export())
+    got = dict(zip(k.tolist(), v))
+    assert sorted(got) == [2, 5, 9]
+    for key, want in zip([5, 9, 2], exact):
+        np.testing.assert_array_equal(got[key], want, err_msg=f"key {key}")
+    values, exists = table.rows.lookup(tf.constant([9, 7], tf.int64), return_exists=True)
+    np.testing.assert_array_equal(values.numpy()[0], exact[1])
+    assert exists.numpy().tolist() == [True, False]
+    inexact = np.array([[0.1, 1 / 3, 1e-6]], np.float32)
+    table.rows.upsert(tf.constant([7], tf.int64), inexact)
+    np.testing.assert_array_equal(table.rows.lookup(tf.constant([7], tf.int64)).numpy(), round16(inexact))
+    # A row in flight (staged by a training lookup, then changed in params) wins over the stored one.
+    table.lookup(tf.constant([5], tf.int64), None, None, training=True)
+    table.params.upsert(tf.constant([5], tf.int64), tf.constant([[0.1, 0.2, 0.3]]))
+    np.testing.assert_allclose(table.rows.lookup(tf.constant([5], tf.int64)).numpy(), [[0.1, 0.2, 0.3]])
+    k, v = (x.numpy() for x in table.rows.export())
+    assert sorted(k.tolist()) == [2, 5, 7, 9], "a key exported twice or lost"
+    np.testing.assert_allclose(v[k.tolist().index(5)], [0.1, 0.2, 0.3])
+    assert int(table.size()) == 4
+    # commit() rounds the row in flight into the store and empties params.
+    table.commit()
+    assert int(table.params.size()) == 0 and int(table.store.size()) == 4
+    np.testing.assert_array_equal(table.rows.lookup(tf.constant([5], tf.int64)).numpy(), round16([[0.1, 0.2, 0.3]]))
+    table.rows.remove(tf.constant([5, 2], tf.int64))
+    assert sorted(table.rows.export()[0].numpy().tolist()) == [7, 9]
+    # training=False: no insert, the Hashed row of an id never stored.
+    missing = table.lookup(tf.constant([100], tf.int64), None, None, training=False).numpy()
+    want = initializers.hashed_rows_numpy([100], [11], 3, 0.05)
+    np.testing.assert_array_equal(missing, want)
+    assert int(table.size()) == 2
+
+
+def test_storage_must_be_float32_or_float16():
+    with pytest.raises(ValueError, match="storage must be one of .*'bfloat16'"):
+        fr.FusedEmbedding([fr.Feature("a", dim=4)], storage="bfloat16", name="bad_storage")
+
+
+def test_row_bytes_halve_the_values():
+    layer = fr.FusedEmbedding([fr.Feature("a", dim=16)], storage="float16", name="bytes16")
+    plain = fr.FusedEmbedding([fr.Feature("a", dim=16)], name="bytes32")
+    ids = {"a": tf.constant(np.arange(10), tf.int64)}
+    for lay in (layer, plain):
+        opt = fr.train.make_optimizer(lay, default="sgd")
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(lay(ids, training=True)["a"])
+        opt.apply_gradients(zip(tape.gradient(loss, lay.trainable_variables), lay.trainable_variables))
+    assert layer.table_bytes() == {"rows": 10 * (8 + 2 * 16), "storage": "float16"}
+    assert plain.table_bytes() == {"rows": 10 * (8 + 4 * 16), "storage": "float32"}
+
+
+# --- SGD against NumPy --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["function", "eager"])
+def test_sgd_equals_numpy_reference(mode):
+    """loss = sum_f sum_b <out_f[b], W_f[b]>: the gradient of row (f, id) is the sum of W_f[b] over the b holding
+    id. W is a multiple of 1/8, so the float32 sums are exact and the one rounding to float16 is the reference's."""
+    dim, lr, seed = 4, 0.5, 0
+    feats = [fr.Feature("a", dim=dim, max_id_bits=8), fr.Feature("b", dim=dim, max_id_bits=8)]
+    layer = fr.FusedEmbedding(feats, optimizer={"name": "sgd", "learning_rate": lr}, storage="float16",
+                              name="sgd16")
+    opt = fr.train.make_optimizer(layer, default="sgd")
+
+    def step(inputs, weights):
+        with tf.GradientTape() as tape:
+            out = layer(inputs, training=True)
+            loss = tf.add_n([tf.reduce_sum(out[f] * weights[f]) for f in ("a", "b")])
+        variables = layer.trainable_variables
+        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return out
+
+    step = tf.function(step) if mode == "function" else step
+    salts = {f: initializers.feature_salt(seed, f) for f in ("a", "b")}
+    ref = {}
+
+    def row(f, i):
+        if (f, i) not in ref:
+            ref[(f, i)] = initializers.hashed_rows_numpy([i], [salts[f]], dim, 0.05)[0]
+        return ref[(f, i)]
+
+    rng = np.random.default_rng(1)
+    for s in range(6):
+        ids = {f: rng.integers(0, VOCAB, 10).astype(np.int64) for f in ("a", "b")}
+        weights = {f: (rng.integers(-16, 17, (10, dim)) / 8.0).astype(np.float32) for f in ("a", "b")}
+        out = step({f: tf.constant(v) for f, v in ids.items()}, {f: tf.constant(v) for f, v in weights.items()})
+        for f in ("a", "b"):
+            want = np.stack([row(f, int(i)) for i in ids[f]])
+            np.testing.assert_array_equal(out[f].numpy(), want, err_msg=f"step {s} output {f}")
+        for f in ("a", "b"):
+            for i in np.unique(ids[f]):
+                grad = weights[f][ids[f] == i].sum(axis=0)
+                ref[(f, int(i))] = round16(row(f, int(i)) - np.float32(lr) * grad)
+        assert int(layer.tables[0].params.size()) == 0, "rows left in flight after the update"
+    all_ids = {f: tf.constant(np.arange(VOCAB), tf.int64) for f in ("a", "b")}
+    got = layer(all_ids, training=False)
+    for f in ("a", "b"):
+        np.testing.assert_array_equal(got[f].numpy(), np.stack([row(f, i) for i in range(VOCAB)]),
+                                      err_msg=f"rows of {f} after training")
+
+
+# --- Adagrad / Adam against float32 storage rounded by hand -------------------------------------------------------
+
+def features(optimizer):
+    opt = {"name": optimizer, "learning_rate": 0.1}
+    out = [fr.Feature("a", dim=4, optimizer=opt), fr.Feature("b", dim=4, optimizer=opt),
+           fr.Feature("tags", dim=4, combiner="mean", optimizer=opt), fr.Feature("hist", dim=3, optimizer=opt)]
+    return [dataclasses.replace(f, max_id_bits=20) for f in out]
+
+
+def batch(step):
+    rng = np.random.default_rng([5, step])
+    lengths = rng.integers(0, 4, 8)
+    hist = (rng.zipf(1.5, (8, 2)) % VOCAB).astype(np.int64)
+    hist[rng.random((8, 2)) < 0.2] = -1
+    return {"a": tf.constant(rng.zipf(1.5, 8) % VOCAB, tf.int64), "b": tf.constant(rng.zipf(1.5, 8) % VOCAB, tf.int64),
+            "tags": tf.RaggedTensor.from_row_lengths(rng.zipf(1.5, int(lengths.sum())) % VOCAB, lengths),
+            "hist": tf.constant(hist)}
+
+
+class Trainer:
+    def __init__(self, optimizer, storage, name, replication=None):
+        self.layer = fr.FusedEmbedding(features(optimizer), storage=storage, replication=replication, name=name)
+        self.w = tf.Variable(tf.random.stateless_normal([15, 1], seed=[1, 2]) * 0.3)
+        self.optimizer = fr.train.make_optimizer([self.layer], default="sgd")
+        self.step = tf.function(self._step)
+        self.model = Holder(self.layer, self.w)
+        self.counter = tf.Variable(0, dtype=tf.int64)
+
+    def _step(self, inputs):
+        with tf.GradientTape() as tape:
+            out = self.layer(inputs)
+            x = tf.concat([out["a"], out["b"], out["tags"], tf.reduce_sum(out["hist"], axis=1)], axis=1)
+            loss = tf.reduce_mean(tf.square(x @ self.w - 1.0))
+        variables = self.layer.trainable_variables + [self.w]
+        self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return out
+
+    def round_rows(self):
+        """float32 storage made to behave like float16: every row rounded after the update."""
+        for table in self.layer.tables:
+            keys, rows = table.params.export()
+            table.params.upsert(keys, tf.constant(round16(rows.numpy())))
+
+    def state(self):
+        """{(feature, id, what): value} of rows (sharded and replicated) and optimizer slots."""
+        out = {}
+        for g, group in enumerate(self.layer.groups):
+            tables = [self.layer.tables[g]] + (self.layer.hot_tables[g:g + 1] if self.layer.hot_tables else [])
+            for t, table in enumerate(tables):
+                opt = self.optimizer.sparse_optimizer_of(table.shadow)
+                opt._create_all_weights([table.shadow])  # noqa: SLF001
+                slots = [(n, opt.get_slot(table.shadow, n).params) for n in sorted(opt.get_slot_names())]
+                for c, name in enumerate(group.feature_names):
+                    keys = unified_keys(tf.constant(np.arange(VOCAB), tf.int64), tf.fill([VOCAB], c),
+                                        group.num_categories, group.encoding)
+                    for what, params in [("row", table.rows)] + slots:
+                        values, exists = params.lookup(keys, return_exists=True)
+                        for i, v, e in zip(range(VOCAB), values.numpy(), exists.numpy()):
+                            if e:
+                                assert (name, i, what) not in out, f"{name} {i} {what} held twice"
+                                out[(name, i, what)] = (t, v)
+        return out
+
+
+class Holder(tf.Module):
+    def __init__(self, layer, w):
+        super().__init__()
+        self.emb, self.w = layer, w
+
+
+def assert_same_state(a, b, what):
+    assert sorted(a) == sorted(b), f"{what}: {sorted(set(a) ^ set(b))[:6]}"
+    for k in a:
+        np.testing.assert_array_equal(a[k][1], b[k][1], err_msg=f"{what}: {k}")
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
+def test_equals_float32_rounded_after_each_update(optimizer):
+    half, plain = Trainer(optimizer, "float16", "h16"), Trainer(optimizer, "float32", "h32")
+    for s in range(5):
+        out_half, out_plain = half.step(batch(s)), plain.step(batch(s))
+        plain.round_rows()
+        for f in out_half:
+            a, b = out_half[f], out_plain[f]
+            if isinstance(a, tf.RaggedTensor):
+                a, b = a.flat_values, b.flat_values
+            np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=f"step {s} output {f}")
+        assert all(int(t.params.size()) == 0 for t in half.layer.tables), "rows left in flight"
+    assert_same_state(half.state(), plain.state(), "after 5 steps")
+    for (_, _, what), (_, v) in half.state().items():
+        if what == "row":
+            np.testing.assert_array_equal(round16(v), v)
+
+
+# --- with replication: mixed precision ----------------------------------------------------------------------------
+
+def test_replicated_rows_stay_float32_and_moves_round_the_leaving_rows():
+    t = Trainer("adagrad", "float16", "mix", replication=fr.HotReplication(rows=4))
+    rl.choose_hot_set(t.layer, [batch(s) for s in range(3)])
+    for s in range(4):
+        t.step(batch(s))
+    assert all(h.store is None for h in t.layer.hot_tables), "replicated rows must stay float32"
+    state = t.state()
+    hot_rows = [v for (_, _, what), (table, v) in state.items() if what == "row" and table == 1]
+    assert hot_rows and any((round16(v) != v).any() for v in hot_rows), "hot rows look rounded to float16"
+    for (_, _, what), (table, v) in state.items():
+        if what == "row" and table == 0:
+            np.testing.assert_array_equal(round16(v), v)
+    before = {k: v for k, (_, v) in state.items()}
+    for g in range(len(t.layer.groups)):  # every hot pair leaves: rows (rounded) and slots go to the sharded table
+        rl.move_hot_set(t.layer, g, [], [], [], optimizer=t.optimizer)
+    after = t.state()
+    assert sorted(after) == sorted(before), "a row or slot was lost or duplicated by the move"
+    for k, (table, v) in after.items():
+        assert table == 0
+        want = round16(before[k]) if k[2] == "row" else before[k]
+        np.testing.assert_array_equal(v, want, err_msg=f"{k} after the move")
+
+
+def test_checkpoint_of_mixed_storage_continues_exactly(tmp_path):
+    comm = SingleProcessComm()
+
+    def trainer():
+        return Trainer("adam", "float16", "ckpt16", replication=fr.HotReplication(rows=5))
+
+    reference = trainer()
+    rl.choose_hot_set(reference.layer, [batch(s) for s in range(3)])
+    for s in range(6):
+        reference.step(batch(s))
+    want = reference.state()
+    tf.keras.backend.clear_session()
+
+    first = trainer()
+    rl.choose_hot_set(first.layer, [batch(s) for s in range(3)])
+    for s in range(3):
+        first.step(batch(s))
+    first.counter.assign(3)
+    Checkpointer(str(tmp_path), first.model, first.optimizer, first.counter, comm).save()
+    tf.keras.backend.clear_session()
+
+    second = trainer()
+    assert Checkpointer(str(tmp_path), second.model, second.optimizer, second.counter, comm).restore()["step"] == 3
+    assert all(int(t.params.size()) == 0 for t in second.layer.tables), "a restore must write to the store"
+    for s in range(3, 6):
+        second.step(batch(s))
+    assert_same_state(second.state(), want, "restored and continued")
