@@ -215,8 +215,10 @@ def group_features(features, default_optimizer, default_initializer):
 # Experiment configs (configs/*.yaml), parsed in one place: load_config().
 # ---------------------------------------------------------------------------------------------------------------
 
-DATA_SOURCES = ("synthetic", "criteo", "movielens", "grm_synthetic")
-SEQUENCE_SOURCES = ("grm_synthetic",)  # user sequences with two labels (click, conversion): the GRM's data
+DATA_SOURCES = ("synthetic", "criteo", "movielens", "grm_synthetic", "movielens_seq")
+SEQUENCE_SOURCES = ("grm_synthetic", "movielens_seq")  # user sequences, two labels (click, conversion): the GRM's data
+# The knobs of the synthetic lengths; a source of real sequences (movielens_seq) takes its lengths from the data.
+SYNTHETIC_LENGTH_KEYS = ("median_length", "length_sigma", "longest_length", "empty_fraction")
 MODELS = ("dlrm", "dcn", "grm")
 PIPELINES = ("sync", "dbp", "fwp")
 
@@ -248,11 +250,12 @@ class FeatureConfig:
 
 @dataclasses.dataclass
 class SequenceConfig:
-    """``data.sequences`` of a sequence source (tf_fusedrec/data/sequences.py has the details).
+    """``data.sequences`` of a sequence source (the details: tf_fusedrec/data/sequences.py, movielens_seq.py).
 
     feature: the sequence feature (ragged ids, embedded with combiner null); the other features are context
       features, one id per user. target: the context feature that is a candidate item, or null.
-    median_length, length_sigma, longest_length, empty_fraction: the long-tailed length law (log-normal, bounded).
+    median_length, length_sigma, longest_length, empty_fraction: the long-tailed length law (log-normal, bounded) of
+      grm_synthetic; movielens_seq rejects them (SYNTHETIC_LENGTH_KEYS: its lengths are the data's).
     max_length: the cap; a longer sequence is an error unless truncate: true (keeps the last max_length items).
     """
 
@@ -388,9 +391,14 @@ def parse_config(raw, where="config"):
     data = _build(DataConfig, raw.get("data"), f"{where}.data")
     if data.source not in DATA_SOURCES:
         raise ValueError(f"{where}.data.source: must be one of {DATA_SOURCES}, got {data.source!r}")
-    if data.source not in ("synthetic",) + SEQUENCE_SOURCES and not data.path:
+    if data.source not in ("synthetic", "grm_synthetic") and not data.path:
         raise ValueError(f"{where}.data.path: required for source {data.source!r}")
     if data.source in SEQUENCE_SOURCES:
+        if data.source == "movielens_seq" and isinstance(data.sequences, dict):
+            knobs = [k for k in SYNTHETIC_LENGTH_KEYS if k in data.sequences]
+            if knobs:
+                raise ValueError(f"{where}.data.sequences.{knobs[0]}: a knob of the synthetic lengths; source "
+                                 f"'movielens_seq' takes its lengths from the data (remove it)")
         data.sequences = _build(SequenceConfig, data.sequences, f"{where}.data.sequences")
         if data.num_dense != 0:
             raise ValueError(f"{where}.data.num_dense: source {data.source!r} has no dense features; set 0, got "
@@ -448,15 +456,17 @@ def _check_grm_model(model, where):
 
 def _check_sequences(config, where):
     """The sequence section against the features: a sequence feature with combiner null, valid length knobs."""
-    from tf_fusedrec.data.sequences import SequenceSpec  # noqa: PLC0415  (data imports the op-free modules only)
+    from tf_fusedrec.data.movielens_seq import MovieLensSeqSpec  # noqa: PLC0415  (op-free data modules only)
+    from tf_fusedrec.data.sequences import SequenceSpec  # noqa: PLC0415
 
     seq = config.data.sequences
     for f in config.features:
         if f.name == seq.feature and f.combiner is not None:
             raise ValueError(f"{where}.features ({f.name}): the sequence feature needs combiner null (one "
                              f"embedding per item), got {f.combiner!r}")
+    spec = MovieLensSeqSpec if config.data.source == "movielens_seq" else SequenceSpec
     try:
-        SequenceSpec.from_config(config)
+        spec.from_config(config)
     except ValueError as e:
         raise ValueError(f"{where}.data.sequences: {e}") from None
 

@@ -68,6 +68,9 @@ def make_dataset(config, batch_size, rank, size, held_out=False, start_step=0, s
     if d.source == "grm_synthetic":  # labels float32 [B, 2] (click, conversion)
         return data.grm_dataset(config, batch_size, seed=d.seed, rank=rank, num_ranks=size, held_out=held_out,
                                 start_step=start_step, steps=steps)
+    if d.source == "movielens_seq":  # fixed sample counts of the sample dicts; held out: one pass, finite
+        ds = sequence_dataset(config, batch_size, rank, size, held_out=held_out).skip(start_step)
+        return ds if steps is None else ds.take(max(steps - start_step, 0))
     if d.source == "synthetic":
         inputs = [data.SparseInput(f.name, f.vocab, f.zipf, tuple(f.hotness) if isinstance(f.hotness, list)
                                    else f.hotness) for f in config.features]
@@ -87,8 +90,49 @@ def make_dataset(config, batch_size, rank, size, held_out=False, start_step=0, s
 BALANCE_MODES = ("tokens", "none")
 
 
+def sequence_samples(config, rank, size, held_out=False):
+    """This worker's sample dicts of a sequence source (data.source in config.SEQUENCE_SOURCES; each dict: the
+    sequence feature int64 [L], the other features int64 [], "labels" float32 [2], "tokens" L): what SequenceBatches
+    cuts into batches. Training (held_out False) is endless; the held-out stream is endless for grm_synthetic and one
+    shuffled pass over the test split for movielens_seq."""
+    from tf_fusedrec import data  # noqa: PLC0415
+
+    d = config.data
+    if d.source == "grm_synthetic":
+        return data.grm_samples(config, seed=d.seed, rank=rank, num_ranks=size, held_out=held_out)
+    if d.source == "movielens_seq":
+        from tf_fusedrec.data import movielens_seq  # noqa: PLC0415
+
+        return movielens_seq.movielens_seq_samples(
+            d.path, movielens_seq.MovieLensSeqSpec.from_config(config), rank=rank, num_ranks=size,
+            held_out=held_out, shuffle=True, seed=d.seed, epochs=1 if held_out else None)
+    from tf_fusedrec.config import SEQUENCE_SOURCES  # noqa: PLC0415
+
+    raise ValueError(f"data.source {d.source!r} is not a sequence source {SEQUENCE_SOURCES}")
+
+
+def sequence_signature(config):
+    """The batch signature of a sequence config: the sequence feature ragged int64 [B, None], every other feature
+    int64 [B], "labels" float32 [B, 2]."""
+    name = config.data.sequences.feature
+    return {name: tf.RaggedTensorSpec([None, None], tf.int64, 1, tf.int64),
+            **{f.name: tf.TensorSpec([None], tf.int64) for f in config.features if f.name != name},
+            "labels": tf.TensorSpec([None, 2], tf.float32)}
+
+
+def sequence_dataset(config, batch_size, rank, size, held_out=False):
+    """This worker's (features, labels) batches of batch_size consecutive samples of sequence_samples (the last
+    batch of a finite stream holds the rest)."""
+    from tf_fusedrec.train import balance as balance_lib  # noqa: PLC0415
+
+    def batches():
+        return balance_lib.fixed_batches(sequence_samples(config, rank, size, held_out=held_out), batch_size)
+
+    return balance_lib.to_dataset(batches, sequence_signature(config), label_key="labels")
+
+
 class SequenceBatches:
-    """This worker's batches of a sequence source (data.source: grm_synthetic) for the train app: token-balanced
+    """This worker's batches of a sequence source (config.SEQUENCE_SOURCES) for the train app: token-balanced
     (MTGRBoost's dynamic sequence batching: each batch's token count is the closest cut to batch_size x the mean
     sequence length, so workers get different sample counts and similar token counts) or of a fixed sample count.
     Records each batch's (samples, tokens) in `counts`, in the order the batches are made (tf.data prefetches, so it
@@ -102,25 +146,20 @@ class SequenceBatches:
     """
 
     def __init__(self, config, batch_size, rank, size, balance):
-        from tf_fusedrec import data  # noqa: PLC0415
         from tf_fusedrec.train import balance as balance_lib  # noqa: PLC0415
 
         if balance not in BALANCE_MODES:
             raise ValueError(f"--balance must be one of {BALANCE_MODES}, got {balance!r}")
         self.config, self.batch_size, self.rank, self.size, self.balance = config, batch_size, rank, size, balance
-        self.spec = data.SequenceSpec.from_config(config)
         # The target: batch_size x the mean length of this worker's first 4096 samples (deterministic).
-        first = [s["tokens"] for _, s in zip(range(4096), data.grm_samples(config, rank=rank, num_ranks=size))]
+        first = [s["tokens"] for _, s in zip(range(4096), sequence_samples(config, rank, size))]
         self.target_tokens = max(1, int(round(batch_size * float(np.mean(first)))))
         self.counts = []
-        name = self.spec.items.name
-        self.signature = {name: tf.RaggedTensorSpec([None, None], tf.int64, 1, tf.int64),
-                          **{c.name: tf.TensorSpec([None], tf.int64) for c in self.spec.contexts},
-                          "labels": tf.TensorSpec([None, 2], tf.float32)}
-        self._balance_lib, self._data = balance_lib, data
+        self.signature = sequence_signature(config)
+        self._balance_lib = balance_lib
 
     def _batches(self):
-        samples = self._data.grm_samples(self.config, rank=self.rank, num_ranks=self.size)
+        samples = sequence_samples(self.config, self.rank, self.size)
         if self.balance == "tokens":
             batches = self._balance_lib.TokenBatcher(self.target_tokens, tokens_of=lambda s: s["tokens"])(samples)
         else:
