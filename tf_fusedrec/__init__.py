@@ -81,6 +81,7 @@ _import_tfra_quietly()
 from tf_fusedrec import initializers  # noqa: E402
 from tf_fusedrec import ops  # noqa: E402
 from tf_fusedrec.config import Feature, OptimizerSpec, Spec, SpecGroup  # noqa: E402
+from tf_fusedrec.distributed.eviction import Eviction  # noqa: E402
 from tf_fusedrec.distributed.replication import HotReplication  # noqa: E402
 from tf_fusedrec.layers import FusedEmbedding, PerFeatureEmbedding  # noqa: E402
 from tf_fusedrec import train  # noqa: E402
@@ -90,6 +91,7 @@ __all__ = [
     "Feature",
     "export",
     "FusedEmbedding",
+    "Eviction",
     "HotReplication",
     "OptimizerSpec",
     "PerFeatureEmbedding",

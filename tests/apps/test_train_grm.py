@@ -3,8 +3,9 @@
 * 2 workers with --balance tokens: the summary holds the balance, the token target, the token imbalance (mean over
   steps of max/min tokens across workers), samples and tokens per worker (the workers' sample counts differ: that is
   what balancing does) and one held-out AUC per task; with --balance none every worker holds batch_size samples.
-* --table-storage float16 --hot 40 (mixed precision: float16 rows, 40 hot rows per group replicated in float32) on
-  2 workers trains and reports its table bytes: fewer row bytes than the float32 run over the same batches.
+* --table-storage float16 --hot 40 (mixed precision: float16 rows, 40 hot rows per group replicated in float32) with
+  --evict-capacity 200 --evict-interval 2 on 2 workers trains and reports its table bytes (fewer row bytes than the
+  float32 run over the same batches), its table rows over time (fewer) and the rows each worker evicted.
 * Refused, exit 2 naming the problem: --balance tokens on a config without sequences, --pipeline fwp on a sequence
   config.
 """
@@ -19,7 +20,8 @@ STEPS, BATCH = 4, 32
 def runs(apps):
     out = {}
     for name, extra in (("tokens", []), ("none", []),
-                        ("mixed", ["--table-storage", "float16", "--hot", "40", "--hot-sample-batches", "2"])):
+                        ("mixed", ["--table-storage", "float16", "--hot", "40", "--hot-sample-batches", "2",
+                                   "--evict-capacity", "200", "--evict-interval", "2"])):
         balance = "none" if name == "none" else "tokens"
         run = apps.run_app("tf_fusedrec.train", ["--config", CONFIG, "--steps", STEPS, "--batch-size", BATCH,
                                                  "--balance", balance, "--no-progress"] + extra, workers=2)
@@ -56,6 +58,12 @@ def test_mixed_precision_tables(runs):
     assert len(mixed_rows) == 2 and all(b > 0 for b in mixed_rows)
     assert sum(mixed_rows) < 0.75 * sum(plain_rows), (mixed_rows, plain_rows)
     assert all(b > 0 for b in s["table_bytes_per_worker"]["slots"])  # Adagrad's accumulators, float32
+    over_time, plain_over_time = s["table_rows_over_time"], plain["table_rows_over_time"]
+    assert over_time["steps"] == plain_over_time["steps"] == [STEPS]
+    for r in range(2):
+        assert 0 < over_time["rows_per_worker"][r][-1] < plain_over_time["rows_per_worker"][r][-1]
+    assert s["eviction"]["capacity"] == 200 and s["eviction"]["policy"] == "lfu"
+    assert len(s["eviction"]["evicted_per_worker"]) == 2 and all(n > 0 for n in s["eviction"]["evicted_per_worker"])
     assert set(s["auc"]) == {"click", "conversion"} and s["final_loss"] == s["final_loss"]  # not NaN
 
 
@@ -64,6 +72,7 @@ def test_mixed_precision_tables(runs):
     (["--config", CONFIG, "--pipeline", "fwp"], "--pipeline fwp weights micro-batches by their local size"),
     (["--config", CONFIG, "--embedding", "per_feature", "--table-storage", "float16"],
      "--table-storage float16 needs a fused --embedding"),
+    (["--config", CONFIG, "--evict-capacity", "0"], "Eviction: capacity must be an integer >= 1, got 0"),
 ])
 def test_refusals(apps, args, message):
     run = apps.run_app("tf_fusedrec.train", args + ["--steps", "2", "--batch-size", "8", "--no-progress"])

@@ -124,7 +124,8 @@ class HalfRows:
                 tf.concat([tf.cast(tf.boolean_mask(v16, keep), tf.float32), v32], 0))
 
     def size(self):
-        return tf.shape(self.export()[0], out_type=tf.int64)[0]
+        """Rows stored plus rows in flight: exact between steps (a step's commit empties params)."""
+        return self.store.size() + self.params.size()
 
 
 def row_bytes(rows):
@@ -178,6 +179,7 @@ class EmbeddingTable:
                                              initializer=0.0, trainable=False)
                 self.rows = HalfRows(self.params, self.store)
         self._graph_trainables = []
+        self.status = None  # eviction (track_access): int64 [count, last] per key, and the lookups' clock
 
     @property
     def trainable_variables(self):
@@ -216,6 +218,9 @@ class EmbeddingTable:
         if self.store is not None:
             with tf.control_dependencies([self._stage(keys)]):
                 keys = tf.identity(keys)
+        if self.status is not None:
+            with tf.control_dependencies([self._touch(keys)]):
+                keys = tf.identity(keys)
         if not self.hashed:
             return self._trainable_lookup(keys)
         insert = insert_missing_rows(self.params, keys, lambda missing: self.initial_rows(
@@ -229,6 +234,38 @@ class EmbeddingTable:
         stored, exists = self.store.lookup(keys, return_exists=True)
         take = tf.logical_and(exists, tf.logical_not(in_flight))
         return self.params.upsert(tf.boolean_mask(keys, take), tf.cast(tf.boolean_mask(stored, take), tf.float32))
+
+    def track_access(self):
+        """Starts counting accesses for eviction (tf_fusedrec/distributed/eviction.py): a status table beside the rows
+        and the lookups' clock. Call once, before the first lookup."""
+        if self.status is None:
+            if not tf.executing_eagerly():
+                raise ValueError(f"table {self.name}: eviction needs TF2 (eager construction, tf.function steps)")
+            with tf.name_scope("FusedRecTable"):
+                self.status = de.get_variable(check_table_name(f"{self.name}/status", f"table {self.name}"),
+                                              key_dtype=tf.int64, value_dtype=tf.int64, dim=2, initializer=0,
+                                              trainable=False)
+            self.clock = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{self.name.replace('/', '_')}_clock")
+            self.evicted = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{self.name.replace('/', '_')}_evicted")
+
+    def _touch(self, keys):
+        """count += 1 and last = the new clock for the unique keys [U] of a training lookup."""
+        clock = self.clock.assign_add(1)
+        status = self.status.lookup(keys)
+        new = tf.stack([status[:, 0] + 1, tf.fill(tf.shape(keys), clock)], axis=1)
+        return self.status.upsert(keys, new)
+
+    def evict(self, capacity, policy, slots=()):
+        """Removes the rows over `capacity` by `policy` with their slots (TFRA variables keyed like the rows) and
+        status; -> the number of keys evicted (an int64 tensor)."""
+        from tf_fusedrec.distributed import eviction  # noqa: PLC0415
+
+        keys = self.rows.export()[0]
+        status = self.status.lookup(keys)  # [0, 0] for a row never counted (restored, or moved from the hot set)
+        gone = eviction.victims(keys, status[:, 0], status[:, 1], self.clock.read_value(), capacity, policy)
+        removed = [self.rows.remove(gone), self.status.remove(gone)] + [slot.remove(gone) for slot in slots]
+        with tf.control_dependencies(removed):
+            return self.evicted.assign_add(tf.size(gone, out_type=tf.int64))
 
     def commit(self):
         """float16 storage: rounds the rows in flight (read, and updated, by this step) into the store and empties

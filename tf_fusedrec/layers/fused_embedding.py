@@ -8,6 +8,7 @@ from tf_fusedrec import config as cfg
 from tf_fusedrec import initializers
 from tf_fusedrec.distributed import comm as comm_lib
 from tf_fusedrec.distributed.comm import slot_name
+from tf_fusedrec.distributed import eviction as eviction_lib
 from tf_fusedrec.distributed import replication as replication_lib
 from tf_fusedrec.distributed.group_lookup import make_group_lookup
 from tf_fusedrec.distributed.table import EmbeddingTable, ReplicatedTable, ShardedTable, check_storage, packed_ids
@@ -60,7 +61,8 @@ class FusedEmbedding(tf.keras.layers.Layer):
     """
 
     def __init__(self, features, optimizer=_common.DEFAULT_OPTIMIZER, initializer=None, comm=None,
-                 dedup="segment", fusion="deferred", replication=None, storage="float32", name=None, **kwargs):
+                 dedup="segment", fusion="deferred", replication=None, storage="float32", eviction=None, name=None,
+                 **kwargs):
         super().__init__(name=name, **kwargs)
         self.features = _common.parse_features(features, self.name)
         if dedup not in DEDUP_MODES:
@@ -69,6 +71,7 @@ class FusedEmbedding(tf.keras.layers.Layer):
             raise ValueError(f"{self.name}: fusion must be one of {FUSION_MODES}, got {fusion!r}")
         self.dedup, self.fusion = dedup, fusion
         self.storage = check_storage(storage, self.name)
+        self.eviction = eviction_lib.parse_eviction(eviction, self.name, self.features)
         self.replication = replication_lib.parse_replication(replication, self.name)
         if self.replication is not None and fusion != "deferred":
             raise ValueError(f"{self.name}: replication needs fusion='deferred', got fusion={fusion!r}")
@@ -80,6 +83,7 @@ class FusedEmbedding(tf.keras.layers.Layer):
         )
         self.comm = comm_lib.get_comm(comm)
         self.tables, self.group_lookups, self.hot_tables = [], [], []
+        self._capacities = []  # (table, capacity) of the evicting tables
         self._hot = _Untracked()  # HotSets: variables of changing length, saved by fr.train.checkpoint, not Keras
         self._hot.sets = []
         for group in self._groups:
@@ -88,6 +92,10 @@ class FusedEmbedding(tf.keras.layers.Layer):
             salts = [initializers.feature_salt(seed, n) for n in group.feature_names]
             table = EmbeddingTable(f"{self.name}/{group.name}", group.spec.dim, initializer, salts, self.storage)
             self.tables.append(table)
+            capacity = self.eviction.capacity_of(group, self.name) if self.eviction is not None else None
+            if capacity is not None:
+                table.track_access()
+                self._capacities.append((table, capacity))
             hot = None
             if self.replication is not None:
                 replication_lib.check_group(self.replication, group, initializer, self.name)
@@ -124,6 +132,28 @@ class FusedEmbedding(tf.keras.layers.Layer):
         """The op that writes the rows updated by this step back to float16 storage (a no-op for float32); the
         GroupedOptimizer runs it after each update."""
         return tf.group([t.commit() for t in self.tables])
+
+    def evict_rows(self, optimizer):
+        """The op that evicts the rows over capacity (with their slots in `optimizer`, a GroupedOptimizer) when the
+        update now ending is the eviction interval's; make_optimizer's optimizer runs it after each update."""
+        def evict():
+            counts = []
+            for table, capacity in self._capacities:
+                slots = []
+                if table.shadow is not None:
+                    opt = optimizer.sparse_optimizer_of(table.shadow)
+                    slots = [opt.get_slot(table.shadow, n).params for n in sorted(opt.get_slot_names())]
+                counts.append(table.evict(capacity, self.eviction.policy, slots))
+            return tf.group(counts)
+
+        due = tf.equal((optimizer.iterations + 1) % self.eviction.interval, 0)
+        return tf.cond(due, lambda: tf.group(evict()), tf.no_op)
+
+    def eviction_statistics(self):
+        """{group name: {"rows": rows held on this worker, "evicted": rows evicted so far, "capacity": ...}} of the
+        evicting tables."""
+        return {g.name: {"rows": int(t.size()), "evicted": int(t.evicted.numpy()), "capacity": c}
+                for g, t in zip(self._groups, self.tables) for table, c in self._capacities if table is t}
 
     def table_bytes(self):
         """{"rows": bytes of this worker's keys and rows (sharded and replicated), "storage": self.storage}; the
@@ -268,6 +298,8 @@ class FusedEmbedding(tf.keras.layers.Layer):
         config = super().get_config()
         config.update(_common.layer_config(self.features, self.default_optimizer, self.default_initializer))
         config.update({"dedup": self.dedup, "fusion": self.fusion, "storage": self.storage})
+        if self.eviction is not None:
+            config["eviction"] = self.eviction.get_config()
         if self.replication is not None:
             config["replication"] = self.replication.get_config()
         return config

@@ -1,7 +1,8 @@
 """`python -m tf_fusedrec.train`: train a model from a configs/*.yaml, alone or under horovodrun.
 
     python -m tf_fusedrec.train --config configs/criteo_synthetic.yaml [--embedding fused|per_feature]
-        [--pipeline sync|dbp|fwp] [--micro-batches K] [--cluster-samples] [--hot auto|R|0] [--table-storage float32|float16] [--steps N]
+        [--pipeline sync|dbp|fwp] [--micro-batches K] [--cluster-samples] [--hot auto|R|0] [--table-storage float32|float16]
+        [--evict-capacity N] [--steps N]
         [--model-dir DIR]
     horovodrun -np 2 -H localhost:2 --gloo python -m tf_fusedrec.train ...
 
@@ -52,6 +53,12 @@ def parse_args(argv=None):
     p.add_argument("--table-storage", choices=("float32", "float16"), default="float32",
                    help="how the fused embedding stores its sharded rows: float16 halves the row bytes (lookups and "
                         "optimizer math stay float32; replicated hot rows, --hot, stay float32: mixed precision)")
+    p.add_argument("--evict-capacity", type=int,
+                   help="bound each worker's table of every group of the fused embedding to this many rows, "
+                        "evicting by --evict-policy every --evict-interval steps (default: tables grow)")
+    p.add_argument("--evict-policy", choices=("lfu", "lru"), default="lfu",
+                   help="which rows go first: the least frequently (lfu) or least recently (lru) read")
+    p.add_argument("--evict-interval", type=int, default=100, help="steps between evictions (default 100)")
     p.add_argument("--balance", choices=("tokens", "none"),
                    help="sequence configs (data.source: grm_synthetic): token-balanced batches whose token count is "
                         "closest to batch size x the mean sequence length (MTGRBoost; the default), or a fixed "
@@ -212,9 +219,14 @@ def run(args):
                          f"the checkpoint, routed by the old hot set)")
     if args.table_storage != "float32" and args.embedding == "per_feature":
         raise ValueError(f"--table-storage {args.table_storage} needs a fused --embedding, got per_feature")
+    eviction = None
+    if args.evict_capacity is not None:
+        if args.embedding == "per_feature":
+            raise ValueError("--evict-capacity needs a fused --embedding, got per_feature")
+        eviction = fr.Eviction(capacity=args.evict_capacity, policy=args.evict_policy, interval=args.evict_interval)
     embedding = experiment.make_embedding(args.embedding, features, config,
                                           comm=meter.wrap(comm) if meter is not None else comm,
-                                          replication=replication, storage=args.table_storage)
+                                          replication=replication, storage=args.table_storage, eviction=eviction)
     model = experiment.make_model(config, embedding)
     optimizer = fr.train.make_optimizer(model, default=config.train.dense_optimizer)
     step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
@@ -273,6 +285,7 @@ def run(args):
     progress = Progress(steps, config.train.log_every, rank == 0, not args.no_progress, start=start)
     warmup = min(3, steps - start - 1)
     timed_steps, timed_seconds, loss_value = 0, 0.0, float("nan")
+    table_rows = []  # (step, this worker's embedding rows) at each log step: the table size over time
     for step in range(start + 1, steps + 1):
         if step == start + 1 + warmup and meter is not None:
             meter.reset()
@@ -284,9 +297,12 @@ def run(args):
             timed_steps += 1
             timed_seconds += elapsed
         progress.update(step, loss_value, batch_size * size / max(elapsed, 1e-9))
+        if step % config.train.log_every == 0 or step == steps:
+            table_rows.append((step, experiment.table_rows(embedding)))
         if writer is not None and (step % config.train.log_every == 0 or step == steps):
             with writer.as_default(step=step):
                 tf.summary.scalar("loss", loss_value)
+                tf.summary.scalar("table_rows/rank0", table_rows[-1][1])
                 if hasattr(embedding, "statistics"):
                     for name, stats in embedding.statistics().items():
                         for stat, value in stats.items():
@@ -319,6 +335,14 @@ def run(args):
         result.update(meter.per_step(timed_steps))
     result["table_storage"] = args.table_storage
     result["table_bytes_per_worker"] = experiment.table_bytes(embedding, optimizer, comm)
+    everyone = comm.allgather(tf.constant([[n for _, n in table_rows]], tf.int64),
+                              name="FusedRec/summary/table_rows").numpy()
+    result["table_rows_over_time"] = {"steps": [s for s, _ in table_rows], "rows_per_worker": everyone.tolist()}
+    if eviction is not None:
+        result["eviction"] = {"capacity": eviction.capacity, "policy": eviction.policy,
+                              "interval": eviction.interval, "evicted_per_worker": comm.allgather(
+                                  tf.constant([[experiment.evicted_rows(embedding)]], tf.int64),
+                                  name="FusedRec/summary/evicted").numpy()[:, 0].tolist()}
     if replication is not None:
         result["hot"] = hot_reports if hot_reports is not None else [
             {"group": g.name, "rows": len(h), "chosen_by": "restored"} for g, h in zip(embedding.groups,

@@ -12,9 +12,10 @@ EMBEDDINGS = ("fused", "per_feature", "fused_nodedup", "fused_source_hash")
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "criteo_synthetic.yaml")
 
 
-def make_embedding(kind, features, config, comm=None, name="sparse", replication=None, storage="float32"):
-    """The embedding layer of a kind in EMBEDDINGS, over `comm` (None: the process's default); `replication` and
-    `storage`: FusedEmbedding's hot-row replication and row storage (fused kinds only)."""
+def make_embedding(kind, features, config, comm=None, name="sparse", replication=None, storage="float32",
+                   eviction=None):
+    """The embedding layer of a kind in EMBEDDINGS, over `comm` (None: the process's default); `replication`,
+    `storage` and `eviction`: FusedEmbedding's hot-row replication, row storage and eviction (fused kinds only)."""
     import tf_fusedrec as fr  # noqa: PLC0415
 
     common = {"optimizer": config.train.sparse_optimizer, "name": name, "comm": comm}
@@ -25,7 +26,19 @@ def make_embedding(kind, features, config, comm=None, name="sparse", replication
         raise ValueError(f"--embedding must be one of {EMBEDDINGS}, got {kind!r}")
     if replication is not None:
         common["replication"] = replication
-    return fr.FusedEmbedding(features, **common, **modes[kind], storage=storage)
+    return fr.FusedEmbedding(features, **common, **modes[kind], storage=storage, eviction=eviction)
+
+
+def table_rows(embedding):
+    """Rows this worker's embedding layer holds (sharded and replicated tables), an int."""
+    tables = embedding.sharded_tables() + (embedding.replicated_tables() if hasattr(embedding, "replicated_tables")
+                                           else [])
+    return sum(int(t.params.size()) for t in tables)
+
+
+def evicted_rows(embedding):
+    """Rows this worker's embedding layer has evicted so far."""
+    return sum(s["evicted"] for s in embedding.eviction_statistics().values())
 
 
 def table_bytes(embedding, optimizer, comm):

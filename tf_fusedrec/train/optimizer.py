@@ -10,12 +10,15 @@ all-to-all has already delivered to the owner summed over the workers that asked
 update is then the one a single worker makes on the union of the batches with the loss averaged over it.
 
 Tables stored as float16 (FusedEmbedding(storage="float16")) are updated in float32 like the others; right after the
-update, apply_gradients runs each layer's commit_rows(), which rounds the updated rows into the float16 store.
+update, apply_gradients runs each layer's commit_rows(), which rounds the updated rows into the float16 store. Layers
+with eviction (FusedEmbedding(eviction=...)) evict after every `interval`-th update, after the commits.
 
 Replicated (hot) rows (FusedEmbedding(replication=...)) are read on every worker: their gradients are averaged over
 workers in the same grouped allreduce as the dense gradients, which is the sharded rows' sum over workers times 1/N,
 so every worker applies the same update to its copy, and the one a sharded table would apply.
 """
+
+import functools
 
 import tensorflow as tf
 from tensorflow_recommenders_addons import dynamic_embedding as de
@@ -54,7 +57,8 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
     def __init__(self, groups, default, comm, name="GroupedOptimizer", replicated=(), after_update=()):
         super().__init__(name=name)
         self.comm = comm
-        self._after_update = list(after_update)  # functions -> op, run after every update (float16 commits)
+        # functions -> op, run in order after every update: float16 commits, then evictions.
+        self._after_update = list(after_update)
         self._replicated = {str(id(v)) for v in replicated}
         self.dense = de.DynamicEmbeddingOptimizer(_build(default))
         # Checkpointed: the optimizers (with their slots). Not checkpointed: which variable goes where, keyed by
@@ -96,9 +100,9 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
         if dense:
             ops.append(self.dense.apply_gradients(dense))
         ops = [o for o in ops if o is not None]
-        if self._after_update:
+        for fn in self._after_update:  # in order, each after the one before
             with tf.control_dependencies(ops):
-                ops = [fn() for fn in self._after_update]
+                ops = [fn()]
         with tf.control_dependencies(ops):
             return self.iterations.assign_add(1)
 
@@ -130,5 +134,9 @@ def make_optimizer(model, default="adam", comm=None):
     replicated = [v for layer in layers if hasattr(layer, "replicated_variables") for v in layer.replicated_variables()]
     after_update = [layer.commit_rows for layer in layers
                     if getattr(layer, "storage", "float32") != "float32" and hasattr(layer, "commit_rows")]
-    return GroupedOptimizer(groups, default, comm if comm is not None else layers[0].comm, replicated=replicated,
-                            after_update=after_update)
+    optimizer = GroupedOptimizer(groups, default, comm if comm is not None else layers[0].comm,
+                                 replicated=replicated, after_update=after_update)
+    for layer in layers:
+        if getattr(layer, "eviction", None) is not None:
+            optimizer._after_update.append(functools.partial(layer.evict_rows, optimizer))  # noqa: SLF001
+    return optimizer
