@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Row storage of the GRM's tables on grm_synthetic, 2 workers (MTGRBoost §5.2's mixed precision): float32, float16,
-# and float16 with the hot rows replicated in float32 (--hot auto: mixed). Each run trains the same batches
-# (--balance none) for STEPS steps; table bytes (rows; optimizer slots apart), held-out AUC per task and samples/s
+# and float16 with the 2000 most read rows per group replicated in float32 (--hot 2000: mixed). Each run trains the
+# same batches (--balance none) for STEPS steps; table bytes (rows; optimizer slots apart), held-out AUC per task and samples/s
 # -> $OUT/storage_bench.json (the README's table). REPEATS > 1 repeats the three modes in turn (samples/s only
 # differs between repeats).
 #   scripts/bench_grm_storage.sh [OUT=docs/grm] [REPEATS=1] [STEPS=300] [BATCH=128]
@@ -11,7 +11,7 @@ OUT=${OUT:-docs/grm}; REPEATS=${REPEATS:-1}; STEPS=${STEPS:-300}; BATCH=${BATCH:
 export TF_CPP_MIN_LOG_LEVEL=2
 mkdir -p "$OUT/runs"
 declare -A MODE_ARGS=([float32]="--table-storage float32" [float16]="--table-storage float16"
-                      [mixed]="--table-storage float16 --hot auto --hot-sample-batches 20")
+                      [mixed]="--table-storage float16 --hot 2000 --hot-sample-batches 20")
 for rep in $(seq 1 "$REPEATS"); do
   for mode in float32 float16 mixed; do
     echo "[bench-grm-storage] repeat $rep, $mode" >&2

@@ -5,7 +5,8 @@
   what balancing does) and one held-out AUC per task; with --balance none every worker holds batch_size samples.
 * --table-storage float16 --hot 40 (mixed precision: float16 rows, 40 hot rows per group replicated in float32) with
   --evict-capacity 200 --evict-interval 2 on 2 workers trains and reports its table bytes (fewer row bytes than the
-  float32 run over the same batches), its table rows over time (fewer) and the rows each worker evicted.
+  float32 run over the same batches), its table rows over time (fewer) and the rows each worker evicted; its dense
+  layers run under mixed_float16 with the dynamic loss scale (the workers agree on skipped steps).
 * Refused, exit 2 naming the problem: --balance tokens on a config without sequences, --pipeline fwp on a sequence
   config.
 """
@@ -21,7 +22,8 @@ def runs(apps):
     out = {}
     for name, extra in (("tokens", []), ("none", []),
                         ("mixed", ["--table-storage", "float16", "--hot", "40", "--hot-sample-batches", "2",
-                                   "--evict-capacity", "200", "--evict-interval", "2"])):
+                                   "--evict-capacity", "200", "--evict-interval", "2",
+                                   "--dense-precision", "mixed_float16"])):
         balance = "none" if name == "none" else "tokens"
         run = apps.run_app("tf_fusedrec.train", ["--config", CONFIG, "--steps", STEPS, "--batch-size", BATCH,
                                                  "--balance", balance, "--no-progress"] + extra, workers=2)
@@ -53,6 +55,7 @@ def test_mixed_precision_tables(runs):
     run, s = runs["mixed"]
     _, plain = runs["tokens"]  # the same balanced batches, float32 rows, nothing replicated
     assert s["table_storage"] == "float16" and plain["table_storage"] == "float32", run.describe()
+    assert s["dense_precision"] == "mixed_float16" and s["loss_scale"]["skipped_steps"] < STEPS
     assert [h["rows"] for h in s["hot"]] == [40] * len(s["hot"]) and s["hot"], run.describe()
     mixed_rows, plain_rows = s["table_bytes_per_worker"]["rows"], plain["table_bytes_per_worker"]["rows"]
     assert len(mixed_rows) == 2 and all(b > 0 for b in mixed_rows)

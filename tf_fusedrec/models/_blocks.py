@@ -17,6 +17,19 @@ def mlp(units, name, last_activation="relu", seed=0):
     return tf.keras.Sequential(layers, name=name)
 
 
+def compute_dtype(outputs, dtype):
+    """The embedding layer's float32 outputs (dict of tensors or ragged tensors) in the model's compute dtype: float16
+    or bfloat16 under a Keras mixed precision policy (tf.keras.mixed_precision), unchanged otherwise."""
+    if dtype == tf.float32 or dtype == "float32":
+        return outputs
+    return {k: tf.cast(v, dtype) for k, v in outputs.items()}
+
+
+def logits(x):
+    """Logits in float32, whatever the compute dtype (the loss and the AUC are computed in float32)."""
+    return tf.cast(x, tf.float32)
+
+
 def sparse_inputs(inputs):
     """The sparse part of a batch dict (everything but "dense")."""
     return {k: v for k, v in inputs.items() if k != "dense"}

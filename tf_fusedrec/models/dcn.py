@@ -39,7 +39,8 @@ class DCNv2(tf.keras.Model):
         self.deep = _blocks.mlp(list(deep_mlp) + [1], "deep_mlp", last_activation=None, seed=seed + 1000)
 
     def call(self, inputs, training=None):
-        outputs = self.embedding(_blocks.sparse_inputs(inputs), training=training)
+        outputs = _blocks.compute_dtype(self.embedding(_blocks.sparse_inputs(inputs), training=training),
+                                        self.compute_dtype)
         parts = _blocks.pooled(outputs, self.feature_names)
         if self.num_dense:
             parts = [inputs["dense"]] + parts
@@ -47,4 +48,4 @@ class DCNv2(tf.keras.Model):
         x = x0
         for layer in self.cross:
             x = layer((x0, x))
-        return self.deep(x)[:, 0]
+        return _blocks.logits(self.deep(x)[:, 0])

@@ -35,7 +35,8 @@ class DLRM(tf.keras.Model):
         self.top = _blocks.mlp(list(top_mlp) + [1], "top_mlp", last_activation=None, seed=seed + 1000)
 
     def call(self, inputs, training=None):
-        outputs = self.embedding(_blocks.sparse_inputs(inputs), training=training)
+        outputs = _blocks.compute_dtype(self.embedding(_blocks.sparse_inputs(inputs), training=training),
+                                        self.compute_dtype)
         vectors = []
         for name, x in zip(self.feature_names, _blocks.pooled(outputs, self.feature_names)):
             if self._dims[name] != self.interaction_dim:
@@ -51,4 +52,4 @@ class DLRM(tf.keras.Model):
         interactions = tf.boolean_mask(products, tf.broadcast_to(upper, tf.shape(products)))
         interactions = tf.reshape(interactions, [-1, f * (f - 1) // 2])
         parts = [interactions] + ([dense] if self.bottom is not None else [])
-        return self.top(tf.concat(parts, axis=1))[:, 0]
+        return _blocks.logits(self.top(tf.concat(parts, axis=1))[:, 0])

@@ -134,7 +134,7 @@ class HSTUBlock(tf.keras.layers.Layer):
         scores = tf.reduce_sum(tf.gather(q, pairs.query) * tf.gather(k, pairs.key), axis=-1)  # [P, H]
         if self.position_bias is not None:
             scores += tf.gather(self.position_bias, pairs.bucket)
-        weights = tf.nn.silu(scores) / pairs.normalizer[:, None]  # [P, H]
+        weights = tf.nn.silu(scores) / tf.cast(pairs.normalizer, scores.dtype)[:, None]  # [P, H]
         attended = tf.math.unsorted_segment_sum(weights[..., None] * tf.gather(v, pairs.key), pairs.query,
                                                 num_segments=tf.shape(x, out_type=tf.int64)[0])  # [T, H, head_dim]
         attended = tf.reshape(attended, [-1, self.hidden_dim])
@@ -239,7 +239,8 @@ class GRM(tf.keras.Model):
         self.head = MMoE(len(self.tasks), experts, expert_units, tower_units, seed=seed + 1000, name="mmoe")
 
     def _embed(self, inputs, training):
-        outputs = self.embedding(_blocks.sparse_inputs(inputs), training=training)
+        outputs = _blocks.compute_dtype(self.embedding(_blocks.sparse_inputs(inputs), training=training),
+                                        self.compute_dtype)
         sequence = outputs[self.sequence_feature]
         if not isinstance(sequence, tf.RaggedTensor):
             raise ValueError(f"{self.name}: feature {self.sequence_feature!r} must be fed as a tf.RaggedTensor "
@@ -276,4 +277,4 @@ class GRM(tf.keras.Model):
         x, splits = self._states(sequence)
         pooled = self._pool(x, splits)  # [B, dim]
         h = tf.concat([pooled] + [outputs[n] for n in self.context_features], axis=1)
-        return self.head(h)
+        return _blocks.logits(self.head(h))

@@ -7,12 +7,15 @@
   FusedEmbedding built with ``replication=...`` (tf_fusedrec/distributed/replication.py).
 * ``fr.train.balance``: token-balanced batches (MTGRBoost's dynamic sequence batching), the global-count loss
   weighting that makes them exact, gradient accumulation over micro-steps (train/balance.py).
+* ``fr.train.DynamicLossScale(comm)``: loss scaling for float16 dense layers, skipping overflowed steps on every
+  worker (train/loss_scale.py).
 * train/experiment.py builds embeddings, models and datasets from a configs/*.yaml; train/app.py is the CLI.
 """
 
 from tf_fusedrec.distributed.replication import choose_hot_set, repeek
 from tf_fusedrec.train import balance
+from tf_fusedrec.train.loss_scale import DynamicLossScale
 from tf_fusedrec.train.optimizer import GroupedOptimizer, make_optimizer
 from tf_fusedrec.train.pipeline import SCHEDULES, TrainPipeline
 
-__all__ = ["GroupedOptimizer", "balance", "SCHEDULES", "TrainPipeline", "choose_hot_set", "make_optimizer", "repeek"]
+__all__ = ["DynamicLossScale", "GroupedOptimizer", "balance", "SCHEDULES", "TrainPipeline", "choose_hot_set", "make_optimizer", "repeek"]

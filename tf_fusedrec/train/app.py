@@ -2,7 +2,7 @@
 
     python -m tf_fusedrec.train --config configs/criteo_synthetic.yaml [--embedding fused|per_feature]
         [--pipeline sync|dbp|fwp] [--micro-batches K] [--cluster-samples] [--hot auto|R|0] [--table-storage float32|float16]
-        [--evict-capacity N] [--steps N]
+        [--evict-capacity N] [--dense-precision float32|mixed_float16|mixed_bfloat16] [--steps N]
         [--model-dir DIR]
     horovodrun -np 2 -H localhost:2 --gloo python -m tf_fusedrec.train ...
 
@@ -53,6 +53,10 @@ def parse_args(argv=None):
     p.add_argument("--table-storage", choices=("float32", "float16"), default="float32",
                    help="how the fused embedding stores its sharded rows: float16 halves the row bytes (lookups and "
                         "optimizer math stay float32; replicated hot rows, --hot, stay float32: mixed precision)")
+    p.add_argument("--dense-precision", choices=("float32", "mixed_float16", "mixed_bfloat16"), default="float32",
+                   help="Keras dtype policy of the dense layers: mixed_float16 computes in float16 with float32 "
+                        "weights and a dynamic loss scale; mixed_bfloat16 needs no scale (tables stay float32 or "
+                        "--table-storage; on CPUs without AVX-512 float16 runs slower, not faster)")
     p.add_argument("--evict-capacity", type=int,
                    help="bound each worker's table of every group of the fused embedding to this many rows, "
                         "evicting by --evict-policy every --evict-interval steps (default: tables grow)")
@@ -227,6 +231,8 @@ def run(args):
     embedding = experiment.make_embedding(args.embedding, features, config,
                                           comm=meter.wrap(comm) if meter is not None else comm,
                                           replication=replication, storage=args.table_storage, eviction=eviction)
+    if args.dense_precision != "float32":
+        tf.keras.mixed_precision.set_global_policy(args.dense_precision)
     model = experiment.make_model(config, embedding)
     optimizer = fr.train.make_optimizer(model, default=config.train.dense_optimizer)
     step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
@@ -276,9 +282,10 @@ def run(args):
         loss_fn = experiment.global_mean_loss(comm)
     else:
         dataset = experiment.make_dataset(config, batch_size, rank, size, start_step=start)
+    loss_scale = fr.train.DynamicLossScale(comm) if args.dense_precision == "mixed_float16" else None
     pipe = fr.train.TrainPipeline(model, optimizer, loss_fn, dataset, schedule=schedule,
                                   micro_batches=micro_batches, cluster_samples=cluster, step_counter=step_var,
-                                  meter=meter)
+                                  meter=meter, loss_scale=loss_scale)
 
     writer = tf.summary.create_file_writer(os.path.join(args.model_dir, "tensorboard")) \
         if args.model_dir and rank == 0 else None
@@ -333,6 +340,10 @@ def run(args):
     }
     if meter is not None:
         result.update(meter.per_step(timed_steps))
+    result["dense_precision"] = args.dense_precision
+    if loss_scale is not None:
+        result["loss_scale"] = {"final": float(loss_scale.scale.numpy()),
+                                "skipped_steps": int(loss_scale.skipped.numpy())}
     result["table_storage"] = args.table_storage
     result["table_bytes_per_worker"] = experiment.table_bytes(embedding, optimizer, comm)
     everyone = comm.allgather(tf.constant([[n for _, n in table_rows]], tf.int64),

@@ -131,11 +131,8 @@ class Checkpointer:
         has somewhere to write them."""
         if self._slots_built:
             return
-        for table in self.tables + self.replicated:
-            if table.trainable is not None:
-                self._table_optimizer[id(table.trainable)]._create_all_weights([table.trainable])  # noqa: SLF001
-        if self._trainable_dense:
-            self.optimizer.dense._create_all_weights(self._trainable_dense)  # noqa: SLF001
+        self.optimizer.create_slots([t.trainable for t in self.tables + self.replicated if t.trainable is not None]
+                                    + self._trainable_dense)
         self._slots_built = True
 
     def _table_slots(self, table):

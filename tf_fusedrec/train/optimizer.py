@@ -106,6 +106,17 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
         with tf.control_dependencies(ops):
             return self.iterations.assign_add(1)
 
+    def create_slots(self, variables):
+        """Creates the optimizer slots of `variables` now (the wrapped optimizers create them lazily at the first
+        update otherwise): for a restore to write them, or so the first update may sit inside a tf.cond (a loss
+        scale that skips steps)."""
+        per_optimizer = {}
+        for var in variables:
+            index = self._var_index.get(str(id(var)))
+            per_optimizer.setdefault(index, []).append(var)
+        for index, group in per_optimizer.items():
+            (self.dense if index is None else self.sparse[index])._create_all_weights(group)  # noqa: SLF001
+
     def minimize(self, loss, var_list, tape=None):
         if tape is None:
             raise ValueError("GroupedOptimizer.minimize needs the GradientTape that recorded the loss")

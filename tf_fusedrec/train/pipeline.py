@@ -95,10 +95,13 @@ class TrainPipeline:
       step_counter: an optional int64 tf.Variable incremented by each step (for checkpoints).
       meter: an optional AlltoallMeter whose comm the embedding uses; the dense compute of each micro-batch is then
         time-stamped too, so exposed all-to-all time can be measured.
+      loss_scale: None, or an fr.train.DynamicLossScale for float16 dense layers (Keras mixed_float16): the step
+        scales the loss, unscales the gradients in float32 and skips, on every worker, an update whose gradients
+        overflowed (train/loss_scale.py). Needs the model built.
     """
 
     def __init__(self, model, optimizer, loss_fn, dataset, schedule="sync", micro_batches=1, cluster_samples=False,
-                 step_counter=None, meter=None):
+                 step_counter=None, meter=None, loss_scale=None):
         if schedule not in SCHEDULES:
             raise ValueError(f"TrainPipeline: schedule must be one of {SCHEDULES}, got {schedule!r}")
         if isinstance(micro_batches, bool) or not isinstance(micro_batches, (int, np.integer)) or micro_batches < 1:
@@ -108,7 +111,11 @@ class TrainPipeline:
                              f"schedule={schedule!r}, micro_batches={micro_batches}, cluster_samples={cluster_samples})")
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.schedule, self.micro_batches, self.cluster_samples = schedule, int(micro_batches), bool(cluster_samples)
-        self.step_counter, self.meter = step_counter, meter
+        self.step_counter, self.meter, self.loss_scale = step_counter, meter, loss_scale
+        if loss_scale is not None:  # its tf.cond may skip the first update: the slots must exist before
+            if not model.trainable_variables:
+                raise ValueError("TrainPipeline: loss_scale needs the model built (call it once on a batch first)")
+            optimizer.create_slots(model.trainable_variables)
         self.embedding = self._find_embedding(model, schedule)
         self._features = [f.name for f in self.embedding.features] if self.embedding is not None else []
         self._shared_checks = schedule != "sync" and self.embedding.comm.size > 1
@@ -217,9 +224,14 @@ class TrainPipeline:
                     losses.append(self._micro_batch_loss(out, features, labels))
                     weights.append(size / total)
             loss = tf.add_n([w * l for w, l in zip(weights, losses)])
+            target = loss if self.loss_scale is None else self.loss_scale.scaled(loss)
         variables = self.model.trainable_variables
-        grads = tape.gradient(loss, variables)
-        update = self.optimizer.apply_gradients(zip(grads, variables))
+        grads = tape.gradient(target, variables)
+        if self.loss_scale is None:
+            update = self.optimizer.apply_gradients(zip(grads, variables))
+        else:  # float16 dense layers: unscaled in float32; every worker skips a step whose gradients overflowed
+            grads = self.loss_scale.unscale(grads)
+            update = self.loss_scale.apply(grads, lambda: self.optimizer.apply_gradients(zip(grads, variables)))
         deps = [update] if update is not None else []
         if self.step_counter is not None:
             deps.append(self.step_counter.assign_add(1))
