@@ -292,3 +292,25 @@ def test_checkpoint_of_mixed_storage_continues_exactly(tmp_path):
     for s in range(3, 6):
         second.step(batch(s))
     assert_same_state(second.state(), want, "restored and continued")
+
+
+def test_export_of_float16_storage_predicts_like_the_model(tmp_path):
+    """The export holds the stored rows (float16 values, as float32) and the served scores equal the model's."""
+    from tf_fusedrec import config as cfg  # noqa: PLC0415
+    from tf_fusedrec.train import experiment  # noqa: PLC0415
+
+    config = cfg.load_config("configs/criteo_synthetic.yaml")
+    embedding = experiment.make_embedding("fused", config.embedding_features(), config, name="export16",
+                                          storage="float16")
+    model = experiment.make_model(config, embedding)
+    optimizer = fr.train.make_optimizer(model, default="adam")
+    ds = experiment.make_dataset(config, 32, 0, 1)
+    pipe = fr.train.TrainPipeline(model, optimizer, experiment.binary_cross_entropy(), ds)
+    for _ in range(3):
+        pipe.progress()
+    features, _ = next(iter(experiment.make_dataset(config, 32, 0, 1, held_out=True)))
+    want = model(features, training=False).numpy()
+    fr.export.export_model(model, str(tmp_path / "export"), example=features)
+    served = fr.export.load_model(str(tmp_path / "export"))
+    got = served.predict({k: v.numpy() if isinstance(v, tf.Tensor) else v for k, v in features.items()})
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
