@@ -8,7 +8,8 @@ steps; then, to 1e-6:
   run's union, rows and optimizer slot rows alike: nothing lost, nothing held twice;
 * every worker's replicated copy is the same (digests), and hot pairs were really served locally (hot_hits > 0);
 * configurations: Adam with packed keys and a re-peek at step 4 that moves rows both ways, Adagrad with hashed keys,
-  SGD with packed keys and a re-peek, and R chosen by the model (given costs) on both workers alike.
+  SGD with packed keys and a re-peek, and R chosen by the model (given costs) on both workers alike;
+* a replicated layer whose hot set is empty (the model chose R = 0) trains like the plain layer.
 """
 
 import json
@@ -62,11 +63,7 @@ def union(ranks):
     return {k: v for k, (_, v) in rows.items()}
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
-def test_replication_trains_like_no_replication(tmp_path_factory, name):
-    layer, optimizer, flags = CONFIGS[name]
-    plain = run(tmp_path_factory, layer, optimizer, ["--hot", "0"])
-    hot = run(tmp_path_factory, layer, optimizer, flags)
+def assert_trains_alike(hot, plain, name):
     for r in range(2):
         np.testing.assert_allclose(hot[r]["losses"], plain[r]["losses"], rtol=RTOL, err_msg=f"{name}: losses {r}")
         np.testing.assert_allclose(hot[r]["eval_pred"], plain[r]["eval_pred"], rtol=RTOL, atol=ATOL,
@@ -80,6 +77,14 @@ def test_replication_trains_like_no_replication(tmp_path_factory, name):
     assert sorted(got) == sorted(want), f"{name}: rows differ: {sorted(set(got) ^ set(want))[:6]}"
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=RTOL, atol=ATOL, err_msg=f"{name}: {k}")
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_replication_trains_like_no_replication(tmp_path_factory, name):
+    layer, optimizer, flags = CONFIGS[name]
+    plain = run(tmp_path_factory, layer, optimizer, ["--hot", "0"])
+    hot = run(tmp_path_factory, layer, optimizer, flags)
+    assert_trains_alike(hot, plain, name)
     assert any(k.startswith("hot/") for k in hot[0]), f"{name}: no row was replicated"
     assert str(hot[0]["hot_digest"]) == str(hot[1]["hot_digest"]), f"{name}: the replicas differ"
     hits = sum(int(v) for r in hot for k, v in r.items() if k.endswith("/hot_hits"))
@@ -92,3 +97,15 @@ def test_replication_trains_like_no_replication(tmp_path_factory, name):
         assert moved > 0, f"{name}: the re-peek moved nothing: {reports[0]['repeek']}"
     if "auto" in flags:
         assert all(g["chosen_by"] == "model" and g["rows"] > 0 for g in reports[0]["chosen"]), reports[0]
+
+
+def test_empty_hot_set_trains_like_no_replication(tmp_path_factory):
+    """A replicated layer whose model chose R = 0 (a replicated row costs 1 s): its hot path is switched off by
+    tf.cond (no flag allreduce, no search), on both workers alike, and it trains like the plain layer."""
+    plain = run(tmp_path_factory, "fused_packed", "adam", ["--hot", "0"])
+    empty = run(tmp_path_factory, "fused_packed", "adam", ["--hot", "auto", "--costs", "1,1e-12"])
+    assert_trains_alike(empty, plain, "empty hot set")
+    reports = [json.loads(str(r["reports"])) for r in empty]
+    assert reports[0] == reports[1] and all(g["rows"] == 0 for g in reports[0]["chosen"]), reports[0]
+    assert not any(k.startswith("hot/") for r in empty for k in r)
+    assert all(int(v) == 0 for r in empty for k, v in r.items() if k.endswith("/hot_hits"))

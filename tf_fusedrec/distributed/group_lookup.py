@@ -288,10 +288,17 @@ class HotGroupLookup(FusedGroupLookup):
         with tf.name_scope("hot_split"):
             hot_keys = self.hot_set.keys.read_value()
             num_hot = tf.size(hot_keys, out_type=tf.int32)
-            unified = unified_keys(keys, segments, num_categories, self.group.encoding)
-            position = tf.searchsorted(hot_keys, unified, side="left", out_type=tf.int32)
-            padded = tf.concat([hot_keys, tf.zeros([1], tf.int64)], axis=0)
-            is_hot = tf.logical_and(position < num_hot, tf.gather(padded, position) == unified)
+            any_hot = num_hot > 0  # equal on every worker (so is the branch each tf.cond below takes)
+
+            def classify():
+                unified = unified_keys(keys, segments, num_categories, self.group.encoding)
+                position = tf.searchsorted(hot_keys, unified, side="left", out_type=tf.int32)
+                padded = tf.concat([hot_keys, tf.zeros([1], tf.int64)], axis=0)
+                return position, tf.logical_and(position < num_hot, tf.gather(padded, position) == unified)
+
+            # An empty hot set (R = 0 chosen) skips the hashing and the search: every pair is cold.
+            position, is_hot = tf.cond(any_hot, classify, lambda: (tf.zeros_like(keys, tf.int32),
+                                                                   tf.zeros_like(keys, tf.bool)))
             is_cold = tf.logical_not(is_hot)
             cold_keys, cold_segments = tf.boolean_mask(keys, is_cold), tf.boolean_mask(segments, is_cold)
             num_cold = tf.size(cold_keys, out_type=tf.int32)
@@ -300,8 +307,10 @@ class HotGroupLookup(FusedGroupLookup):
         with tf.name_scope("hot_rows"):
             hot_position = tf.boolean_mask(position, is_hot)
             touched = tf.math.unsorted_segment_sum(tf.ones_like(hot_position, tf.float32), hot_position, num_hot)
-            if self.comm.size > 1:  # which hot rows does any worker touch
-                touched = self.comm.allreduce([touched], name=slot_name(self.prefix, "hot", slot), op="sum")[0]
+            if self.comm.size > 1:  # which hot rows does any worker touch (no collective round for an empty set)
+                flags = touched
+                touched = tf.cond(any_hot, lambda: self.comm.allreduce(
+                    [flags], name=slot_name(self.prefix, "hot", slot), op="sum")[0], lambda: flags)
             touched = touched > 0
             touched_keys = tf.boolean_mask(hot_keys, touched)
             hot_index = tf.gather(tf.cumsum(tf.cast(touched, tf.int32)) - 1, hot_position)
