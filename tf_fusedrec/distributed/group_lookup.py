@@ -249,6 +249,16 @@ class FusedGroupLookup(GroupLookup):
         return unique.unified_keys, unique.unique_segment_ids, key_ids, unique.inverse, looked_up
 
 
+def classify_hot(keys, segments, hot_keys, num_categories, encoding):
+    """Which (id, category) pairs are in a hot set: -> (position int32 [n] in hot_keys where the pair's unified key
+    is or would be inserted, is_hot bool [n]). hot_keys: the set's sorted unified keys."""
+    unified = unified_keys(keys, segments, num_categories, encoding)
+    position = tf.searchsorted(hot_keys, unified, side="left", out_type=tf.int32)
+    padded = tf.concat([hot_keys, tf.zeros([1], tf.int64)], axis=0)
+    return position, tf.logical_and(position < tf.size(hot_keys, out_type=tf.int32),
+                                    tf.gather(padded, position) == unified)
+
+
 def unified_keys(keys, segments, num_categories, encoding):
     """The table key of each (id, category) pair, formed as category_unique forms it (without the unique)."""
     if encoding == "packed":
@@ -290,15 +300,10 @@ class HotGroupLookup(FusedGroupLookup):
             num_hot = tf.size(hot_keys, out_type=tf.int32)
             any_hot = num_hot > 0  # equal on every worker (so is the branch each tf.cond below takes)
 
-            def classify():
-                unified = unified_keys(keys, segments, num_categories, self.group.encoding)
-                position = tf.searchsorted(hot_keys, unified, side="left", out_type=tf.int32)
-                padded = tf.concat([hot_keys, tf.zeros([1], tf.int64)], axis=0)
-                return position, tf.logical_and(position < num_hot, tf.gather(padded, position) == unified)
-
             # An empty hot set (R = 0 chosen) skips the hashing and the search: every pair is cold.
-            position, is_hot = tf.cond(any_hot, classify, lambda: (tf.zeros_like(keys, tf.int32),
-                                                                   tf.zeros_like(keys, tf.bool)))
+            position, is_hot = tf.cond(
+                any_hot, lambda: classify_hot(keys, segments, hot_keys, num_categories, self.group.encoding),
+                lambda: (tf.zeros_like(keys, tf.int32), tf.zeros_like(keys, tf.bool)))
             is_cold = tf.logical_not(is_hot)
             cold_keys, cold_segments = tf.boolean_mask(keys, is_cold), tf.boolean_mask(segments, is_cold)
             num_cold = tf.size(cold_keys, out_type=tf.int32)
