@@ -245,8 +245,9 @@ class EmbeddingTable:
                 self.status = de.get_variable(check_table_name(f"{self.name}/status", f"table {self.name}"),
                                               key_dtype=tf.int64, value_dtype=tf.int64, dim=2, initializer=0,
                                               trainable=False)
-            self.clock = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{self.name.replace('/', '_')}_clock")
-            self.evicted = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{self.name.replace('/', '_')}_evicted")
+            prefix = self.name.replace("/", "_")
+            self.clock = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{prefix}_clock")
+            self.evicted = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{prefix}_evicted")
 
     def _touch(self, keys):
         """count += 1 and last = the new clock for the unique keys [U] of a training lookup."""

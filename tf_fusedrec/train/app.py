@@ -1,8 +1,9 @@
 """`python -m tf_fusedrec.train`: train a model from a configs/*.yaml, alone or under horovodrun.
 
     python -m tf_fusedrec.train --config configs/criteo_synthetic.yaml [--embedding fused|per_feature]
-        [--pipeline sync|dbp|fwp] [--micro-batches K] [--cluster-samples] [--hot auto|R|0] [--table-storage float32|float16]
-        [--evict-capacity N] [--dense-precision float32|mixed_float16|mixed_bfloat16] [--steps N]
+        [--pipeline sync|dbp|fwp] [--micro-batches K] [--cluster-samples] [--hot auto|R|0]
+        [--table-storage float32|float16] [--evict-capacity N] [--dense-precision float32|mixed_float16|mixed_bfloat16]
+        [--steps N]
         [--model-dir DIR]
     horovodrun -np 2 -H localhost:2 --gloo python -m tf_fusedrec.train ...
 
