@@ -1,54 +1,80 @@
 #!/usr/bin/env bash
 # Row storage of the GRM's tables on grm_synthetic, 2 workers (MTGRBoost §5.2's mixed precision): float32, float16,
-# and float16 with the 2000 most read rows per group replicated in float32 (--hot 2000: mixed). Each run trains the
-# same batches (--balance none) for STEPS steps; table bytes (rows; optimizer slots apart), held-out AUC per task and samples/s
-# -> $OUT/storage_bench.json (the README's table). REPEATS > 1 repeats the three modes in turn (samples/s only
-# differs between repeats).
-#   scripts/bench_grm_storage.sh [OUT=docs/grm] [REPEATS=1] [STEPS=300] [BATCH=128]
+# and float16 with the 2000 most read rows per group replicated in float32 (--hot 2000: mixed); a fourth run bounds
+# the float32 tables by eviction instead (--evict-capacity EVICT rows per group and worker, LFU, every 50 steps).
+# Each run trains the same batches (--balance none) for STEPS steps and evaluates on EVAL_BATCHES held-out batches per
+# worker; the four runs repeat for each data seed in SEEDS (a model trained with other rounding follows another
+# trajectory: the spread over seeds says how much of an AUC difference is that). Table bytes (rows; optimizer slots
+# apart), rows over time, held-out AUC per task -> $OUT/storage_bench.json and the README's table.
+#   scripts/bench_grm_storage.sh [OUT=docs/grm] [SEEDS="0 1"] [STEPS=300] [BATCH=128] [EVAL_BATCHES=32] [EVICT=10000]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-docs/grm}; REPEATS=${REPEATS:-1}; STEPS=${STEPS:-300}; BATCH=${BATCH:-128}
+OUT=${OUT:-docs/grm}; SEEDS=${SEEDS:-0 1}; STEPS=${STEPS:-300}; BATCH=${BATCH:-128}; EVAL_BATCHES=${EVAL_BATCHES:-32}
+EVICT=${EVICT:-10000}
 export TF_CPP_MIN_LOG_LEVEL=2
 mkdir -p "$OUT/runs"
+CONFIGS=$(mktemp -d)
+trap 'rm -rf "$CONFIGS"' EXIT
 declare -A MODE_ARGS=([float32]="--table-storage float32" [float16]="--table-storage float16"
-                      [mixed]="--table-storage float16 --hot 2000 --hot-sample-batches 20")
-for rep in $(seq 1 "$REPEATS"); do
-  for mode in float32 float16 mixed; do
-    echo "[bench-grm-storage] repeat $rep, $mode" >&2
+                      [mixed]="--table-storage float16 --hot 2000 --hot-sample-batches 20"
+                      [evict]="--evict-capacity $EVICT --evict-interval 50")
+for seed in $SEEDS; do
+  sed -e "s/^  seed: 0$/  seed: $seed/" -e "s/^  eval_batches: 8$/  eval_batches: $EVAL_BATCHES/" \
+    configs/grm_synthetic.yaml > "$CONFIGS/grm_seed$seed.yaml"
+  grep -q "^  seed: $seed$" "$CONFIGS/grm_seed$seed.yaml" && grep -q "^  eval_batches: $EVAL_BATCHES$" \
+    "$CONFIGS/grm_seed$seed.yaml" || { echo "could not set the seed or eval_batches" >&2; exit 1; }
+  for mode in float32 float16 mixed evict; do
+    echo "[bench-grm-storage] seed $seed, $mode" >&2
     # shellcheck disable=SC2086  (the mode's flags are words)
     .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python -m tf_fusedrec.train \
-      --config configs/grm_synthetic.yaml --steps "$STEPS" --batch-size "$BATCH" --balance none --no-progress \
-      ${MODE_ARGS[$mode]} --summary-json "$OUT/runs/storage-$mode-$rep.json" >/dev/null
+      --config "$CONFIGS/grm_seed$seed.yaml" --steps "$STEPS" --batch-size "$BATCH" --balance none --no-progress \
+      ${MODE_ARGS[$mode]} --summary-json "$OUT/runs/storage-$mode-seed$seed.json" >/dev/null
   done
 done
-.venv/bin/python - "$OUT" "$REPEATS" "$STEPS" "$BATCH" <<'PY'
+.venv/bin/python - "$OUT" "$SEEDS" "$STEPS" "$BATCH" "$EVAL_BATCHES" "$EVICT" <<'PY'
 import json, os, sys
-out, repeats, steps, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+import numpy as np
+out, seeds, steps, batch, eval_batches, evict = sys.argv[1], sys.argv[2].split(), *map(int, sys.argv[3:])
+modes = ("float32", "float16", "mixed", "evict")
 runs = []
-for r in range(1, repeats + 1):
-    for mode in ("float32", "float16", "mixed"):
-        s = json.load(open(f"{out}/runs/storage-{mode}-{r}.json"))
-        runs.append({"repeat": r, "mode": mode, "row_bytes": sum(s["table_bytes_per_worker"]["rows"]),
+for seed in seeds:
+    for mode in modes:
+        s = json.load(open(f"{out}/runs/storage-{mode}-seed{seed}.json"))
+        runs.append({"seed": int(seed), "mode": mode, "row_bytes": sum(s["table_bytes_per_worker"]["rows"]),
                      "slot_bytes": sum(s["table_bytes_per_worker"]["slots"]), "auc": s["auc"],
-                     "samples_per_s": s["samples_per_s"], "final_loss": s["final_loss"],
-                     "hot_rows": [h["rows"] for h in s.get("hot", [])]})
-base = {r["repeat"]: r for r in runs if r["mode"] == "float32"}
+                     "final_loss": s["final_loss"], "hot_rows": [h["rows"] for h in s.get("hot", [])],
+                     "table_rows_over_time": s["table_rows_over_time"], "eviction": s.get("eviction")})
+base = {r["seed"]: r for r in runs if r["mode"] == "float32"}
 for r in runs:
-    b = base[r["repeat"]]
+    b = base[r["seed"]]
     r["row_bytes_vs_float32"] = r["row_bytes"] / b["row_bytes"]
     r["all_bytes_vs_float32"] = (r["row_bytes"] + r["slot_bytes"]) / (b["row_bytes"] + b["slot_bytes"])
     r["auc_minus_float32"] = {t: r["auc"][t] - b["auc"][t] for t in r["auc"]}
-    r["samples_per_s_vs_float32"] = r["samples_per_s"] / b["samples_per_s"]
-result = {"command": f"scripts/bench_grm_storage.sh (REPEATS={repeats} STEPS={steps} BATCH={batch})",
-          "load_average_when_summarised": os.getloadavg(), "runs": runs}
+summary = {}
+for mode in modes:
+    mine = [r for r in runs if r["mode"] == mode]
+    summary[mode] = {"row_bytes_vs_float32": float(np.mean([r["row_bytes_vs_float32"] for r in mine])),
+                     "all_bytes_vs_float32": float(np.mean([r["all_bytes_vs_float32"] for r in mine])),
+                     "auc_minus_float32": {t: [r["auc_minus_float32"][t] for r in mine] for t in ("click", "conversion")},
+                     "rows_at_end": [sum(w[-1] for w in r["table_rows_over_time"]["rows_per_worker"]) for r in mine]}
+result = {"command": f"scripts/bench_grm_storage.sh (SEEDS='{' '.join(seeds)}' STEPS={steps} BATCH={batch} "
+                     f"EVAL_BATCHES={eval_batches} EVICT={evict})",
+          "summary": summary, "runs": runs}
 json.dump(result, open(f"{out}/storage_bench.json", "w"), indent=1)
-print("| mode | row bytes (2 workers) | vs float32 | rows + slots vs float32 | AUC click | AUC conversion | "
-      "AUC change (click, conv.) | samples/s vs float32 |")
-print("|---|---:|---:|---:|---:|---:|---|---:|")
+print(f"| mode | rows at the end (2 workers) | row bytes vs float32 | rows + slots vs float32 | "
+      f"AUC click - float32, per seed | AUC conversion - float32, per seed |")
+print("|---|---:|---:|---:|---|---|")
+for mode, m in summary.items():
+    hot = [r["hot_rows"] for r in runs if r["mode"] == mode][0]
+    print(f"| {mode}{' R=' + str(hot) if hot else ''} | {', '.join(f'{n:,}' for n in m['rows_at_end'])} | "
+          f"{m['row_bytes_vs_float32']:.2f} | {m['all_bytes_vs_float32']:.2f} | "
+          + " | ".join(", ".join(f"{d:+.4f}" for d in m["auc_minus_float32"][t]) for t in ("click", "conversion"))
+          + " |")
+print("float32 AUC per seed (click, conversion): " + "; ".join(
+    f"{r['auc']['click']:.4f}, {r['auc']['conversion']:.4f}" for r in runs if r["mode"] == "float32"))
 for r in runs:
-    d = r["auc_minus_float32"]
-    print(f"| {r['mode']}{' R=' + str(r['hot_rows']) if r['hot_rows'] else ''} | {r['row_bytes']:,} | "
-          f"{r['row_bytes_vs_float32']:.2f} | {r['all_bytes_vs_float32']:.2f} | {r['auc']['click']:.4f} | "
-          f"{r['auc']['conversion']:.4f} | {d['click']:+.4f}, {d['conversion']:+.4f} | "
-          f"{r['samples_per_s_vs_float32']:.2f} |")
+    if r["mode"] == "evict":
+        t = r["table_rows_over_time"]
+        print(f"rows over time with eviction, seed {r['seed']} (every 10 steps, sum over workers): "
+              + ", ".join(str(sum(w[i] for w in t["rows_per_worker"])) for i in range(len(t["steps"]))))
 PY
