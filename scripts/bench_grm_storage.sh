@@ -6,11 +6,15 @@
 # worker; the four runs repeat for each data seed in SEEDS (a model trained with other rounding follows another
 # trajectory: the spread over seeds says how much of an AUC difference is that). Table bytes (rows; optimizer slots
 # apart), rows over time, held-out AUC per task -> $OUT/storage_bench.json and the README's table.
-#   scripts/bench_grm_storage.sh [OUT=docs/grm] [SEEDS="0 1"] [STEPS=300] [BATCH=128] [EVAL_BATCHES=32] [EVICT=10000]
+# A run whose summary is already in $OUT/runs is reused (FORCE=1 runs it again); MODES picks the modes (float32 is
+# the reference of each seed and always included).
+#   scripts/bench_grm_storage.sh [OUT=docs/grm] [SEEDS="0 1"] [MODES="float32 float16 mixed evict"] [STEPS=300]
+#       [BATCH=128] [EVAL_BATCHES=32] [EVICT=10000] [FORCE=1] [SUMMARY=storage_bench.json]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-docs/grm}; SEEDS=${SEEDS:-0 1}; STEPS=${STEPS:-300}; BATCH=${BATCH:-128}; EVAL_BATCHES=${EVAL_BATCHES:-32}
-EVICT=${EVICT:-10000}
+EVICT=${EVICT:-10000}; SUMMARY=${SUMMARY:-storage_bench.json}; MODES=${MODES:-float32 float16 mixed evict}; FORCE=${FORCE:-}
+case " $MODES " in *" float32 "*) ;; *) MODES="float32 $MODES" ;; esac
 export TF_CPP_MIN_LOG_LEVEL=2
 mkdir -p "$OUT/runs"
 CONFIGS=$(mktemp -d)
@@ -23,7 +27,11 @@ for seed in $SEEDS; do
     configs/grm_synthetic.yaml > "$CONFIGS/grm_seed$seed.yaml"
   grep -q "^  seed: $seed$" "$CONFIGS/grm_seed$seed.yaml" && grep -q "^  eval_batches: $EVAL_BATCHES$" \
     "$CONFIGS/grm_seed$seed.yaml" || { echo "could not set the seed or eval_batches" >&2; exit 1; }
-  for mode in float32 float16 mixed evict; do
+  for mode in $MODES; do
+    if [ -f "$OUT/runs/storage-$mode-seed$seed.json" ] && [ -z "$FORCE" ]; then
+      echo "[bench-grm-storage] seed $seed, $mode: reusing $OUT/runs/storage-$mode-seed$seed.json" >&2
+      continue
+    fi
     echo "[bench-grm-storage] seed $seed, $mode" >&2
     # shellcheck disable=SC2086  (the mode's flags are words)
     .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python -m tf_fusedrec.train \
@@ -31,11 +39,12 @@ for seed in $SEEDS; do
       ${MODE_ARGS[$mode]} --summary-json "$OUT/runs/storage-$mode-seed$seed.json" >/dev/null
   done
 done
-.venv/bin/python - "$OUT" "$SEEDS" "$STEPS" "$BATCH" "$EVAL_BATCHES" "$EVICT" <<'PY'
+.venv/bin/python - "$OUT" "$SEEDS" "$STEPS" "$BATCH" "$EVAL_BATCHES" "$EVICT" "$MODES" "$SUMMARY" <<'PY'
 import json, os, sys
 import numpy as np
-out, seeds, steps, batch, eval_batches, evict = sys.argv[1], sys.argv[2].split(), *map(int, sys.argv[3:])
-modes = ("float32", "float16", "mixed", "evict")
+out, seeds = sys.argv[1], sys.argv[2].split()
+steps, batch, eval_batches, evict = map(int, sys.argv[3:7])
+modes = tuple(m for m in ("float32", "float16", "mixed", "evict") if m in sys.argv[7].split())
 runs = []
 for seed in seeds:
     for mode in modes:
@@ -57,10 +66,10 @@ for mode in modes:
                      "all_bytes_vs_float32": float(np.mean([r["all_bytes_vs_float32"] for r in mine])),
                      "auc_minus_float32": {t: [r["auc_minus_float32"][t] for r in mine] for t in ("click", "conversion")},
                      "rows_at_end": [sum(w[-1] for w in r["table_rows_over_time"]["rows_per_worker"]) for r in mine]}
-result = {"command": f"scripts/bench_grm_storage.sh (SEEDS='{' '.join(seeds)}' STEPS={steps} BATCH={batch} "
-                     f"EVAL_BATCHES={eval_batches} EVICT={evict})",
+result = {"command": f"scripts/bench_grm_storage.sh (SEEDS='{' '.join(seeds)}' MODES='{' '.join(modes)}' "
+                     f"STEPS={steps} BATCH={batch} EVAL_BATCHES={eval_batches} EVICT={evict})",
           "summary": summary, "runs": runs}
-json.dump(result, open(f"{out}/storage_bench.json", "w"), indent=1)
+json.dump(result, open(f"{out}/{sys.argv[8]}", "w"), indent=1)
 print(f"| mode | rows at the end (2 workers) | row bytes vs float32 | rows + slots vs float32 | "
       f"AUC click - float32, per seed | AUC conversion - float32, per seed |")
 print("|---|---:|---:|---:|---|---|")
