@@ -365,9 +365,8 @@ def _slots(optimizer, trainable):
     """[slot TFRA variable] of a table's trainable handle under the GroupedOptimizer (sorted by slot name)."""
     if optimizer is None or trainable is None:
         return []
-    opt = optimizer.sparse_optimizer_of(trainable)
-    opt._create_all_weights([trainable])  # noqa: SLF001  (slots are created lazily otherwise)
-    return [opt.get_slot(trainable, n).params for n in sorted(opt.get_slot_names())]
+    optimizer.create_slots([trainable])  # slots are created lazily otherwise
+    return [slot for _, slot in optimizer.slot_tables(trainable)]
 
 
 def _take(params, keys):

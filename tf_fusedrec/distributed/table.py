@@ -215,25 +215,37 @@ class EmbeddingTable:
             if self.hashed:
                 values = tf.where(exists[:, None], values, self.initial_rows(ids, categories))
             return values
+        def rows_of_missing(missing):
+            return self.initial_rows(tf.boolean_mask(ids, missing),
+                                     None if categories is None else tf.boolean_mask(categories, missing))
+
+        insert = None
         if self.store is not None:
-            with tf.control_dependencies([self._stage(keys)]):
+            insert = self._stage(keys, rows_of_missing if self.hashed else None)
+        elif self.hashed:
+            insert = insert_missing_rows(self.params, keys, rows_of_missing)
+        if insert is not None:
+            with tf.control_dependencies([insert]):
                 keys = tf.identity(keys)
         if self.status is not None:
             with tf.control_dependencies([self._touch(keys)]):
                 keys = tf.identity(keys)
-        if not self.hashed:
-            return self._trainable_lookup(keys)
-        insert = insert_missing_rows(self.params, keys, lambda missing: self.initial_rows(
-            tf.boolean_mask(ids, missing), None if categories is None else tf.boolean_mask(categories, missing)))
-        with tf.control_dependencies([insert]):
-            return self._trainable_lookup(tf.identity(keys))
+        return self._trainable_lookup(keys)
 
-    def _stage(self, keys):
-        """float16 storage: copies the stored rows of keys [U] that are not in flight into params, as float32."""
+    def _stage(self, keys, rows_of_missing=None):
+        """float16 storage: puts into params, as float32, the stored rows of the keys [U] not in flight and, with
+        rows_of_missing (Hashed: as insert_missing_rows takes it), the initial rows of the keys in neither; one
+        upsert."""
         _, in_flight = self.params.lookup(keys, return_exists=True)
         stored, exists = self.store.lookup(keys, return_exists=True)
-        take = tf.logical_and(exists, tf.logical_not(in_flight))
-        return self.params.upsert(tf.boolean_mask(keys, take), tf.cast(tf.boolean_mask(stored, take), tf.float32))
+        rows = tf.cast(stored, tf.float32)
+        if rows_of_missing is None:
+            take = tf.logical_and(exists, tf.logical_not(in_flight))
+        else:
+            take = tf.logical_not(in_flight)
+            fresh = tf.logical_and(take, tf.logical_not(exists))
+            rows = tf.tensor_scatter_nd_update(rows, tf.where(fresh), rows_of_missing(fresh))
+        return self.params.upsert(tf.boolean_mask(keys, take), tf.boolean_mask(rows, take))
 
     def track_access(self):
         """Starts counting accesses for eviction (tf_fusedrec/distributed/eviction.py): a status table beside the rows

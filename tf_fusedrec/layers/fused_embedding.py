@@ -83,7 +83,7 @@ class FusedEmbedding(tf.keras.layers.Layer):
         )
         self.comm = comm_lib.get_comm(comm)
         self.tables, self.group_lookups, self.hot_tables = [], [], []
-        self._capacities = []  # (table, capacity) of the evicting tables
+        self._capacities = []  # per group: its table's capacity, or None (not evicted)
         self._hot = _Untracked()  # HotSets: variables of changing length, saved by fr.train.checkpoint, not Keras
         self._hot.sets = []
         for group in self._groups:
@@ -95,7 +95,7 @@ class FusedEmbedding(tf.keras.layers.Layer):
             capacity = self.eviction.capacity_of(group, self.name) if self.eviction is not None else None
             if capacity is not None:
                 table.track_access()
-                self._capacities.append((table, capacity))
+            self._capacities.append(capacity)
             hot = None
             if self.replication is not None:
                 replication_lib.check_group(self.replication, group, initializer, self.name)
@@ -128,32 +128,29 @@ class FusedEmbedding(tf.keras.layers.Layer):
         return [(g.spec.optimizer, t.trainable_variables + (h.trainable_variables if h is not None else []))
                 for g, t, h in zip(self._groups, self.tables, hot)]
 
-    def commit_rows(self):
-        """The op that writes the rows updated by this step back to float16 storage (a no-op for float32); the
-        GroupedOptimizer runs it after each update."""
-        return tf.group([t.commit() for t in self.tables])
+    def after_update(self, optimizer):
+        """What runs right after each update of `optimizer` (fr.train.make_optimizer's GroupedOptimizer calls it):
+        the float16 commit of the updated rows, then, after every `interval`-th update, the eviction of the rows over
+        capacity with their slots. None when the layer has neither."""
+        ops = []
+        if self.storage != "float32":
+            ops.append(tf.group([t.commit() for t in self.tables]))
+        if self.eviction is not None:
+            def evict():
+                return tf.group([t.evict(c, self.eviction.policy,
+                                         [] if t.shadow is None else [s for _, s in optimizer.slot_tables(t.shadow)])
+                                 for t, c in zip(self.tables, self._capacities) if c is not None])
 
-    def evict_rows(self, optimizer):
-        """The op that evicts the rows over capacity (with their slots in `optimizer`, a GroupedOptimizer) when the
-        update now ending is the eviction interval's; make_optimizer's optimizer runs it after each update."""
-        def evict():
-            counts = []
-            for table, capacity in self._capacities:
-                slots = []
-                if table.shadow is not None:
-                    opt = optimizer.sparse_optimizer_of(table.shadow)
-                    slots = [opt.get_slot(table.shadow, n).params for n in sorted(opt.get_slot_names())]
-                counts.append(table.evict(capacity, self.eviction.policy, slots))
-            return tf.group(counts)
-
-        due = tf.equal((optimizer.iterations + 1) % self.eviction.interval, 0)
-        return tf.cond(due, lambda: tf.group(evict()), tf.no_op)
+            with tf.control_dependencies(ops):
+                due = tf.equal((optimizer.iterations + 1) % self.eviction.interval, 0)
+                ops = [tf.cond(due, evict, tf.no_op)]
+        return tf.group(ops) if ops else None
 
     def eviction_statistics(self):
         """{group name: {"rows": rows held on this worker, "evicted": rows evicted so far, "capacity": ...}} of the
         evicting tables."""
         return {g.name: {"rows": int(t.size()), "evicted": int(t.evicted.numpy()), "capacity": c}
-                for g, t in zip(self._groups, self.tables) for table, c in self._capacities if table is t}
+                for g, t, c in zip(self._groups, self.tables, self._capacities) if c is not None}
 
     def table_bytes(self):
         """{"rows": bytes of this worker's keys and rows (sharded and replicated), "storage": self.storage}; the

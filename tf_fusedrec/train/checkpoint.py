@@ -111,12 +111,7 @@ class Checkpointer:
         # Replicated hot rows (FusedEmbedding(replication=...)): equal on every rank, saved once in dense.npz.
         self.replicated = [t for layer in layers if hasattr(layer, "replicated_tables")
                            for t in layer.replicated_tables()]
-        sparse_vars = [v for layer in layers for _, variables in layer.optimizer_groups() for v in variables]
-        sparse_ids = {id(v) for v in sparse_vars}
-        self._table_optimizer = {}
-        for index, (_, variables) in enumerate(g for layer in layers for g in layer.optimizer_groups()):
-            for v in variables:
-                self._table_optimizer[id(v)] = optimizer.sparse[index]
+        sparse_ids = {id(v) for layer in layers for _, variables in layer.optimizer_groups() for v in variables}
         # Not dense: TFRA's trainable wrappers, and the per-step ids/exists buffers of its shadow variables (TFRA's
         # Keras layers track them as layer variables; their shape changes every step).
         self.dense_vars = [v for v in model.variables if id(v) not in sparse_ids
@@ -137,10 +132,7 @@ class Checkpointer:
 
     def _table_slots(self, table):
         """[(slot name, slot TFRA variable)] of a table's optimizer."""
-        if table.trainable is None:
-            return []
-        opt = self._table_optimizer[id(table.trainable)]
-        return [(name, opt.get_slot(table.trainable, name).params) for name in sorted(opt.get_slot_names())]
+        return [] if table.trainable is None else self.optimizer.slot_tables(table.trainable)
 
     def _dense_state(self):
         """[(key, variable)] of everything equal on every rank, in a deterministic order."""

@@ -29,11 +29,15 @@ def make_embedding(kind, features, config, comm=None, name="sparse", replication
     return fr.FusedEmbedding(features, **common, **modes[kind], storage=storage, eviction=eviction)
 
 
+def _tables(embedding):
+    """The layer's ShardedTables and ReplicatedTables (their .params: the rows, as a TFRA variable or HalfRows)."""
+    return embedding.sharded_tables() + (embedding.replicated_tables() if hasattr(embedding, "replicated_tables")
+                                         else [])
+
+
 def table_rows(embedding):
     """Rows this worker's embedding layer holds (sharded and replicated tables), an int."""
-    tables = embedding.sharded_tables() + (embedding.replicated_tables() if hasattr(embedding, "replicated_tables")
-                                           else [])
-    return sum(int(t.params.size()) for t in tables)
+    return sum(int(t.params.size()) for t in _tables(embedding))
 
 
 def evicted_rows(embedding):
@@ -47,14 +51,11 @@ def table_bytes(embedding, optimizer, comm):
     allgather)."""
     from tf_fusedrec.distributed.table import row_bytes  # noqa: PLC0415
 
-    tables = embedding.sharded_tables() + (embedding.replicated_tables() if hasattr(embedding, "replicated_tables")
-                                           else [])
     rows = slots = 0
-    for table in tables:
+    for table in _tables(embedding):
         rows += row_bytes(table.params)
         if table.trainable is not None:
-            opt = optimizer.sparse_optimizer_of(table.trainable)
-            slots += sum(row_bytes(opt.get_slot(table.trainable, name).params) for name in opt.get_slot_names())
+            slots += sum(row_bytes(slot) for _, slot in optimizer.slot_tables(table.trainable))
     everyone = comm.allgather(tf.constant([[rows, slots]], tf.int64), name="FusedRec/summary/table_bytes").numpy()
     return {"rows": everyone[:, 0].tolist(), "slots": everyone[:, 1].tolist()}
 

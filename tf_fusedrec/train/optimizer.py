@@ -10,15 +10,13 @@ all-to-all has already delivered to the owner summed over the workers that asked
 update is then the one a single worker makes on the union of the batches with the loss averaged over it.
 
 Tables stored as float16 (FusedEmbedding(storage="float16")) are updated in float32 like the others; right after the
-update, apply_gradients runs each layer's commit_rows(), which rounds the updated rows into the float16 store. Layers
-with eviction (FusedEmbedding(eviction=...)) evict after every `interval`-th update, after the commits.
+update, apply_gradients runs each layer's after_update(optimizer), which rounds the updated rows into the float16 store
+and, for layers with eviction (FusedEmbedding(eviction=...)), evicts after every `interval`-th update.
 
 Replicated (hot) rows (FusedEmbedding(replication=...)) are read on every worker: their gradients are averaged over
 workers in the same grouped allreduce as the dense gradients, which is the sharded rows' sum over workers times 1/N,
 so every worker applies the same update to its copy, and the one a sharded table would apply.
 """
-
-import functools
 
 import tensorflow as tf
 from tensorflow_recommenders_addons import dynamic_embedding as de
@@ -57,7 +55,7 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
     def __init__(self, groups, default, comm, name="GroupedOptimizer", replicated=(), after_update=()):
         super().__init__(name=name)
         self.comm = comm
-        # functions -> op, run in order after every update: float16 commits, then evictions.
+        # functions(this optimizer) -> op or None, run in order after every update (the layers' after_update).
         self._after_update = list(after_update)
         self._replicated = {str(id(v)) for v in replicated}
         self.dense = de.DynamicEmbeddingOptimizer(_build(default))
@@ -102,9 +100,16 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
         ops = [o for o in ops if o is not None]
         for fn in self._after_update:  # in order, each after the one before
             with tf.control_dependencies(ops):
-                ops = [fn()]
+                op = fn(self)
+            ops = ops if op is None else [op]
         with tf.control_dependencies(ops):
             return self.iterations.assign_add(1)
+
+    def slot_tables(self, variable):
+        """[(slot name, slot TFRA variable)] of a table's trainable handle, sorted by name (the slots must exist:
+        after an update, or create_slots)."""
+        opt = self.sparse_optimizer_of(variable)
+        return [(name, opt.get_slot(variable, name).params) for name in sorted(opt.get_slot_names())]
 
     def create_slots(self, variables):
         """Creates the optimizer slots of `variables` now (the wrapped optimizers create them lazily at the first
@@ -143,11 +148,5 @@ def make_optimizer(model, default="adam", comm=None):
         raise ValueError("make_optimizer: no FusedEmbedding or PerFeatureEmbedding layer found in the model")
     groups = [g for layer in layers for g in layer.optimizer_groups()]
     replicated = [v for layer in layers if hasattr(layer, "replicated_variables") for v in layer.replicated_variables()]
-    after_update = [layer.commit_rows for layer in layers
-                    if getattr(layer, "storage", "float32") != "float32" and hasattr(layer, "commit_rows")]
-    optimizer = GroupedOptimizer(groups, default, comm if comm is not None else layers[0].comm,
-                                 replicated=replicated, after_update=after_update)
-    for layer in layers:
-        if getattr(layer, "eviction", None) is not None:
-            optimizer._after_update.append(functools.partial(layer.evict_rows, optimizer))  # noqa: SLF001
-    return optimizer
+    return GroupedOptimizer(groups, default, comm if comm is not None else layers[0].comm, replicated=replicated,
+                            after_update=[layer.after_update for layer in layers if hasattr(layer, "after_update")])
