@@ -76,11 +76,11 @@ def movielens_is_test(user_ids, movie_ids, test_fraction: float = 0.1, seed: int
     return _is_test_tf(u, m, float(test_fraction), int(seed)).numpy()
 
 
-def _read_table(path: str, num_fields: int, layout: str):
-    """Lines of a ``::`` file as lists of fields, with 1-based line numbers; blank lines skipped."""
+def _fields(path: str, num_fields: int, layout: str):
+    """Yields (1-based line number, list of fields) of a ``::`` file, blank lines skipped, each line checked to hold
+    `num_fields` fields."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"MovieLens file not found: {path!r}")
-    rows = []
     with open(path, encoding="latin-1", newline=None) as f:
         for no, line in enumerate(f, 1):
             line = line.rstrip("\r\n")
@@ -90,8 +90,12 @@ def _read_table(path: str, num_fields: int, layout: str):
             if len(fields) != num_fields:
                 raise ValueError(f"{path}:{no}: expected {num_fields} '::'-separated fields ({layout}), got "
                                  f"{len(fields)}: {line[:200]!r}")
-            rows.append((no, fields))
-    return rows
+            yield no, fields
+
+
+def _read_table(path: str, num_fields: int, layout: str):
+    """Lines of a ``::`` file as lists of fields, with 1-based line numbers; blank lines skipped."""
+    return list(_fields(path, num_fields, layout))
 
 
 def _int(path, no, what, text):

@@ -65,8 +65,9 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from tf_fusedrec.data.movielens import _int, _load_movies, _load_users
-from tf_fusedrec.data.sequences import RESERVED_KEYS, _check_worker
+from tf_fusedrec.config import SequenceConfig
+from tf_fusedrec.data.movielens import _fields, _int, _load_movies, _load_users
+from tf_fusedrec.data.sequences import RESERVED_KEYS, _check_worker, sequence_section
 from tf_fusedrec.data.synthetic import _is_int
 
 __all__ = ["MOVIELENS_SEQ_CONTEXTS", "MovieLensSeqSpec", "movielens_seq_samples"]
@@ -92,8 +93,8 @@ class MovieLensSeqSpec:
     feature: str = "items"
     target: str = "target"
     contexts: tuple = ("gender", "age", "occupation")
-    max_length: int = 2048
-    truncate: bool = False
+    max_length: int = SequenceConfig.max_length  # the defaults of a config's data.sequences section
+    truncate: bool = SequenceConfig.truncate
     test_fraction: float = 0.1
     vocab: Optional[int] = None
 
@@ -137,13 +138,7 @@ class MovieLensSeqSpec:
         """The spec of an ExperimentConfig with ``data.source: movielens_seq`` (tf_fusedrec.config): the feature
         ``data.sequences.feature`` is the sequence, ``data.sequences.target`` (required) the target, and every other
         feature a user context; the vocab is the sequence feature's, which the target must share."""
-        seq = config.data.sequences
-        if seq is None:
-            raise ValueError("data.sequences: missing; the movielens_seq source needs its sequence section")
-        by_name = {f.name: f for f in config.features}
-        if seq.feature not in by_name:
-            raise ValueError(f"feature: the sequence feature {seq.feature!r} is not among the features "
-                             f"{sorted(by_name)}")
+        seq, by_name = sequence_section(config, "movielens_seq")
         if seq.target is None:
             raise ValueError("target: required for the movielens_seq source (the feature that holds the next "
                              "movie, the item the labels are about)")
@@ -180,25 +175,15 @@ class _Ratings:
 
 def _read_ratings(path):
     """(line, user, movie, rating, timestamp) int64 arrays of ratings.dat, each line checked."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"MovieLens file not found: {path!r}")
     cols = [array("q") for _ in range(5)]
-    with open(path, encoding="latin-1", newline=None) as f:
-        for no, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            fields = line.split("::")
-            if len(fields) != 4:
-                raise ValueError(f"{path}:{no}: expected 4 '::'-separated fields ({_RATING_LAYOUT}), got "
-                                 f"{len(fields)}: {line[:200]!r}")
-            rating = _int(path, no, "Rating", fields[2])
-            if not 1 <= rating <= 5:
-                raise ValueError(f"{path}:{no}: Rating must be in 1-5, got {rating}")
-            values = (no, _int(path, no, "UserID", fields[0]), _int(path, no, "MovieID", fields[1]), rating,
-                      _int(path, no, "Timestamp", fields[3]))
-            for col, value in zip(cols, values):
-                col.append(value)
+    for no, fields in _fields(path, 4, _RATING_LAYOUT):
+        rating = _int(path, no, "Rating", fields[2])
+        if not 1 <= rating <= 5:
+            raise ValueError(f"{path}:{no}: Rating must be in 1-5, got {rating}")
+        values = (no, _int(path, no, "UserID", fields[0]), _int(path, no, "MovieID", fields[1]), rating,
+                  _int(path, no, "Timestamp", fields[3]))
+        for col, value in zip(cols, values):
+            col.append(value)
     return [np.frombuffer(c, np.int64) if len(c) else np.zeros(0, np.int64) for c in cols]
 
 

@@ -68,6 +68,7 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from tf_fusedrec.config import SequenceConfig as _DEFAULTS
 from tf_fusedrec.data.synthetic import SparseInput, _Feature, _is_int, _key64, _mix64
 
 __all__ = ["RESERVED_KEYS", "SequenceSpec", "TASKS", "grm_batch", "grm_dataset", "grm_hidden_logits", "grm_samples"]
@@ -110,12 +111,12 @@ class SequenceSpec:
     items: SparseInput
     contexts: tuple = ()
     target: Optional[str] = None
-    median_length: float = 32.0
-    length_sigma: float = 1.0
-    longest_length: int = 1600
-    empty_fraction: float = 0.0
-    max_length: int = 2048
-    truncate: bool = False
+    median_length: float = _DEFAULTS.median_length  # the defaults of a config's data.sequences section
+    length_sigma: float = _DEFAULTS.length_sigma
+    longest_length: int = _DEFAULTS.longest_length
+    empty_fraction: float = _DEFAULTS.empty_fraction
+    max_length: int = _DEFAULTS.max_length
+    truncate: bool = _DEFAULTS.truncate
 
     def __post_init__(self):
         if not isinstance(self.items, SparseInput):
@@ -165,13 +166,7 @@ class SequenceSpec:
     @classmethod
     def from_config(cls, config) -> "SequenceSpec":
         """The spec of an ExperimentConfig with ``data.source: grm_synthetic`` (tf_fusedrec.config)."""
-        seq = config.data.sequences
-        if seq is None:
-            raise ValueError("data.sequences: missing; the grm_synthetic source needs its sequence section")
-        by_name = {f.name: f for f in config.features}
-        if seq.feature not in by_name:
-            raise ValueError(f"feature: the sequence feature {seq.feature!r} is not among the features "
-                             f"{sorted(by_name)}")
+        seq, by_name = sequence_section(config, "grm_synthetic")
 
         def sparse_input(f):
             if f.hotness != 1:
@@ -184,6 +179,19 @@ class SequenceSpec:
                    median_length=seq.median_length, length_sigma=seq.length_sigma,
                    longest_length=seq.longest_length, empty_fraction=seq.empty_fraction,
                    max_length=seq.max_length, truncate=seq.truncate)
+
+
+def sequence_section(config, source):
+    """(data.sequences, {feature name: FeatureConfig}) of a sequence config, checked to have the section and its
+    sequence feature among the features (what every sequence source's from_config starts with)."""
+    seq = config.data.sequences
+    if seq is None:
+        raise ValueError(f"data.sequences: missing; the {source} source needs its sequence section")
+    by_name = {f.name: f for f in config.features}
+    if seq.feature not in by_name:
+        raise ValueError(f"feature: the sequence feature {seq.feature!r} is not among the features "
+                         f"{sorted(by_name)}")
+    return seq, by_name
 
 
 def _as_spec(spec_or_config, seed):
