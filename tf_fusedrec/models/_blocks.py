@@ -20,7 +20,7 @@ def mlp(units, name, last_activation="relu", seed=0):
 def compute_dtype(outputs, dtype):
     """The embedding layer's float32 outputs (dict of tensors or ragged tensors) in the model's compute dtype: float16
     or bfloat16 under a Keras mixed precision policy (tf.keras.mixed_precision), unchanged otherwise."""
-    if dtype == tf.float32 or dtype == "float32":
+    if tf.as_dtype(dtype) == tf.float32:
         return outputs
     return {k: tf.cast(v, dtype) for k, v in outputs.items()}
 
