@@ -5,9 +5,13 @@ would make a child believe it is a Horovod worker."""
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
+HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 # Set by horovodrun for its workers; the programs take their presence to mean "I am a Horovod worker".
 WORKER_ENV = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
               "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK")
@@ -48,3 +52,26 @@ def execute(cmd, timeout, merge_stderr=False):
         else:
             out, err = proc.communicate()
         return None, out or "", err or ""
+
+
+def worker_command(args, workers):
+    """[python, *args] for one worker, else the same under horovodrun with `workers` Gloo workers on loopback."""
+    python = [sys.executable] + [str(a) for a in args]
+    if workers == 1:
+        return python
+    return [str(HOROVODRUN), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo"] + python
+
+
+def run_scenario(name, args, workers, out, timeout):
+    """Runs a scenario script (args: the script, then its flags; it writes {out}/rank{r}.npz) alone or under
+    horovodrun -> [per rank {key: array}]. A failed or timed-out run raises AssertionError naming `name`, the command
+    and the log's tail."""
+    cmd = worker_command(args, workers)
+    rc, log, _ = execute(cmd, timeout, merge_stderr=True)
+    if rc != 0:
+        raise AssertionError(f"{name}: exit status {rc}: {' '.join(cmd)}\n{tail(log)}")
+    ranks = []
+    for r in range(workers):
+        with np.load(Path(out) / f"rank{r}.npz") as z:
+            ranks.append({k: z[k] for k in z.files})
+    return ranks

@@ -22,6 +22,7 @@ from tf_fusedrec import config as cfg
 from tf_fusedrec.data.movielens_seq import MOVIELENS_SEQ_CONTEXTS, MovieLensSeqSpec, movielens_seq_samples
 from tf_fusedrec.train import experiment
 
+from tests.data.test_movielens import _write_dir as write_movielens_dir, _zip_hash
 from tests.subprocess_runner import ROOT
 
 USERS = [
@@ -52,14 +53,7 @@ RATINGS = _ratings()
 
 
 def _write_dir(path, ratings=RATINGS, users=USERS, movies=MOVIES, newline="\n"):
-    path.mkdir(parents=True, exist_ok=True)
-    for name, lines in (("ratings.dat", ratings), ("users.dat", users), ("movies.dat", movies)):
-        (path / name).write_bytes("".join(line + newline for line in lines).encode("latin-1"))
-    return str(path)
-
-
-def _zip_hash(z):
-    return int(tf.strings.to_hash_bucket_fast([z], 2 ** 62).numpy()[0])
+    return write_movielens_dir(path, ratings, users, movies, newline)  # with this module's files as defaults
 
 
 def reference(ratings=RATINGS, test_fraction=0.1, max_length=None, contexts=ALL):

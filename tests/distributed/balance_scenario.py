@@ -223,12 +223,7 @@ def main():
                    help="one process trains on the union of ranks 0..U-1's batches (U workers' data)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    rank, size = 0, 1
-    if "HOROVOD_RANK" in os.environ:
-        import horovod.tensorflow as hvd
-
-        hvd.init()
-        rank, size = hvd.rank(), hvd.size()
+    rank, size = sc.init_workers()
     if size > 1 and args.union_of != 1:
         raise SystemExit("--union-of is for one process")
     sources = list(range(args.union_of)) if size == 1 else [rank]
@@ -236,8 +231,7 @@ def main():
     for name in args.runs.split(","):
         for key, value in train(name, args, rank, sources).items():
             saved[f"{name}/{key}"] = value
-    os.makedirs(args.out, exist_ok=True)
-    np.savez(os.path.join(args.out, f"rank{rank}.npz"), **saved)
+    sc.save_rank(args.out, rank, saved)
 
 
 if __name__ == "__main__":

@@ -122,18 +122,12 @@ def main():
     p.add_argument("--bad-rank", type=int, help="only this rank's batch --bad-step is bad (default: every rank's)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    rank, size = 0, 1
-    if "HOROVOD_RANK" in os.environ:
-        import horovod.tensorflow as hvd
-
-        hvd.init()
-        rank, size = hvd.rank(), hvd.size()
+    rank, size = sc.init_workers()
     saved = {}
     for name in args.schedules.split(","):
         for key, value in train(name, args, rank, size).items():
             saved[f"{name}/{key}"] = value
-    os.makedirs(args.out, exist_ok=True)
-    np.savez(os.path.join(args.out, f"rank{rank}.npz"), **saved)
+    sc.save_rank(args.out, rank, saved)
 
 
 if __name__ == "__main__":

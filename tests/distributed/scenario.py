@@ -105,6 +105,22 @@ def count_alltoalls(fn, *args):
     return sum(1 for op in graph.get_operations() if op.type == "HorovodAlltoall")
 
 
+def init_workers():
+    """(rank, size): Horovod initialised under horovodrun, (0, 1) when run alone."""
+    if "HOROVOD_RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
+        return 0, 1
+    import horovod.tensorflow as hvd  # noqa: PLC0415
+
+    hvd.init()
+    return hvd.rank(), hvd.size()
+
+
+def save_rank(out, rank, arrays):
+    """Writes this rank's results, {out}/rank{rank}.npz, where the tests read them."""
+    os.makedirs(out, exist_ok=True)
+    np.savez(os.path.join(out, f"rank{rank}.npz"), **arrays)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--layer", choices=["fused", "fused_packed", "fused_fp16", "per_feature"], default="fused")
@@ -117,12 +133,7 @@ def main():
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
-    rank, size = 0, 1
-    if "HOROVOD_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ:
-        import horovod.tensorflow as hvd
-
-        hvd.init()
-        rank, size = hvd.rank(), hvd.size()
+    rank, size = init_workers()
     optimizer = {"name": args.optimizer, "learning_rate": 0.1}
     features = make_features(optimizer, max_id_bits=20 if args.layer == "fused_packed" else None)
     layer_cls = fr.PerFeatureEmbedding if args.layer == "per_feature" else fr.FusedEmbedding
@@ -154,10 +165,9 @@ def main():
             for i, r in zip(ids, rows):
                 if r is not None:
                     tables[f"table/{f.name}/{i}"] = r
-    os.makedirs(args.out, exist_ok=True)
-    np.savez(os.path.join(args.out, f"rank{rank}.npz"), losses=np.array(losses), alltoalls=alltoalls, eval_pred=eval_pred,
-             kernel=model.dense.kernel.numpy(), bias=model.dense.bias.numpy(),
-             **{f"out/{k}": v for k, v in outputs.items()}, **tables, **stats)
+    save_rank(args.out, rank, dict(losses=np.array(losses), alltoalls=alltoalls, eval_pred=eval_pred,
+                                   kernel=model.dense.kernel.numpy(), bias=model.dense.bias.numpy(),
+                                   **{f"out/{k}": v for k, v in outputs.items()}, **tables, **stats))
 
 
 def table_rows(layer, feature, ids):

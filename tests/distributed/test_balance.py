@@ -12,17 +12,15 @@ on two workers (K = 2 consecutive batches each, against one process on the union
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.subprocess_runner import execute, tail
+from tests.subprocess_runner import run_scenario
 from tf_fusedrec.train import balance
 
 SCENARIO = Path(__file__).resolve().with_name("balance_scenario.py")
-HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 RTOL, ATOL = 1e-6, 1e-7
 RUN_TIMEOUT_S = 600
 # The scenario's data (balance_scenario.py): the batcher's target and the longest history.
@@ -48,21 +46,18 @@ def process(tmp_path_factory):
             pytest.importorskip("horovod.tensorflow", reason="Horovod (horovod.tensorflow) is not importable")
         if name not in cache:
             out = tmp_path_factory.mktemp(name)
-            args = [str(SCENARIO), "--out", str(out)] + scenario_args
-            cmd = [sys.executable] + args if workers == 1 else \
-                [str(HOROVODRUN), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo", sys.executable] + args
-            rc, log, _ = execute(cmd, RUN_TIMEOUT_S, merge_stderr=True)
-            if rc != 0:
-                cache[name] = AssertionError(f"{name}: exit status {rc}: {' '.join(cmd)}\n{tail(log)}")
+            try:
+                flat = run_scenario(name, [SCENARIO, "--out", out] + scenario_args, workers, out, RUN_TIMEOUT_S)
+            except AssertionError as e:  # remembered: a failed configuration is not run again
+                cache[name] = e
             else:
                 ranks = []
-                for r in range(workers):
-                    with np.load(out / f"rank{r}.npz") as z:
-                        runs = {}
-                        for key in z.files:
-                            run, rest = key.split("/", 1)
-                            runs.setdefault(run, {})[rest] = z[key]
-                        ranks.append(runs)
+                for arrays in flat:
+                    runs = {}
+                    for key, value in arrays.items():
+                        run, rest = key.split("/", 1)
+                        runs.setdefault(run, {})[rest] = value
+                    ranks.append(runs)
                 cache[name] = ranks
         if isinstance(cache[name], AssertionError):
             pytest.fail(str(cache[name]), pytrace=False)

@@ -9,18 +9,16 @@ schedule, at its own step with the layer's error naming the rank, leaving the ta
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.subprocess_runner import execute, tail
+from tests.subprocess_runner import run_scenario
 
 pytest.importorskip("horovod.tensorflow", reason="Horovod (horovod.tensorflow) is not importable")
 
 SCENARIO = Path(__file__).resolve().with_name("pipeline_scenario.py")
-HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 RTOL, ATOL = 1e-6, 1e-7
 RUN_TIMEOUT_S = 600
 STEPS = 6
@@ -44,19 +42,12 @@ def run(tmp_path_factory):
         if name not in cache:
             workers, optimizer, encoding, schedules, extra = RUNS[name]
             out = tmp_path_factory.mktemp(name)
-            args = [str(SCENARIO), "--optimizer", optimizer, "--encoding", encoding, "--schedules", schedules,
-                    "--steps", str(STEPS), "--out", str(out)] + extra
-            cmd = [sys.executable] + args if workers == 1 else \
-                [str(HOROVODRUN), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo", sys.executable] + args
-            rc, log, _ = execute(cmd, RUN_TIMEOUT_S, merge_stderr=True)
-            if rc != 0:
-                cache[name] = AssertionError(f"{name}: exit status {rc}: {' '.join(cmd)}\n{tail(log)}")
-            else:
-                ranks = []
-                for r in range(workers):
-                    with np.load(out / f"rank{r}.npz") as z:
-                        ranks.append({k: z[k] for k in z.files})
-                cache[name] = ranks
+            args = [SCENARIO, "--optimizer", optimizer, "--encoding", encoding, "--schedules", schedules,
+                    "--steps", str(STEPS), "--out", out] + extra
+            try:
+                cache[name] = run_scenario(name, args, workers, out, RUN_TIMEOUT_S)
+            except AssertionError as e:  # remembered: a failed configuration is not run again
+                cache[name] = e
         if isinstance(cache[name], AssertionError):
             pytest.fail(str(cache[name]), pytrace=False)
         return cache[name]

@@ -13,8 +13,6 @@
 The 2-worker run is tests/distributed/test_horovod.py::test_float16_storage_two_workers_equal_one_worker.
 """
 
-import dataclasses
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -23,9 +21,10 @@ import tf_fusedrec as fr
 from tf_fusedrec import initializers
 from tf_fusedrec.distributed import replication as rl
 from tf_fusedrec.distributed.comm import SingleProcessComm
-from tf_fusedrec.distributed.group_lookup import unified_keys
 from tf_fusedrec.distributed.table import EmbeddingTable
 from tf_fusedrec.train.checkpoint import Checkpointer
+
+from tests.layers.test_hot_replication import Trainer, batch  # the linear model over a FusedEmbedding, its batches
 
 VOCAB = 12
 
@@ -148,119 +147,61 @@ def test_sgd_equals_numpy_reference(mode):
 
 # --- Adagrad / Adam against float32 storage rounded by hand -------------------------------------------------------
 
-def features(optimizer):
-    opt = {"name": optimizer, "learning_rate": 0.1}
-    out = [fr.Feature("a", dim=4, optimizer=opt), fr.Feature("b", dim=4, optimizer=opt),
-           fr.Feature("tags", dim=4, combiner="mean", optimizer=opt), fr.Feature("hist", dim=3, optimizer=opt)]
-    return [dataclasses.replace(f, max_id_bits=20) for f in out]
-
-
-def batch(step):
-    rng = np.random.default_rng([5, step])
-    lengths = rng.integers(0, 4, 8)
-    hist = (rng.zipf(1.5, (8, 2)) % VOCAB).astype(np.int64)
-    hist[rng.random((8, 2)) < 0.2] = -1
-    return {"a": tf.constant(rng.zipf(1.5, 8) % VOCAB, tf.int64), "b": tf.constant(rng.zipf(1.5, 8) % VOCAB, tf.int64),
-            "tags": tf.RaggedTensor.from_row_lengths(rng.zipf(1.5, int(lengths.sum())) % VOCAB, lengths),
-            "hist": tf.constant(hist)}
-
-
-class Trainer:
-    def __init__(self, optimizer, storage, name, replication=None):
-        self.layer = fr.FusedEmbedding(features(optimizer), storage=storage, replication=replication, name=name)
-        self.w = tf.Variable(tf.random.stateless_normal([15, 1], seed=[1, 2]) * 0.3)
-        self.optimizer = fr.train.make_optimizer([self.layer], default="sgd")
-        self.step = tf.function(self._step)
-        self.model = Holder(self.layer, self.w)
-        self.counter = tf.Variable(0, dtype=tf.int64)
-
-    def _step(self, inputs):
-        with tf.GradientTape() as tape:
-            out = self.layer(inputs)
-            x = tf.concat([out["a"], out["b"], out["tags"], tf.reduce_sum(out["hist"], axis=1)], axis=1)
-            loss = tf.reduce_mean(tf.square(x @ self.w - 1.0))
-        variables = self.layer.trainable_variables + [self.w]
-        self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        return out
-
-    def round_rows(self):
-        """float32 storage made to behave like float16: every row rounded after the update."""
-        for table in self.layer.tables:
-            keys, rows = table.params.export()
-            table.params.upsert(keys, tf.constant(round16(rows.numpy())))
-
-    def state(self):
-        """{(feature, id, what): value} of rows (sharded and replicated) and optimizer slots."""
-        out = {}
-        for g, group in enumerate(self.layer.groups):
-            tables = [self.layer.tables[g]] + (self.layer.hot_tables[g:g + 1] if self.layer.hot_tables else [])
-            for t, table in enumerate(tables):
-                opt = self.optimizer.sparse_optimizer_of(table.shadow)
-                opt._create_all_weights([table.shadow])  # noqa: SLF001
-                slots = [(n, opt.get_slot(table.shadow, n).params) for n in sorted(opt.get_slot_names())]
-                for c, name in enumerate(group.feature_names):
-                    keys = unified_keys(tf.constant(np.arange(VOCAB), tf.int64), tf.fill([VOCAB], c),
-                                        group.num_categories, group.encoding)
-                    for what, params in [("row", table.rows)] + slots:
-                        values, exists = params.lookup(keys, return_exists=True)
-                        for i, v, e in zip(range(VOCAB), values.numpy(), exists.numpy()):
-                            if e:
-                                assert (name, i, what) not in out, f"{name} {i} {what} held twice"
-                                out[(name, i, what)] = (t, v)
-        return out
-
-
-class Holder(tf.Module):
-    def __init__(self, layer, w):
-        super().__init__()
-        self.emb, self.w = layer, w
+def round_rows(trainer):
+    """float32 storage made to behave like float16: every row rounded after the update."""
+    for table in trainer.layer.tables:
+        keys, rows = table.params.export()
+        table.params.upsert(keys, tf.constant(round16(rows.numpy())))
 
 
 def assert_same_state(a, b, what):
     assert sorted(a) == sorted(b), f"{what}: {sorted(set(a) ^ set(b))[:6]}"
     for k in a:
-        np.testing.assert_array_equal(a[k][1], b[k][1], err_msg=f"{what}: {k}")
+        np.testing.assert_array_equal(a[k], b[k], err_msg=f"{what}: {k}")
 
 
 @pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
 def test_equals_float32_rounded_after_each_update(optimizer):
-    half, plain = Trainer(optimizer, "float16", "h16"), Trainer(optimizer, "float32", "h32")
+    half, plain = Trainer(optimizer, name="h16", storage="float16"), Trainer(optimizer, name="h32")
     for s in range(5):
-        out_half, out_plain = half.step(batch(s)), plain.step(batch(s))
-        plain.round_rows()
+        (_, out_half), (_, out_plain) = half.step(batch(s)), plain.step(batch(s))
+        round_rows(plain)
         for f in out_half:
             a, b = out_half[f], out_plain[f]
             if isinstance(a, tf.RaggedTensor):
                 a, b = a.flat_values, b.flat_values
             np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=f"step {s} output {f}")
         assert all(int(t.params.size()) == 0 for t in half.layer.tables), "rows left in flight"
-    assert_same_state(half.state(), plain.state(), "after 5 steps")
-    for (_, _, what), (_, v) in half.state().items():
+    state = half.rows()
+    assert_same_state(state, plain.rows(), "after 5 steps")
+    for (_, _, what), v in state.items():
         if what == "row":
             np.testing.assert_array_equal(round16(v), v)
 
 
 # --- with replication: mixed precision ----------------------------------------------------------------------------
 
+def exported_rows(tables):
+    """Every value of the tables' rows, flat (the groups' dims differ)."""
+    return np.concatenate([t.rows.export()[1].numpy().ravel() for t in tables])
+
+
 def test_replicated_rows_stay_float32_and_moves_round_the_leaving_rows():
-    t = Trainer("adagrad", "float16", "mix", replication=fr.HotReplication(rows=4))
+    t = Trainer("adagrad", fr.HotReplication(rows=4), name="mix", storage="float16")
     rl.choose_hot_set(t.layer, [batch(s) for s in range(3)])
     for s in range(4):
         t.step(batch(s))
     assert all(h.store is None for h in t.layer.hot_tables), "replicated rows must stay float32"
-    state = t.state()
-    hot_rows = [v for (_, _, what), (table, v) in state.items() if what == "row" and table == 1]
-    assert hot_rows and any((round16(v) != v).any() for v in hot_rows), "hot rows look rounded to float16"
-    for (_, _, what), (table, v) in state.items():
-        if what == "row" and table == 0:
-            np.testing.assert_array_equal(round16(v), v)
-    before = {k: v for k, (_, v) in state.items()}
+    hot_rows, cold_rows = exported_rows(t.layer.hot_tables), exported_rows(t.layer.tables)
+    assert len(hot_rows) and (round16(hot_rows) != hot_rows).any(), "hot rows look rounded to float16"
+    np.testing.assert_array_equal(round16(cold_rows), cold_rows)
+    before = t.rows()
     for g in range(len(t.layer.groups)):  # every hot pair leaves: rows (rounded) and slots go to the sharded table
         rl.move_hot_set(t.layer, g, [], [], [], optimizer=t.optimizer)
-    after = t.state()
+    assert sum(int(h.size()) for h in t.layer.hot_tables) == 0
+    after = t.rows()
     assert sorted(after) == sorted(before), "a row or slot was lost or duplicated by the move"
-    for k, (table, v) in after.items():
-        assert table == 0
+    for k, v in after.items():
         want = round16(before[k]) if k[2] == "row" else before[k]
         np.testing.assert_array_equal(v, want, err_msg=f"{k} after the move")
 
@@ -269,13 +210,13 @@ def test_checkpoint_of_mixed_storage_continues_exactly(tmp_path):
     comm = SingleProcessComm()
 
     def trainer():
-        return Trainer("adam", "float16", "ckpt16", replication=fr.HotReplication(rows=5))
+        return Trainer("adam", fr.HotReplication(rows=5), name="ckpt16", storage="float16")
 
     reference = trainer()
     rl.choose_hot_set(reference.layer, [batch(s) for s in range(3)])
     for s in range(6):
         reference.step(batch(s))
-    want = reference.state()
+    want = reference.rows()
     tf.keras.backend.clear_session()
 
     first = trainer()
@@ -291,7 +232,7 @@ def test_checkpoint_of_mixed_storage_continues_exactly(tmp_path):
     assert all(int(t.params.size()) == 0 for t in second.layer.tables), "a restore must write to the store"
     for s in range(3, 6):
         second.step(batch(s))
-    assert_same_state(second.state(), want, "restored and continued")
+    assert_same_state(second.rows(), want, "restored and continued")
 
 
 def test_export_of_float16_storage_predicts_like_the_model(tmp_path):

@@ -47,13 +47,26 @@ def batch(step, seed=0):
             "hist": tf.constant(hist)}
 
 
+class Holder(tf.Module):
+    """What Checkpointer needs of a model: the embedding layer among its submodules, the dense weight."""
+
+    def __init__(self, layer, w):
+        super().__init__()
+        self.emb, self.w = layer, w
+
+
 class Trainer:
-    def __init__(self, optimizer, replication=None, packed=True, mode="function", name=None):
+    """A FusedEmbedding under a linear model (also used by tests/layers/test_half_storage.py); `model` and `counter`
+    are what a Checkpointer takes."""
+
+    def __init__(self, optimizer, replication=None, packed=True, mode="function", name=None, storage="float32"):
         name = name or ("plain" if replication is None else "hot")
-        self.layer = fr.FusedEmbedding(features(optimizer, packed), replication=replication, name=name)
+        self.layer = fr.FusedEmbedding(features(optimizer, packed), replication=replication, storage=storage,
+                                       name=name)
         self.w = tf.Variable(tf.random.stateless_normal([15, 1], seed=[1, 2]) * 0.3)
         self.optimizer = fr.train.make_optimizer([self.layer], default="sgd")
         self.step = tf.function(self._step) if mode == "function" else self._step
+        self.model, self.counter = Holder(self.layer, self.w), tf.Variable(0, dtype=tf.int64)
 
     def _step(self, inputs):
         with tf.GradientTape() as tape:
@@ -70,13 +83,12 @@ class Trainer:
         for g, group in enumerate(self.layer.groups):
             tables = [self.layer.tables[g]] + (self.layer.hot_tables[g:g + 1] if self.layer.hot_tables else [])
             for table in tables:
-                opt = self.optimizer.sparse_optimizer_of(table.shadow)
-                opt._create_all_weights([table.shadow])  # noqa: SLF001
-                slots = [(n, opt.get_slot(table.shadow, n).params) for n in sorted(opt.get_slot_names())]
+                self.optimizer.create_slots([table.shadow])
+                slots = self.optimizer.slot_tables(table.shadow)
                 for c, name in enumerate(group.feature_names):
                     ids = np.arange(15, dtype=np.int64)
                     keys = unified_keys(tf.constant(ids), tf.fill([15], c), group.num_categories, group.encoding)
-                    for what, params in [("row", table.params)] + slots:
+                    for what, params in [("row", table.rows)] + slots:
                         values, exists = params.lookup(keys, return_exists=True)
                         for i, v, e in zip(ids, values.numpy(), exists.numpy()):
                             if e:
@@ -254,22 +266,11 @@ def test_move_hot_set_keeps_every_row_and_slot_and_training_goes_on(optimizer):
 
 # --- checkpoints --------------------------------------------------------------------------------------------------
 
-class Holder(tf.Module):
-    """What Checkpointer needs of a model: the embedding layer among its submodules, the dense weight."""
-
-    def __init__(self, layer, w):
-        super().__init__()
-        self.emb, self.w = layer, w
-
-
 def test_checkpoint_holds_the_hot_set_and_both_tables(tmp_path):
     comm = SingleProcessComm()
 
     def trainer():
-        t = Trainer("adam", fr.HotReplication(rows=5))
-        t.model = Holder(t.layer, t.w)
-        t.counter = tf.Variable(0, dtype=tf.int64)
-        return t
+        return Trainer("adam", fr.HotReplication(rows=5))
 
     reference = trainer()
     rl.choose_hot_set(reference.layer, [batch(s) for s in range(3)])
@@ -297,7 +298,6 @@ def test_checkpoint_holds_the_hot_set_and_both_tables(tmp_path):
     tf.keras.backend.clear_session()
 
     plain = Trainer("adam", name="hot")  # the same tables, without replication
-    plain.model = Holder(plain.layer, plain.w)
     with pytest.raises(CheckpointError, match="replicated tables"):
         Checkpointer(str(tmp_path), plain.model, plain.optimizer, tf.Variable(0, dtype=tf.int64), comm).restore()
 
