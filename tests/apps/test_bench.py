@@ -135,3 +135,21 @@ def test_bench_unknown_mode_exits_2(apps, tiny_yaml, tmp_path):
     run = apps.run_app(MODULE, ["--config", tiny_yaml(), "--modes", "fused,warp_speed", "--out", out])
     run.expect_error("warp_speed")
     assert not os.path.exists(out / "bench.json")
+
+
+def test_bench_counts_the_dense_allreduce_and_splits_the_time_in_flight(bench):
+    _, report = ok(bench)
+    assert report["cpus_per_worker"] == len(os.sched_getaffinity(0)), report["cpus_per_worker"]
+    modes = report["modes"]
+    # One grouped allreduce of the dense gradients per step, the same model (so the same bytes) in every mode
+    # without hot rows; replicated hot rows add their gradients to it.
+    dense = modes["fused"]["allreduce_bytes_per_step"]
+    assert dense > 0 and dense % 4 == 0, modes["fused"]
+    for mode in ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused", "fused_dbp"):
+        assert modes[mode]["allreduce_calls_per_step"] == 1, (mode, modes[mode])
+        assert modes[mode]["allreduce_bytes_per_step"] == dense, (mode, modes[mode])
+    assert modes["fused_hot"]["allreduce_bytes_per_step"] > dense, modes["fused_hot"]
+    for mode in MODES:
+        for kind in ("alltoall", "allreduce"):
+            wait, moving = (modes[mode][f"{kind}_{part}_seconds_per_step"] for part in ("wait", "transfer"))
+            assert wait >= 0 and moving > 0, (mode, kind, wait, moving)

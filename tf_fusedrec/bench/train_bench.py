@@ -13,8 +13,10 @@ process and trains on the same pre-generated batches; after a warm-up the modes 
 `--steps` steps of every mode, so drift on the machine hits all modes alike. Reported per mode: samples/s over all
 workers (median of repeats), all-to-all calls per step (forward + backward), mean bytes per all-to-all, seconds per
 step spent in the forward all-to-alls (waiting for peers included), the time per step at least one all-to-all was
-in flight and the part of it no dense compute hid (exposed), and each ratio to per_feature. A second pass trains fused, per_feature and tfra_hand_fused on synthetic configs with M features for
-M in --sweep. Writes OUT/bench.json, OUT/bench.png and prints the table the README shows.
+in flight and the part of it no dense compute hid (exposed), and each ratio to per_feature. A last pass of `--steps`
+steps per mode splits the time in flight into waiting for the last worker to arrive and moving data
+(AlltoallMeter.arrival_split: workers on one machine, whose clocks agree), for all-to-alls and allreduces. A sweep
+then trains fused, per_feature and tfra_hand_fused on synthetic configs with M features for M in --sweep. Writes OUT/bench.json, OUT/bench.png and prints the table the README shows.
 """
 
 import argparse
@@ -136,6 +138,7 @@ def measure(config, modes, args, comm, meter, log):
             if meter is not None:
                 traffic[mode].append(meter.per_step(args.steps))
         log(f"  repeat {r + 1}/{args.repeats}: " + ", ".join(f"{m} {samples[m][-1]:,.0f}" for m in modes))
+    split = {m: arrival_pass(runners[m], meter, comm, args.steps) for m in modes} if meter is not None else {}
     results = {}
     for mode in modes:
         entry = {"samples_per_s": float(np.median(samples[mode])), "samples_per_s_repeats": samples[mode],
@@ -147,8 +150,27 @@ def measure(config, modes, args, comm, meter, log):
         if traffic[mode]:
             for key in traffic[mode][0]:
                 entry[key] = float(np.median([t[key] for t in traffic[mode]]))
+        entry.update(split.get(mode, {}))
         results[mode] = entry
     return results
+
+
+def arrival_pass(runner, meter, comm, steps):
+    """After the timed repeats: `steps` more steps of one mode, each followed by the meter's arrival_split (an
+    allgather, so the workers start each step together), giving per step the time all-to-alls and allreduces spent
+    waiting for the last worker to arrive and the time they moved data, medians over the steps."""
+    splits = []
+    for _ in range(steps):
+        since = time.time()
+        runner.run(1)
+        splits.append(meter.arrival_split(comm, since))
+    entry = {}
+    for kind in ("alltoall", "allreduce"):
+        for part in ("wait", "transfer"):
+            values = [s[kind][part] for s in splits if kind in s]
+            if values:
+                entry[f"{kind}_{part}_seconds_per_step"] = float(np.median(values))
+    return entry
 
 
 def sweep_config(base, num_features):
@@ -179,6 +201,10 @@ def main(argv=None):
     if unknown:
         print(f"error: unknown mode {unknown[0]!r}; modes are {MODES}", file=sys.stderr)
         sys.exit(2)
+    if not all(m.isdigit() and int(m) > 0 for m in args.sweep.split(",") if m):
+        print(f"error: --sweep must be feature counts like 4,8,16 (or empty to skip), got {args.sweep!r}",
+              file=sys.stderr)
+        sys.exit(2)
     if args.hot != "auto" and not (args.hot.isdigit()):
         print(f"error: --hot must be auto or a number of rows >= 0, got {args.hot!r}", file=sys.stderr)
         sys.exit(2)
@@ -203,6 +229,7 @@ def main(argv=None):
     if rank == 0:
         network, hosts = network_of(size)
         report = {"config": config.name, "workers": size, "hosts": hosts, "network": network,
+                  "cpus_per_worker": len(os.sched_getaffinity(0)),  # rank 0's; taskset or --cores-per-worker
                   "batch_size_per_worker": args.batch_size or config.train.batch_size, "steps": args.steps,
                   "repeats": args.repeats, "modes": results, "sweep": {str(k): v for k, v in sweep.items()},
                   "command": f"{launcher(size)}.venv/bin/python -m tf_fusedrec.bench {shlex.join(sys.argv[1:])}"}
@@ -237,8 +264,9 @@ def table(report):
     fused = modes.get("fused", {}).get("samples_per_s")
     lines = ["| mode | samples/s (all workers) | vs per_feature | vs fused | all-to-alls / step | mean bytes / all-to-all "
              "| forward all-to-all s / step | all-to-all in flight s / step | exposed all-to-all s / step "
+             "| all-to-all waiting for peers s / step | all-to-all moving s / step "
              "| step s | CPU s / step (rank 0) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for mode, r in modes.items():
         ratio = f"{r['samples_per_s'] / base:.2f}x" if base else "-"
         vs_fused = f"{r['samples_per_s'] / fused:.2f}x" if fused else "-"
@@ -247,7 +275,9 @@ def table(report):
                      f"{r.get('alltoall_mean_message_bytes', 0):,.0f} | "
                      f"{r.get('forward_alltoall_seconds_per_step', 0):.4f} | "
                      f"{r.get('alltoall_busy_seconds_per_step', 0):.4f} | "
-                     f"{r.get('exposed_alltoall_seconds_per_step', 0):.4f} | {r.get('step_seconds', 0):.4f} | "
+                     f"{r.get('exposed_alltoall_seconds_per_step', 0):.4f} | "
+                     f"{r.get('alltoall_wait_seconds_per_step', 0):.4f} | "
+                     f"{r.get('alltoall_transfer_seconds_per_step', 0):.4f} | {r.get('step_seconds', 0):.4f} | "
                      f"{r.get('cpu_seconds_per_step', 0):.4f} |")
     if report["sweep"]:
         sweep_modes = list(next(iter(report["sweep"].values())))

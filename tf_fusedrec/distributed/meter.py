@@ -25,6 +25,8 @@ comm_lib.order_insensitive(("Timestamp",))
 
 # Intervals kept per step to compute the time at least one all-to-all is in flight; a step issues far fewer.
 MAX_INTERVALS = 4096
+# Collective call sites whose latest [start, end] are kept for arrival_split.
+MAX_SITES = 2048
 
 
 class AlltoallMeter:
@@ -41,6 +43,13 @@ class AlltoallMeter:
         # Seconds in allreduces (the dense gradients' above all), from the inputs being ready to the result: the
         # transfer plus the wait for the slowest worker to arrive.
         self.allreduce_seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="allreduce_seconds")
+        # Grouped allreduce calls and the bytes of their inputs (one worker's share before reduction).
+        self.allreduce_calls = tf.Variable(0, dtype=tf.int64, trainable=False, name="allreduce_calls")
+        self.allreduce_bytes = tf.Variable(0, dtype=tf.int64, trainable=False, name="allreduce_bytes")
+        # [start, end] of each collective call site's latest run, for arrival_split: sites are numbered as the
+        # step functions are traced, which every worker does in the same order.
+        self.site_stamps = tf.Variable(tf.zeros([MAX_SITES, 2], tf.float64), trainable=False, name="site_stamps")
+        self._sites = {"alltoall": [], "allreduce": []}
         self._busy = self._exposed = 0.0
 
     def wrap(self, comm):
@@ -64,6 +73,7 @@ class AlltoallMeter:
         if forward:
             self.seconds.assign_add(end - start)
         _append(self.intervals, self.num_intervals, start, end)
+        self._stamp_site("alltoall", start, end)
         return received, received_splits
 
     def record_allreduce(self, tensors, call):
@@ -76,7 +86,50 @@ class AlltoallMeter:
         with tf.control_dependencies(reduced):
             end = tf.timestamp()
         self.allreduce_seconds.assign_add(end - start)
+        self.allreduce_calls.assign_add(1)
+        self.allreduce_bytes.assign_add(sum(tf.cast(tf.size(t), tf.int64) * t.dtype.size for t in tensors))
+        self._stamp_site("allreduce", start, end)
         return reduced
+
+    def _stamp_site(self, kind, start, end):
+        """Keeps [start, end] of this call site's latest run (traced calls only; sites past MAX_SITES are not
+        kept)."""
+        used = sum(len(v) for v in self._sites.values())
+        if tf.executing_eagerly() or used >= MAX_SITES:
+            return
+        self._sites[kind].append(used)
+        self.site_stamps.scatter_nd_update([[used]], tf.stack([start, end])[None])
+
+    def arrival_split(self, comm, since):
+        """Splits the last step's time in flight, per collective kind, into waiting and transfer, over all workers.
+
+        Call it on every worker after a step that began at `since` (time.time()). A call's wait on worker r is
+        from its start there to the start of the last worker's same call (the peer it waits for); from then to its
+        end it moves data (Horovod's negotiation included). Per worker, `wait` is the time some call of the kind
+        was in flight but none had all workers in (intervals merged: concurrent calls count once) and `transfer`
+        the time at least one had; both are averaged over workers. The workers' clocks must agree: one machine
+        (loopback or the namespaced cluster), not separate hosts. Returns {kind: {"wait": s, "transfer": s,
+        "calls": n}}; collective (an allgather), so every worker must call it."""
+        import numpy as np  # noqa: PLC0415
+
+        stamps = comm.allgather(self.site_stamps.read_value()[None], "meter/arrival_split").numpy()
+        fresh = np.all(stamps[:, :, 0] >= since, axis=0)
+        out = {}
+        for kind, sites in self._sites.items():
+            sites = [s for s in sites if fresh[s]]
+            if not sites:
+                continue
+            per_site = stamps[:, sites]  # [workers, calls, 2]
+            last = per_site[:, :, 0].max(axis=0)
+            wait = transfer = 0.0
+            for r in range(per_site.shape[0]):
+                busy = merge_intervals(per_site[r])
+                moving = merge_intervals(np.stack([last, per_site[r, :, 1]], axis=1))
+                transfer += sum(e - s for s, e in moving)
+                wait += sum(e - s for s, e in busy) - sum(e - s for s, e in moving)
+            out[kind] = {"wait": wait / per_site.shape[0], "transfer": transfer / per_site.shape[0],
+                         "calls": len(sites)}
+        return out
 
     def record_compute(self, start, end):
         """An op recording [start, end] (float64 seconds, tf.timestamp) as dense compute of the current step."""
@@ -99,7 +152,8 @@ class AlltoallMeter:
         return self._exposed
 
     def reset(self):
-        for v in (self.calls, self.bytes, self.num_intervals, self.num_compute_intervals):
+        for v in (self.calls, self.bytes, self.num_intervals, self.num_compute_intervals, self.allreduce_calls,
+                  self.allreduce_bytes):
             v.assign(0)
         self.seconds.assign(0.0)
         self.allreduce_seconds.assign(0.0)
@@ -117,6 +171,8 @@ class AlltoallMeter:
             "alltoall_busy_seconds_per_step": self._busy / steps,
             "exposed_alltoall_seconds_per_step": self._exposed / steps,
             "allreduce_seconds_per_step": float(self.allreduce_seconds.numpy()) / steps,
+            "allreduce_calls_per_step": int(self.allreduce_calls.numpy()) / steps,
+            "allreduce_bytes_per_step": int(self.allreduce_bytes.numpy()) / steps,
         }
 
 
