@@ -128,3 +128,31 @@ def _running(pid):
             return f.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_pin_plan():
+    assert cluster.pin_plan(3, None) is None
+    assert cluster.pin_plan(2, 1, available={0, 1}) == [{0}, {1}]
+    assert cluster.pin_plan(2, 2, available={4, 5, 6, 7, 9}) == [{4, 5}, {6, 7}]
+    with pytest.raises(ValueError, match=r"2 workers x 2 cores each need 4 CPUs; this process may use 2 \(0,1\)"):
+        cluster.pin_plan(2, 2, available={0, 1})
+    with pytest.raises(ValueError, match="cores_per_worker must be at least 1"):
+        cluster.pin_plan(2, 0, available={0, 1})
+
+
+def test_cli_refuses_more_pinned_cores_than_the_machine_has(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.parse_args(["--hosts", "2", "--cores-per-worker", str(len(os.sched_getaffinity(0))), "--", "true"])
+    assert e.value.code == 2
+    assert "--cores-per-worker" in capsys.readouterr().err
+
+
+def test_workers_are_pinned_to_cores_of_their_own(cluster_ok):  # noqa: ARG001
+    rc, out, _ = execute(CLUSTER + ["--hosts", "2", "--cores-per-worker", "1", "--link-rate", "1gbit", "--",
+                                    sys.executable, "-c",
+                                    "import os; print('pinned', os.environ['HOROVOD_RANK'], "
+                                    "sorted(os.sched_getaffinity(0)))"], TIMEOUT_S, merge_stderr=True)
+    assert rc == 0, tail(out)
+    rows = sorted(line.split(" ", 2)[1:] for line in out.splitlines() if line.startswith("pinned "))
+    cpus = sorted(os.sched_getaffinity(0))
+    assert rows == [["0", str(cpus[:1])], ["1", str(cpus[1:2])]], tail(out)

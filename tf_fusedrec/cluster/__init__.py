@@ -24,7 +24,9 @@ RendezvousServer, initialised with horovod's host assignment plan, and per worke
 (HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT, HOROVOD_CONTROLLER=gloo, HOROVOD_CPU_OPERATIONS=gloo, HOROVOD_GLOO_IFACE and
 HOROVOD_HOSTNAME/RANK/SIZE/LOCAL_*/CROSS_*), with no ssh: `ip netns exec <host ns> unshare --uts`, then
 `hostname host<i>`, then the command. Each worker thus has its host's network and a UTS namespace whose hostname is
-its host's name. Each worker is its own process group; if one exits with a nonzero status the others are stopped.
+its host's name. With cores_per_worker K, worker r is pinned (sched_setaffinity, inherited by everything it runs)
+to CPUs rK .. rK+K-1 of those this process may use, so that each worker has cores of its own as on separate
+machines. Each worker is its own process group; if one exits with a nonzero status the others are stopped.
 Teardown kills every process left in the namespaces and deletes the namespaces, which deletes the veths and the
 bridge with them.
 """
@@ -222,13 +224,14 @@ class Cluster:
 
     Use as a context manager (or call up() and down()); run() starts the workers and waits for them."""
 
-    def __init__(self, hosts=2, link_rate="1gbit", workers_per_host=1, verbose=False):
+    def __init__(self, hosts=2, link_rate="1gbit", workers_per_host=1, verbose=False, cores_per_worker=None):
         if not 1 <= int(hosts) <= MAX_HOSTS:
             raise ValueError(f"hosts must be in 1..{MAX_HOSTS}, got {hosts}")
         if int(workers_per_host) < 1:
             raise ValueError(f"workers_per_host must be at least 1, got {workers_per_host}")
         self.num_hosts = int(hosts)
         self.workers_per_host = int(workers_per_host)
+        self.worker_cores = pin_plan(self.size, cores_per_worker)
         self.rate_bits = parse_rate(link_rate) if link_rate else None
         self.verbose = verbose
         self.run_id = f"{PREFIX}{os.getpid()}-{secrets.token_hex(2)}"
@@ -364,8 +367,11 @@ class Cluster:
             host = self.host_of(slot)
             argv = ["ip", "netns", "exec", host.netns, "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
                     host.name] + list(command)
+            cores = self.worker_cores[slot.rank] if self.worker_cores else None
             self._procs.append(subprocess.Popen(argv, env=self.worker_env(slot, env), stdout=stdout, stderr=stderr,
-                                                start_new_session=True))
+                                                start_new_session=True,
+                                                preexec_fn=(lambda c=cores: os.sched_setaffinity(0, c)) if cores
+                                                else None))
         self._log(f"started {len(self._procs)} workers: {' '.join(command)}")
         return list(self._procs)
 
@@ -428,10 +434,30 @@ class Cluster:
         self._log(f"down: {self.run_id}-* deleted")
 
 
+def pin_plan(workers, cores_per_worker, available=None):
+    """Worker rank -> the CPU set it is pinned to: disjoint sets of cores_per_worker CPUs each, in CPU order
+    (None: no pinning). Refuses (ValueError) when the CPUs this process may use cannot give every worker its own."""
+    if cores_per_worker is None:
+        return None
+    k = int(cores_per_worker)
+    if k < 1:
+        raise ValueError(f"cores_per_worker must be at least 1, got {cores_per_worker}")
+    cpus = sorted(os.sched_getaffinity(0) if available is None else available)
+    if workers * k > len(cpus):
+        raise ValueError(f"{workers} workers x {k} cores each need {workers * k} CPUs; this process may use "
+                         f"{len(cpus)} ({','.join(map(str, cpus))})")
+    return [set(cpus[r * k:(r + 1) * k]) for r in range(workers)]
+
+
+def tbf_burst_bytes(rate_bits):
+    """The token bucket of a link of rate_bits/s: what it lets through at once when full (2 ms, at least 64 KiB)."""
+    return max(64 * 1024, int(rate_bits / 8 * 0.002))
+
+
 def tbf_parameters(rate_bits):
     """tc tbf arguments for a link of rate_bits/s: a bucket of 2 ms of traffic (at least 64 KiB, so one GSO
     segment always fits) and a queue of 50 ms, deep enough that TCP is paced by the bucket rather than by drops."""
     rate_bytes = rate_bits / 8
-    burst = max(64 * 1024, int(rate_bytes * 0.002))
+    burst = tbf_burst_bytes(rate_bits)
     limit = max(4 * burst, int(rate_bytes * 0.05))
     return ["rate", f"{rate_bits}bit", "burst", str(burst), "limit", str(limit)]

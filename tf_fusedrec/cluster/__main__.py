@@ -1,4 +1,5 @@
-"""`python -m tf_fusedrec.cluster --hosts N [--link-rate 1gbit] [--workers-per-host W] -- COMMAND ...`
+"""`python -m tf_fusedrec.cluster --hosts N [--link-rate 1gbit] [--workers-per-host W] [--cores-per-worker K] --
+COMMAND ...`
 
 Builds N hosts in network namespaces with links shaped to --link-rate, runs COMMAND as N x W Horovod (Gloo)
 workers, each in its host's namespace, and tears everything down on exit, on Ctrl-C / SIGTERM and when a worker
@@ -10,7 +11,7 @@ import argparse
 import signal
 import sys
 
-from tf_fusedrec.cluster import Cluster, ClusterError, WorkerFailed, check_can_build, parse_rate
+from tf_fusedrec.cluster import Cluster, ClusterError, WorkerFailed, check_can_build, parse_rate, pin_plan
 
 
 class Interrupted(Exception):
@@ -27,6 +28,8 @@ def parse_args(argv):
     p.add_argument("--link-rate", default="1gbit",
                    help="rate of each host's link, tc syntax (1gbit, 100mbit, 10gbit); 'none' for unshaped")
     p.add_argument("--workers-per-host", type=int, default=1)
+    p.add_argument("--cores-per-worker", type=int, default=None,
+                   help="pin each worker to this many CPUs of its own (default: no pinning)")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     args = p.parse_args(argv)
@@ -43,6 +46,11 @@ def parse_args(argv):
             p.error(str(e))
     if args.hosts < 1 or args.workers_per_host < 1:
         p.error("--hosts and --workers-per-host must be at least 1")
+    if args.cores_per_worker is not None:
+        try:
+            pin_plan(args.hosts * args.workers_per_host, args.cores_per_worker)
+        except ValueError as e:
+            p.error(f"--cores-per-worker: {e}")
     return args
 
 
@@ -59,7 +67,8 @@ def main(argv=None):
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupt)
-    cluster = Cluster(args.hosts, args.link_rate, args.workers_per_host, verbose=args.verbose)
+    cluster = Cluster(args.hosts, args.link_rate, args.workers_per_host, verbose=args.verbose,
+                      cores_per_worker=args.cores_per_worker)
     try:
         cluster.up()
         return cluster.run(args.command)

@@ -8,7 +8,8 @@ Message size S is what one worker puts into the collective (the bytes the traini
 a float32 tensor of S bytes, split evenly over the N workers for the all-to-all. For each size, `calls`
 collectives are chained inside one tf.function (each consumes the previous one's output, as the rounds of a
 training step do) and the time per call is the median over --reps of (wall time of the function / calls), the
-slowest worker's. The all-to-all is also measured batched: `calls` independent all-to-alls in one function, which
+slowest worker's; `cpu_seconds` is the CPU time per call of the busiest worker's process (all its threads: TensorFlow's,
+Horovod's background thread and Gloo's). The all-to-all is also measured batched: `calls` independent all-to-alls in one function, which
 Horovod can negotiate in one cycle, as the per-feature all-to-alls of one round of a step could be. A fit of
 t(S) = latency + seconds_per_byte * S (the slope by least squares over the larger half of the sizes, the latency
 as the median remainder over the smaller half) gives the two coefficients per collective, C = (latency,
@@ -109,14 +110,16 @@ def curve(comm, kind, sizes, reps, batched, log):
         calls = calls_for(nbytes)
         run, x, actual = collectives(comm, kind, nbytes, calls, batched)
         run(x).numpy()  # trace and warm up
-        times = []
+        times, cpu = [], []
         for r in range(reps):
             tag = f"{kind}/{int(batched)}/{nbytes}/{r}"
             comm.max(0.0, f"probe/sync/{tag}")
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             run(x).numpy()
+            cpu.append((time.process_time() - cpu0) / calls)
             times.append(comm.max((time.perf_counter() - t0) / calls, f"probe/time/{tag}"))
-        points.append({"bytes": actual, "calls": calls, "seconds": float(np.median(times)), "seconds_reps": times})
+        points.append({"bytes": actual, "calls": calls, "seconds": float(np.median(times)), "seconds_reps": times,
+                       "cpu_seconds": comm.max(float(np.median(cpu)), f"probe/cpu/{kind}/{int(batched)}/{nbytes}")})
         log(f"  {kind:9s} {'batched' if batched else 'chained'} {actual:>10,d} B "
             f"{points[-1]['seconds'] * 1e3:9.3f} ms/call")
     a, b, r2 = fit([p["bytes"] for p in points], [p["seconds"] for p in points])
