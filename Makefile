@@ -60,19 +60,19 @@ bench-serve: build
 CLUSTER := $(PY) -m tf_fusedrec.cluster
 CLUSTER_OUT ?= bench_results/cluster
 BENCH_CLUSTER_ARGS ?= --config configs/criteo_synthetic.yaml --repeats 3 --sweep ''
+# Every worker of the cluster benchmark has a core of its own, as on separate machines: horovodrun's worker r runs
+# under `taskset -c r` (the cluster launcher's --cores-per-worker 1 does the same on namespaced hosts).
+PINNED_HOROVODRUN := $(HOROVODRUN) sh -c 'exec taskset -c $$HOROVOD_RANK "$$0" "$$@"'
 bench-cluster-runs: build
-	for rate in 1gbit 10gbit; do \
-		$(CLUSTER) --hosts 2 --link-rate $$rate -- $(PY) -m tf_fusedrec.cluster.probe --out $(CLUSTER_OUT)/$$rate-n2 && \
-		$(CLUSTER) --hosts 2 --link-rate $$rate -- $(PY) -m tf_fusedrec.bench $(BENCH_CLUSTER_ARGS) \
+	$(PINNED_HOROVODRUN) $(PY) -m tf_fusedrec.cluster.probe --out $(CLUSTER_OUT)/loopback-n2
+	$(PINNED_HOROVODRUN) $(PY) -m tf_fusedrec.bench $(BENCH_CLUSTER_ARGS) --out $(CLUSTER_OUT)/loopback-n2
+	for rate in 100mbit 300mbit 1gbit 10gbit; do \
+		$(CLUSTER) --hosts 2 --cores-per-worker 1 --link-rate $$rate -- $(PY) -m tf_fusedrec.cluster.probe \
+			--out $(CLUSTER_OUT)/$$rate-n2 && \
+		$(CLUSTER) --hosts 2 --cores-per-worker 1 --link-rate $$rate -- $(PY) -m tf_fusedrec.bench $(BENCH_CLUSTER_ARGS) \
 			--out $(CLUSTER_OUT)/$$rate-n2 || exit 1; \
 	done
 	taskset -c 0 $(PY) -m tf_fusedrec.bench $(BENCH_CLUSTER_ARGS) --out $(CLUSTER_OUT)/n1-1core
-	$(CLUSTER) --hosts 2 --workers-per-host 2 --link-rate 1gbit -- $(PY) -m tf_fusedrec.cluster.probe \
-		--out $(CLUSTER_OUT)/1gbit-n4
-	$(CLUSTER) --hosts 2 --workers-per-host 2 --link-rate 1gbit -- $(PY) -m tf_fusedrec.bench $(BENCH_CLUSTER_ARGS) \
-		--out $(CLUSTER_OUT)/1gbit-n4
-	$(HOROVODRUN) $(PY) -m tf_fusedrec.cluster.probe --out $(CLUSTER_OUT)/loopback-n2
-	$(HOROVODRUN) $(PY) -m tf_fusedrec.bench $(BENCH_CLUSTER_ARGS) --out $(CLUSTER_OUT)/loopback-n2
 
 bench-cluster: bench-cluster-runs
 	$(PY) -m tf_fusedrec.cluster.model --runs $(CLUSTER_OUT) --out $(CLUSTER_OUT)

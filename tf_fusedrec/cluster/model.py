@@ -1,29 +1,45 @@
 """`python -m tf_fusedrec.cluster.model`: a cost model of a training step, checked against the cluster runs and
 projected to N = 8 ... 128 workers. It is a model, not a measurement.
 
-For mode m (fused, per_feature, ...) on N workers, W per host, one step takes
+For mode m (fused, per_feature, ...) on network X with N workers, W per host, one step takes
 
-    t_m(N) = C_m * s(N)                          compute
-           + K_m * a(N)                          all-to-all rounds
-           + T_m * W * (N - W) / N * c_link      all-to-all bytes over a host's link
+    t_m(X, N) = L_m                                         the local step
+              - T_m * b_lo - D_m * e_lo                     less what loopback charged for its bytes
+              + K_m * max(0, x_m - B_X) * c_X               all-to-all bytes over the link, beyond the bucket
+              + J_m * max(0, y_m - B_X) * e_X               dense allreduce bytes over the link, likewise
 
-* C_m: the step time of mode m with 1 worker on 1 core (its all-to-alls are skipped): the compute of one worker.
-  s(N) = max(1, N / cores) when the N workers share `cores` cores (the checks on this machine, cores = 2); the
-  projection gives each worker its own core, s = 1, and keeps the per-worker batch (weak scaling).
-* K_m: all-to-all calls per step as measured (forward and backward: 6 for fused, 2 groups x 3; 78 for
-  per_feature, 26 features x 3), each paying a(N), the probe's chained all-to-all latency. Independent calls
-  could share a Horovod cycle (the probe's batched latency is 2-3x lower), but inside a step they become ready at
-  different times, and the per-feature baseline's forward all-to-all time per call, as the meter measures it, is
-  above the chained latency, not below it: each call is a round.
-* T_m: the bytes one worker puts into all-to-alls per step, as measured (forward and backward). A worker keeps
-  1/N of them and sends the rest; of these, the (W - 1)/N for its own host stay on loopback, so a host's link
-  carries W * T_m * (N - W) / N bytes each way per step (the unique keys a worker sends and the rows it gets back
-  depend on its own batch only, so T_m does not change with N). c_link: the probe's measured seconds per byte on
-  a link (8 / rate for an ideal link; Gloo's all-to-all reaches about half of it, see the README).
-* a(N), c_link: from the probe at N where one ran (the checks), else from N = 2. The N = 4 probe ran with 2
-  workers per core, which slows Horovod's background thread as much as any per-peer cost would, so it cannot
-  give the growth of a(N) with N; the projection holds a(N) at its N = 2 value and so leaves out the per-peer
-  cost of Gloo's N - 1 pairwise messages and of Horovod's negotiation: an optimistic latency term.
+* L_m: the step time of mode m measured with N = 2 workers on one machine (loopback), a core per worker. It holds
+  the compute, the work only the distributed path does (partition by owner, the owner's unique, the gathers and
+  the gradient all-to-all's scatter; a 1-worker run skips all of it) and the collectives' per-call cost as two
+  processes on one machine pay it (Horovod's negotiation cycle, Gloo, the copies, on the worker's own core). None
+  of these is a property of the network, and on this machine they cannot be predicted from a 1-worker run and
+  the probe: a collective inside a step costs several times what the probe's loop measures, because its CPU work
+  shares the worker's core with the step's compute (see the README).
+* K_m, T_m, J_m, D_m: all-to-all calls and the bytes one worker puts into them, allreduce calls and their bytes,
+  per step, as the meter counted them (forward and backward). For the same per-worker batch they do not depend on
+  N (weak scaling: the keys a worker sends are the unique pairs of its own batch).
+* x_m = (T_m / K_m) * W (N - W) / N: the bytes one call sends over a host's link (a worker keeps 1/N of its
+  input and sends (W - 1)/N over its own host's loopback). y_m = (D_m / J_m) * 2 (N - 1) / N: a ring allreduce's.
+* c_X, e_X: the probe's seconds per link byte of the all-to-all and per byte of the allreduce on network X, and
+  b_lo, e_lo on loopback (slopes of its fits t(S) = latency + seconds_per_byte * S, measured at N = 2, pinned as
+  the runs).
+* B_X: what the link lets through at once. The cluster shapes a link with a token bucket (tc tbf) of 2 ms of
+  traffic, at least 64 KiB; a full bucket passes that many bytes of a message without waiting, and it refills at
+  the link's rate between calls. The model spreads a step's calls evenly over L_m, so a call finds
+  B_X = min(bucket, rate * L_m / (K_m + J_m)) bytes of tokens. A real wire has no such allowance (B = 0: every
+  byte is serialised). The checks are on the shaped links; the projection gives both, shaped links as checked
+  and a wire with B = 0, which no run here can check (every link here is shaped).
+* No latency term per network: a link adds microseconds per call (its propagation, and a TCP round trip through
+  the namespaces takes 0.07 ms), far below what the probe can resolve between two networks (its fitted latencies
+  are Horovod's cycle on a loaded core, 1.4-2.7 ms, and move by a millisecond between runs of the same network;
+  times 78 calls that noise alone would shift per_feature by 20%). The per-call cost is Horovod's on this CPU,
+  and it is in L_m. The probe's latencies are reported beside the model, not used by it.
+* For N > 2 the per-call cost is held at its N = 2 value: the model leaves out the growth with N of Gloo's N - 1
+  pairwise messages and of Horovod's negotiation (optimistic), and assumes a non-blocking switch.
+
+Checks: every run on namespaced hosts with N = 2 (each mode at each link rate). The loopback run is the anchor
+(L_m), equal by construction, and the 1-worker run is shown for what the distributed path costs over it. Runs are
+compared only when their workers were pinned alike (bench.json's cpus_per_worker).
 
 Reads RUNS/*/bench.json (python -m tf_fusedrec.bench) and RUNS/*/probe.json (python -m tf_fusedrec.cluster.probe)
 as `make bench-cluster` writes them, and writes OUT/model.json, OUT/model.md and OUT/model.png.
@@ -35,10 +51,13 @@ import json
 import os
 import sys
 
-from tf_fusedrec.cluster import parse_rate
-from tf_fusedrec.cluster.probe import refit
+from tf_fusedrec.cluster import parse_rate, tbf_burst_bytes
+from tf_fusedrec.cluster.probe import link_bytes_per_byte, refit
 
 PROJECT_N = (8, 16, 32, 64, 128)
+# The projection's links: shaped as the checked ones (token bucket), and a wire without the bucket's allowance.
+LINKS = ("shaped", "wire")
+LOOPBACK = "loopback"
 
 
 def load_runs(root):
@@ -64,99 +83,145 @@ def step_seconds(bench, mode):
 
 
 class Network:
-    """The probe coefficients of one network at the N where probes ran, with the line between them."""
+    """The probe's coefficients for one network, measured at N = 2: per byte cost of the all-to-all (per message
+    byte, and per byte crossing a host's link) and of the allreduce, the link's rate and token bucket from its
+    name, and (reported only) the latencies."""
 
-    def __init__(self, name, probes):
+    def __init__(self, name, probe):
+        if probe["workers"] != 2:
+            raise ValueError(f"network {name}: the probe ran with {probe['workers']} workers; the model needs N = 2")
         self.name = name
-        self.by_n = {p["workers"]: p for p in probes}
-        if 2 not in self.by_n:
-            raise ValueError(f"network {name}: no probe with 2 workers (have {sorted(self.by_n)})")
-        a2a = self.by_n[2]["alltoall"]
-        # On loopback (one host) every byte a worker sends to a peer counts as "link" bytes: (N - 1) / N of S.
-        self.c_link = a2a["seconds_per_link_byte"] or a2a["seconds_per_byte"] * 2
+        a2a, ar = probe["alltoall"], probe["allreduce"]
+        self.a = max(a2a["latency_s"], 0.0)
+        self.b2 = a2a["seconds_per_byte"]  # per message byte, at N = 2 as measured
+        self.c_link = a2a.get("seconds_per_link_byte")  # None on loopback: no link
+        self.r = max(ar["latency_s"], 0.0)
+        self.e2 = ar["seconds_per_byte"]  # at N = 2 a ring allreduce sends as many bytes as the tensor has
+        if self.linked:
+            rate = parse_rate(name)
+            self.rate_bytes, self.bucket = rate / 8, tbf_burst_bytes(rate)
+        else:
+            self.rate_bytes, self.bucket = None, 0
 
-    def latency(self, n):
-        def at(p):
-            return max(p["alltoall"]["latency_s"], 0.0)
+    @property
+    def linked(self):
+        return self.c_link is not None
 
-        return at(self.by_n[n] if n in self.by_n else self.by_n[2])
+    def tokens(self, gap_s):
+        """Bucket tokens a call finds when calls come gap_s apart."""
+        return min(self.bucket, self.rate_bytes * gap_s)
 
     def coefficients(self):
-        return {str(n): {"a_s": self.latency(n), "c_link_s_per_byte": self.c_link,
-                         "probe_workers_per_host": p["workers_per_host"]}
-                for n, p in sorted(self.by_n.items())}
+        return {"alltoall_latency_s": self.a, "alltoall_s_per_byte_n2": self.b2, "c_link_s_per_byte": self.c_link,
+                "allreduce_latency_s": self.r, "allreduce_s_per_byte_n2": self.e2, "bucket_bytes": self.bucket,
+                "rate_bytes_per_s": self.rate_bytes}
 
 
-def predict(compute_s, calls, nbytes, network, n, workers_per_host=1, cores=None):
-    """Step seconds of one mode; returns (total, parts)."""
-    share = max(1.0, n / cores) if cores else 1.0
-    parts = {"compute": compute_s * share}
-    if n > 1:
-        parts["rounds"] = calls * network.latency(n)
-        w = workers_per_host
-        parts["bytes"] = nbytes * w * (n - w) / n * network.c_link
+def traffic(entry):
+    """(K, T, J, D) of one mode's bench entry: all-to-all calls and bytes, allreduce calls and bytes per step."""
+    return (entry.get("alltoall_calls_per_step", 0.0), entry.get("alltoall_bytes_per_step", 0.0),
+            entry.get("allreduce_calls_per_step", 0.0), entry.get("allreduce_bytes_per_step", 0.0))
+
+
+def predict(local_s, counts, net, lo, n, w=1, bucket=True):
+    """Step seconds of one mode on the linked network `net` with N workers, W per host; returns (total, parts).
+    bucket=False: a wire without the token bucket's allowance (B = 0)."""
+    k, t, j, d = counts
+    tokens = net.tokens(local_s / max(k + j, 1)) if bucket else 0.0
+    x = t / k * link_bytes_per_byte(n, w) if k else 0.0
+    y = d / j * 2 * (n - 1) / n if j else 0.0
+    parts = {"local": local_s,
+             "loopback_bytes": -(t * lo.b2 + d * lo.e2),
+             "alltoall_link": k * max(0.0, x - tokens) * net.c_link,
+             "allreduce_link": j * max(0.0, y - tokens) * net.e2}
     return sum(parts.values()), parts
 
 
-def build(runs, cores):
-    single = [b for _, b, _ in runs if b["workers"] == 1]
-    if not single:
-        raise ValueError("no 1-worker bench.json: the model's compute term comes from it")
-    compute = {m: step_seconds(single[0], m) for m in single[0]["modes"]}
-    networks = {}
-    for _, bench, probe in runs:
-        if probe is not None and bench["workers"] > 1:
-            networks.setdefault(bench["network"], []).append(probe)
-    networks = {k: Network(k, v) for k, v in networks.items() if any(p["workers"] == 2 for p in v)}
-    # Calls and bytes per step of each mode, from a 2-worker run (counts, not times: the same on every network).
-    traffic = {}
-    for _, bench, _ in sorted(runs, key=lambda r: r[1]["workers"]):
-        if bench["workers"] == 2:
-            for m, r in bench["modes"].items():
-                traffic.setdefault(m, {"calls": r["alltoall_calls_per_step"], "bytes": r["alltoall_bytes_per_step"]})
+def _pinning(bench):
+    return bench.get("cpus_per_worker")
+
+
+def build(runs):
+    """The model's inputs, its checks against the runs and its projection."""
+    anchors = [(name, b) for name, b, _ in runs if b["network"] == LOOPBACK and b["workers"] == 2]
+    if not anchors:
+        raise ValueError("no 2-worker loopback bench.json: the model's local step L_m comes from it")
+    anchor_name, anchor = anchors[0]
+    pin = _pinning(anchor)
+    probes = {}
+    for name, bench, probe in runs:
+        if probe is not None and probe["workers"] == 2:
+            probes.setdefault(probe["network"], (name, probe))
+    if LOOPBACK not in probes:
+        raise ValueError("no 2-worker loopback probe.json: the model subtracts what loopback costs")
+    networks = {k: Network(k, p) for k, (_, p) in probes.items()}
+    lo = networks[LOOPBACK]
+    local = {m: step_seconds(anchor, m) for m in anchor["modes"]}
+    counts = {m: traffic(anchor["modes"][m]) for m in anchor["modes"]}
 
     checks = []
     for name, bench, _ in runs:
-        n, w = bench["workers"], bench["workers"] // bench.get("hosts", 1)
-        if bench["network"] == "loopback":
-            w = 1  # no host links: each worker's bytes to its peers are what costs
-        if n > 1 and bench["network"] not in networks:
+        n, hosts = bench["workers"], bench.get("hosts", 1)
+        if n == 1:
+            for m in bench["modes"]:
+                checks.append({"run": name, "network": bench["network"], "workers": 1, "workers_per_host": 1,
+                               "mode": m, "measured_s": step_seconds(bench, m), "kind": "one worker"})
             continue
+        if bench["network"] == LOOPBACK and name == anchor_name:
+            for m in bench["modes"]:
+                checks.append({"run": name, "network": LOOPBACK, "workers": n, "workers_per_host": n, "mode": m,
+                               "measured_s": step_seconds(bench, m), "model_s": local[m], "kind": "anchor"})
+            continue
+        net = networks.get(bench["network"])
+        if net is None or not net.linked:
+            for m in bench["modes"]:  # shown, not checked: the model needs the network's probe at N = 2
+                checks.append({"run": name, "network": bench["network"], "workers": n, "workers_per_host": n // hosts,
+                               "mode": m, "measured_s": step_seconds(bench, m), "kind": "no probe"})
+            continue
+        if _pinning(bench) != pin:
+            raise ValueError(f"run {name}: {_pinning(bench)} CPUs per worker, the anchor {anchor_name} "
+                             f"{pin}: pin the runs alike (make bench-cluster does)")
+        w = n // hosts
         for m in bench["modes"]:
-            if m not in compute:
+            if m not in local:
                 continue
-            r = bench["modes"][m]
-            calls = r.get("alltoall_calls_per_step", 0)
-            nbytes = r.get("alltoall_bytes_per_step", 0)
-            model, parts = predict(compute[m], calls, nbytes, networks.get(bench["network"]), n, w, cores)
+            model, parts = predict(local[m], counts[m], net, lo, n, w)
             measured = step_seconds(bench, m)
             checks.append({"run": name, "network": bench["network"], "workers": n, "workers_per_host": w,
                            "mode": m, "measured_s": measured, "model_s": model, "parts": parts,
-                           "error": model / measured - 1, "anchor": n == 1})
+                           "error": model / measured - 1, "kind": "check"})
 
     projection = []
-    for net in (v for k, v in networks.items() if k != "loopback"):  # no link to scale on one host
-        for m, t in traffic.items():
-            if m not in compute:
-                continue
-            batch = single[0]["batch_size_per_worker"]
+    for net in (v for v in networks.values() if v.linked):
+        for m in local:
             for n in PROJECT_N:
-                model, parts = predict(compute[m], t["calls"], t["bytes"], net, n)
-                projection.append({"network": net.name, "mode": m, "workers": n, "model_s": model, "parts": parts,
-                                   "samples_per_s": batch * n / model})
-    return {"formula": __doc__.split("\n\n")[1], "cores": cores, "compute_s": compute,
-            "traffic": traffic, "networks": {k: v.coefficients() for k, v in networks.items()},
-            "checks": checks, "projection": projection}
+                for link in LINKS:
+                    model, parts = predict(local[m], counts[m], net, lo, n, bucket=link == "shaped")
+                    projection.append({"network": net.name, "link": link, "mode": m, "workers": n,
+                                       "model_s": model, "parts": parts,
+                                       "samples_per_s": anchor["batch_size_per_worker"] * n / model})
+    return {"formula": "\n\n".join(__doc__.split("\n\n")[1:3]), "anchor": anchor_name, "cpus_per_worker": pin,
+            "local_s": local, "traffic": {m: dict(zip(("K", "T", "J", "D"), c)) for m, c in counts.items()},
+            "networks": {k: v.coefficients() for k, v in networks.items()}, "checks": checks,
+            "projection": projection}
+
+
+def summary(result):
+    """(checked points, mean |error|, max |error|, within 25%)."""
+    errors = [abs(c["error"]) for c in result["checks"] if c["kind"] == "check"]
+    if not errors:
+        return 0, 0.0, 0.0, 0
+    return len(errors), sum(errors) / len(errors), max(errors), sum(e <= 0.25 for e in errors)
 
 
 def measured_table(runs):
     """The 2-worker runs side by side: samples/s per mode and network, with fused's ratios to the baselines."""
     runs = [(name, b) for name, b, _ in runs if b["workers"] == 2]
-    runs.sort(key=lambda r: parse_rate(r[1]["network"]) if r[1]["network"] != "loopback" else 0)
+    runs.sort(key=lambda r: parse_rate(r[1]["network"]) if r[1]["network"] != LOOPBACK else 0)
     modes = list(dict.fromkeys(m for _, b in runs for m in b["modes"]))
     nets = [b["network"] for _, b in runs]
     lines = ["| mode | " + " | ".join(f"{n} samples/s" for n in nets) + " | all-to-alls / step | bytes / step | "
-             + " | ".join(f"{n} fwd all-to-all s/step" for n in nets) + " |",
+             + " | ".join(f"{n} all-to-all waiting / moving s/step" for n in nets) + " |",
              "|---|" + "---:|" * (2 * len(nets) + 2)]
     for m in modes:
         rs = [b["modes"].get(m, {}) for _, b in runs]
@@ -164,7 +229,8 @@ def measured_table(runs):
         calls, nbytes = first.get("alltoall_calls_per_step", 0), first.get("alltoall_bytes_per_step", 0)
         lines.append(f"| {m} | " + " | ".join(f"{r.get('samples_per_s', 0):,.0f}" for r in rs) +
                      f" | {calls:.0f} | {nbytes:,.0f} | " +
-                     " | ".join(f"{r.get('forward_alltoall_seconds_per_step', 0):.3f}" for r in rs) + " |")
+                     " | ".join(f"{r.get('alltoall_wait_seconds_per_step', 0):.3f} / "
+                                f"{r.get('alltoall_transfer_seconds_per_step', 0):.3f}" for r in rs) + " |")
     for base in ("per_feature", "tfra_hand_fused"):
         if all("fused" in b["modes"] and base in b["modes"] for _, b in runs):
             lines.append(f"| **fused vs {base}** | " + " | ".join(
@@ -173,30 +239,45 @@ def measured_table(runs):
     return "\n".join(lines)
 
 
+def network_table(result):
+    lines = ["| network (probe, N = 2) | all-to-all latency (reported, not a term) | all-to-all ns / message byte "
+             "| ns / link byte | allreduce latency (reported) | allreduce ns / byte |", "|---|---:|---:|---:|---:|---:|"]
+    for name, c in sorted(result["networks"].items(), key=lambda kv: 0 if kv[0] == LOOPBACK else parse_rate(kv[0])):
+        link = f"{c['c_link_s_per_byte'] * 1e9:.2f}" if c["c_link_s_per_byte"] is not None else "-"
+        lines.append(f"| {name} | {c['alltoall_latency_s'] * 1e3:.2f} ms | {c['alltoall_s_per_byte_n2'] * 1e9:.2f} | "
+                     f"{link} | {c['allreduce_latency_s'] * 1e3:.2f} ms | {c['allreduce_s_per_byte_n2'] * 1e9:.2f} |")
+    return "\n".join(lines)
+
+
 def markdown(result, runs=()):
     lines = [measured_table(runs), ""] if runs else []
+    lines += [network_table(result), ""]
     lines += ["| run | network | N (hosts x W) | mode | measured s/step | model s/step | error |",
-             "|---|---|---:|---|---:|---:|---:|"]
+              "|---|---|---:|---|---:|---:|---:|"]
     for c in result["checks"]:
-        shape = "1 host" if c["network"] in ("loopback", "none") else \
+        shape = "1 host" if c["network"] in (LOOPBACK, "none") else \
             f"{c['workers'] // c['workers_per_host']} x {c['workers_per_host']}"
-        err = "anchor" if c["anchor"] else f"{c['error']:+.0%}"
+        model = f"{c['model_s']:.3f}" if "model_s" in c else "-"
+        err = {"anchor": "anchor (L_m)", "one worker": "not modelled",
+               "no probe": "not modelled (no N = 2 probe of this network)"}.get(c["kind"]) or f"{c['error']:+.0%}"
         lines.append(f"| {c['run']} | {c['network']} | {c['workers']} ({shape}) | "
-                     f"{c['mode']} | {c['measured_s']:.3f} | {c['model_s']:.3f} | {err} |")
-    checked = [abs(c["error"]) for c in result["checks"] if not c["anchor"]]
+                     f"{c['mode']} | {c['measured_s']:.3f} | {model} | {err} |")
+    checked, mean, worst, within = summary(result)
     if checked:
-        lines += ["", f"Checked points: {len(checked)}, mean |error| {sum(checked) / len(checked):.0%}, "
-                      f"max {max(checked):.0%}; within 25%: {sum(e <= 0.25 for e in checked)} of {len(checked)}."]
-    for net in sorted({p["network"] for p in result["projection"]}):
-        rows = [p for p in result["projection"] if p["network"] == net]
-        modes = list(dict.fromkeys(p["mode"] for p in rows))
-        lines += ["", f"Projection (model) at {net}, one worker per host and per core, s/step "
-                      f"(samples/s over all workers):", "",
-                  "| N | " + " | ".join(modes) + " |", "|---:|" + "---:|" * len(modes)]
-        for n in PROJECT_N:
-            cells = [next(p for p in rows if p["mode"] == m and p["workers"] == n) for m in modes]
-            lines.append(f"| {n} | " + " | ".join(f"{c['model_s']:.3f} ({c['samples_per_s']:,.0f})" for c in cells)
-                         + " |")
+        lines += ["", f"Checked points: {checked}, mean |error| {mean:.0%}, max {worst:.0%}; "
+                      f"within 25%: {within} of {checked}."]
+    for net in sorted({p["network"] for p in result["projection"]}, key=parse_rate):
+        for link in LINKS:
+            rows = [p for p in result["projection"] if p["network"] == net and p["link"] == link]
+            modes = list(dict.fromkeys(p["mode"] for p in rows))
+            what = "links shaped as checked" if link == "shaped" else "a wire without the token bucket (B = 0)"
+            lines += ["", f"Projection (model) at {net}, {what}, one worker per host and per core, s/step "
+                          f"(samples/s over all workers):", "",
+                      "| N | " + " | ".join(modes) + " |", "|---:|" + "---:|" * len(modes)]
+            for n in PROJECT_N:
+                cells = [next(p for p in rows if p["mode"] == m and p["workers"] == n) for m in modes]
+                lines.append(f"| {n} | " + " | ".join(f"{c['model_s']:.3f} ({c['samples_per_s']:,.0f})"
+                                                     for c in cells) + " |")
     return "\n".join(lines)
 
 
@@ -208,10 +289,10 @@ def chart(result, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    nets = sorted({p["network"] for p in result["projection"]})
+    nets = sorted({p["network"] for p in result["projection"]}, key=parse_rate)
     fig, axes = plt.subplots(1, max(len(nets), 1), figsize=(6 * max(len(nets), 1), 4.5), squeeze=False)
     for ax, net in zip(axes[0], nets):
-        rows = [p for p in result["projection"] if p["network"] == net]
+        rows = [p for p in result["projection"] if p["network"] == net and p["link"] == "shaped"]
         for m in dict.fromkeys(p["mode"] for p in rows):
             pts = [p for p in rows if p["mode"] == m]
             line, = ax.plot([p["workers"] for p in pts], [p["model_s"] * 1e3 for p in pts], "-", label=f"{m} (model)")
@@ -223,7 +304,7 @@ def chart(result, path):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("workers N")
         ax.set_ylabel("ms per step")
-        ax.set_title(f"{net}: model (lines, x) and measured (o)")
+        ax.set_title(f"{net} (shaped): model (lines, x) and measured (o)")
         ax.legend(fontsize=7)
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
@@ -234,11 +315,11 @@ def chart(result, path):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m tf_fusedrec.cluster.model", description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", default="bench_results/cluster", help="directory of <run>/bench.json (+ probe.json)")
-    p.add_argument("--cores", type=int, default=os.cpu_count(), help="cores the checked runs shared")
     p.add_argument("--out", default=None, help="default: --runs")
     args = p.parse_args(argv)
+    runs = load_runs(args.runs)
     try:
-        result = build(load_runs(args.runs), args.cores)
+        result = build(runs)
     except (ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -246,7 +327,7 @@ def main(argv=None):
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "model.json"), "w") as f:
         json.dump(result, f, indent=2)
-    text = markdown(result, load_runs(args.runs))
+    text = markdown(result, runs)
     with open(os.path.join(out, "model.md"), "w") as f:
         f.write(text + "\n")
     print(text)
