@@ -16,7 +16,8 @@ step spent in the forward all-to-alls (waiting for peers included), the time per
 in flight and the part of it no dense compute hid (exposed), and each ratio to per_feature. A last pass of `--steps`
 steps per mode splits the time in flight into waiting for the last worker to arrive and moving data
 (AlltoallMeter.arrival_split: workers on one machine, whose clocks agree), for all-to-alls and allreduces. A sweep
-then trains fused, per_feature and tfra_hand_fused on synthetic configs with M features for M in --sweep. Writes OUT/bench.json, OUT/bench.png and prints the table the README shows.
+then trains fused, per_feature and tfra_hand_fused on synthetic configs with M features for M in --sweep. Writes
+OUT/bench.json, OUT/bench.png and prints the table the README shows.
 """
 
 import argparse

@@ -241,7 +241,8 @@ def measured_table(runs):
 
 def network_table(result):
     lines = ["| network (probe, N = 2) | all-to-all latency (reported, not a term) | all-to-all ns / message byte "
-             "| ns / link byte | allreduce latency (reported) | allreduce ns / byte |", "|---|---:|---:|---:|---:|---:|"]
+             "| ns / link byte | allreduce latency (reported) | allreduce ns / byte |",
+             "|---|---:|---:|---:|---:|---:|"]
     for name, c in sorted(result["networks"].items(), key=lambda kv: 0 if kv[0] == LOOPBACK else parse_rate(kv[0])):
         link = f"{c['c_link_s_per_byte'] * 1e9:.2f}" if c["c_link_s_per_byte"] is not None else "-"
         lines.append(f"| {name} | {c['alltoall_latency_s'] * 1e3:.2f} ms | {c['alltoall_s_per_byte_n2'] * 1e9:.2f} | "

@@ -8,9 +8,10 @@ Message size S is what one worker puts into the collective (the bytes the traini
 a float32 tensor of S bytes, split evenly over the N workers for the all-to-all. For each size, `calls`
 collectives are chained inside one tf.function (each consumes the previous one's output, as the rounds of a
 training step do) and the time per call is the median over --reps of (wall time of the function / calls), the
-slowest worker's; `cpu_seconds` is the CPU time per call of the busiest worker's process (all its threads: TensorFlow's,
-Horovod's background thread and Gloo's). The all-to-all is also measured batched: `calls` independent all-to-alls in one function, which
-Horovod can negotiate in one cycle, as the per-feature all-to-alls of one round of a step could be. A fit of
+slowest worker's; `cpu_seconds` is the CPU time per call of the busiest worker's process (all its threads:
+TensorFlow's, Horovod's background thread and Gloo's). The all-to-all is also measured batched: `calls`
+independent all-to-alls in one function, which Horovod can negotiate in one cycle, as the per-feature all-to-alls
+of one round of a step could be. A fit of
 t(S) = latency + seconds_per_byte * S (the slope by least squares over the larger half of the sizes, the latency
 as the median remainder over the smaller half) gives the two coefficients per collective, C = (latency,
 seconds_per_byte) at this N: the C_a2a and C_ar of the hot-row replication model (HypeReca §5.2) and the terms of
