@@ -77,6 +77,11 @@ def load_runs(root):
     return runs
 
 
+def rate_order(network):
+    """Sort key of a network name: loopback first, then by link rate."""
+    return 0 if network == LOOPBACK else parse_rate(network)
+
+
 def step_seconds(bench, mode):
     r = bench["modes"][mode]
     return bench["batch_size_per_worker"] * bench["workers"] / r["samples_per_s"]
@@ -149,12 +154,12 @@ def build(runs):
     anchor_name, anchor = anchors[0]
     pin = _pinning(anchor)
     probes = {}
-    for name, bench, probe in runs:
+    for _, _, probe in runs:
         if probe is not None and probe["workers"] == 2:
-            probes.setdefault(probe["network"], (name, probe))
+            probes.setdefault(probe["network"], probe)
     if LOOPBACK not in probes:
         raise ValueError("no 2-worker loopback probe.json: the model subtracts what loopback costs")
-    networks = {k: Network(k, p) for k, (_, p) in probes.items()}
+    networks = {k: Network(k, p) for k, p in probes.items()}
     lo = networks[LOOPBACK]
     local = {m: step_seconds(anchor, m) for m in anchor["modes"]}
     counts = {m: traffic(anchor["modes"][m]) for m in anchor["modes"]}
@@ -162,34 +167,30 @@ def build(runs):
     checks = []
     for name, bench, _ in runs:
         n, hosts = bench["workers"], bench.get("hosts", 1)
-        if n == 1:
-            for m in bench["modes"]:
-                checks.append({"run": name, "network": bench["network"], "workers": 1, "workers_per_host": 1,
-                               "mode": m, "measured_s": step_seconds(bench, m), "kind": "one worker"})
-            continue
-        if bench["network"] == LOOPBACK and name == anchor_name:
-            for m in bench["modes"]:
-                checks.append({"run": name, "network": LOOPBACK, "workers": n, "workers_per_host": n, "mode": m,
-                               "measured_s": step_seconds(bench, m), "model_s": local[m], "kind": "anchor"})
-            continue
         net = networks.get(bench["network"])
-        if net is None or not net.linked:
-            for m in bench["modes"]:  # shown, not checked: the model needs the network's probe at N = 2
-                checks.append({"run": name, "network": bench["network"], "workers": n, "workers_per_host": n // hosts,
-                               "mode": m, "measured_s": step_seconds(bench, m), "kind": "no probe"})
-            continue
-        if _pinning(bench) != pin:
-            raise ValueError(f"run {name}: {_pinning(bench)} CPUs per worker, the anchor {anchor_name} "
-                             f"{pin}: pin the runs alike (make bench-cluster does)")
+        if n == 1:
+            kind = "one worker"
+        elif bench["network"] == LOOPBACK and name == anchor_name:
+            kind = "anchor"
+        elif net is None or not net.linked:
+            kind = "no probe"  # shown, not checked: the model needs the network's probe at N = 2
+        else:
+            kind = "check"
+            if _pinning(bench) != pin:
+                raise ValueError(f"run {name}: {_pinning(bench)} CPUs per worker, the anchor {anchor_name} "
+                                 f"{pin}: pin the runs alike (make bench-cluster does)")
         w = n // hosts
         for m in bench["modes"]:
-            if m not in local:
+            if kind == "check" and m not in local:
                 continue
-            model, parts = predict(local[m], counts[m], net, lo, n, w)
-            measured = step_seconds(bench, m)
-            checks.append({"run": name, "network": bench["network"], "workers": n, "workers_per_host": w,
-                           "mode": m, "measured_s": measured, "model_s": model, "parts": parts,
-                           "error": model / measured - 1, "kind": "check"})
+            row = {"run": name, "network": bench["network"], "workers": n, "workers_per_host": w, "mode": m,
+                   "measured_s": step_seconds(bench, m), "kind": kind}
+            if kind == "anchor":
+                row["model_s"] = local[m]
+            elif kind == "check":
+                row["model_s"], row["parts"] = predict(local[m], counts[m], net, lo, n, w)
+                row["error"] = row["model_s"] / row["measured_s"] - 1
+            checks.append(row)
 
     projection = []
     for net in (v for v in networks.values() if v.linked):
@@ -217,7 +218,7 @@ def summary(result):
 def measured_table(runs):
     """The 2-worker runs side by side: samples/s per mode and network, with fused's ratios to the baselines."""
     runs = [(name, b) for name, b, _ in runs if b["workers"] == 2]
-    runs.sort(key=lambda r: parse_rate(r[1]["network"]) if r[1]["network"] != LOOPBACK else 0)
+    runs.sort(key=lambda r: rate_order(r[1]["network"]))
     modes = list(dict.fromkeys(m for _, b in runs for m in b["modes"]))
     nets = [b["network"] for _, b in runs]
     lines = ["| mode | " + " | ".join(f"{n} samples/s" for n in nets) + " | all-to-alls / step | bytes / step | "
@@ -243,7 +244,7 @@ def network_table(result):
     lines = ["| network (probe, N = 2) | all-to-all latency (reported, not a term) | all-to-all ns / message byte "
              "| ns / link byte | allreduce latency (reported) | allreduce ns / byte |",
              "|---|---:|---:|---:|---:|---:|"]
-    for name, c in sorted(result["networks"].items(), key=lambda kv: 0 if kv[0] == LOOPBACK else parse_rate(kv[0])):
+    for name, c in sorted(result["networks"].items(), key=lambda kv: rate_order(kv[0])):
         link = f"{c['c_link_s_per_byte'] * 1e9:.2f}" if c["c_link_s_per_byte"] is not None else "-"
         lines.append(f"| {name} | {c['alltoall_latency_s'] * 1e3:.2f} ms | {c['alltoall_s_per_byte_n2'] * 1e9:.2f} | "
                      f"{link} | {c['allreduce_latency_s'] * 1e3:.2f} ms | {c['allreduce_s_per_byte_n2'] * 1e9:.2f} |")
