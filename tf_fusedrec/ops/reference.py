@@ -192,3 +192,191 @@ def decode_unified_keys(unified_keys, num_segments):
     segs = [int(u) >> shift for u in unified_keys.tolist()]
     ks = [int(u) & ((1 << shift) - 1) for u in unified_keys.tolist()]
     return np.array(segs, dtype=np.int32), np.array(ks, dtype=np.int64)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The native embedding table (tf_fusedrec.ops.native_table_ops), as a dict.
+# ----------------------------------------------------------------------------------------------------------------
+
+__all__ += ["NativeTableReference", "native_table_initial_rows"]
+
+_NATIVE_TABLE_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2}
+
+
+def _stream_words(base, dim, start=1, step=1):
+    """mix64(base + j * golden) for j = start, start + step, ... (dim of them): uint64 [n, dim]."""
+    with np.errstate(over="ignore"):
+        js = (np.arange(dim, dtype=np.uint64) * np.uint64(step) + np.uint64(start)) * _GOLDEN
+        return mix64(base[:, None] + js[None, :])
+
+
+def _box_muller(bits):
+    """N(0, 1) from the two 24-bit halves of each uint64 (cosine branch), in float64."""
+    u1 = ((bits >> np.uint64(40)).astype(np.float64) + 0.5) / 2.0**24
+    u2 = ((bits & np.uint64(0xFFFFFF)).astype(np.float64) + 0.5) / 2.0**24
+    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+
+
+def native_table_initial_rows(init, ids, salts, dim, seed=0, mean=0.0, stddev=0.05, minval=-0.05, maxval=0.05,
+                              value=0.0):
+    """Initial rows of the native table's initializers: float32 [n, dim] for ids int64 [n] with salts int64 [n].
+
+    "hashed" is tf_fusedrec.initializers.Hashed (written again here, independently of hashed_rows_numpy, so each
+    checks the other); the random ones draw word j = column + 1 (+ k * dim for the k-th truncated-normal retry) of
+    the stream mix64(mix64(id ^ salt) ^ mix64(seed + golden)).
+    """
+    ids = np.asarray(ids, np.int64).view(np.uint64)
+    salts = np.asarray(salts, np.int64).view(np.uint64)
+    n = ids.shape[0]
+    if init == "constant":
+        return np.full((n, dim), value, np.float32)
+    if init == "hashed":
+        return (float(stddev) * _box_muller(_stream_words(mix64(ids ^ salts), dim))).astype(np.float32)
+    with np.errstate(over="ignore"):
+        seed_mix = mix64(np.array([int(seed) & MASK64], np.uint64) + _GOLDEN)[0]
+    base = mix64(mix64(ids ^ salts) ^ seed_mix)
+    if init == "normal":
+        return (mean + stddev * _box_muller(_stream_words(base, dim))).astype(np.float32)
+    if init == "uniform":
+        u = ((_stream_words(base, dim) >> np.uint64(12)).astype(np.float64) + 0.5) / 2.0**52
+        return (minval + (maxval - minval) * u).astype(np.float32)
+    if init == "truncated_normal":
+        z = _box_muller(_stream_words(base, dim))
+        retry = 1
+        while np.any(np.abs(z) > 2.0):
+            again = _box_muller(_stream_words(base, dim, start=1 + retry * dim))
+            z = np.where(np.abs(z) > 2.0, again, z)
+            retry += 1
+        return (mean + stddev * z).astype(np.float32)
+    raise ValueError(f"unknown init {init!r}")
+
+
+class NativeTableReference:
+    """The native table as dicts: key -> row (float32, already rounded to float16 for float16 storage), slots
+    (float32 [S, dim]) and access [count, last]. Same arguments and outputs as the op wrappers (export and
+    access_status sorted by key); float32 arithmetic in TF's order of operations, one key at a time."""
+
+    def __init__(self, dim, optimizer="sgd", slot_init=None, storage="float32", init="hashed", seed=0, mean=0.0,
+                 stddev=0.05, minval=-0.05, maxval=0.05, value=0.0, salts=(0,), track_access=False):
+        self.dim = int(dim)
+        self.optimizer = optimizer
+        self.num_slots = _NATIVE_TABLE_SLOTS[optimizer]
+        default = {"sgd": (), "adagrad": (0.1,), "adam": (0.0, 0.0)}[optimizer]
+        self.slot_init = np.asarray(default if slot_init is None else slot_init, np.float32)
+        self.float16 = storage == "float16"
+        self.init_args = dict(init=init, seed=seed, mean=mean, stddev=stddev, minval=minval, maxval=maxval,
+                              value=value)
+        self.salts = np.asarray(salts, np.int64)
+        self.track_access = track_access
+        self.rows, self.slots, self.access = {}, {}, {}
+        self.clock = 0
+
+    def _round(self, row):
+        return row.astype(np.float16).astype(np.float32) if self.float16 else row.astype(np.float32)
+
+    def _check_categories(self, categories):
+        categories = np.asarray(categories, np.int64)
+        bad = np.flatnonzero((categories < 0) | (categories >= self.salts.shape[0]))
+        if bad.size:
+            raise ValueError(f"category {int(categories[bad[0]])} at position {int(bad[0])} not in "
+                             f"[0, {self.salts.shape[0]})")
+        return categories
+
+    def initial_rows(self, categories, ids):
+        """What a new key gets: float32 [n, dim] (rounded to float16 for float16 storage)."""
+        categories = self._check_categories(categories)
+        rows = native_table_initial_rows(ids=ids, salts=self.salts[categories], dim=self.dim, **self.init_args)
+        return self._round(rows)
+
+    def _insert(self, key, row):
+        self.rows[key] = row
+        self.slots[key] = np.repeat(self.slot_init[:, None], self.dim, axis=1).astype(np.float32)
+        self.access[key] = [0, 0]
+
+    def lookup_or_init(self, keys, categories, ids, insert=True):
+        keys = np.asarray(keys, np.int64)
+        initial = self.initial_rows(categories, ids)
+        out = np.zeros((keys.shape[0], self.dim), np.float32)
+        if insert:
+            self.clock += 1
+        for i, k in enumerate(keys.tolist()):
+            if k not in self.rows:
+                if not insert:
+                    out[i] = initial[i]
+                    continue
+                self._insert(k, initial[i].copy())
+            out[i] = self.rows[k]
+            if insert:
+                self.access[k][0] += 1
+                self.access[k][1] = self.clock
+        return out
+
+    def apply_sparse(self, keys, grads, categories, ids, lr, beta1=0.9, beta2=0.999, epsilon=1e-7):
+        keys = np.asarray(keys, np.int64)
+        grads = np.asarray(grads, np.float32)
+        initial = self.initial_rows(categories, ids)
+        summed, first = {}, {}
+        for i, k in enumerate(keys.tolist()):
+            if k not in summed:
+                summed[k] = np.zeros(self.dim, np.float32)
+                first[k] = i
+            summed[k] = summed[k] + grads[i]
+        lr, beta1, beta2, eps = (np.float32(x) for x in (lr, beta1, beta2, epsilon))
+        one = np.float32(1)
+        for k, g in summed.items():
+            if k not in self.rows:
+                self._insert(k, initial[first[k]].copy())
+            w, s = self.rows[k].astype(np.float32), self.slots[k]
+            if self.optimizer == "sgd":
+                w = w - lr * g
+            elif self.optimizer == "adagrad":
+                s[0] = s[0] + g * g
+                w = w - lr * g / (np.sqrt(s[0]) + eps)
+            else:
+                s[0] = s[0] * beta1 + g * (one - beta1)
+                s[1] = s[1] * beta2 + (g * g) * (one - beta2)
+                w = w - lr * s[0] / (np.sqrt(s[1]) + eps)
+            self.rows[k] = self._round(w)
+
+    def find(self, keys, part=0):
+        keys = np.asarray(keys, np.int64)
+        values = np.zeros((keys.shape[0], self.dim), np.float32)
+        exists = np.zeros(keys.shape[0], bool)
+        for i, k in enumerate(keys.tolist()):
+            if k in self.rows:
+                exists[i] = True
+                values[i] = self.rows[k] if part == 0 else self.slots[k][part - 1]
+        return values, exists
+
+    def upsert(self, keys, values, part=0):
+        values = np.asarray(values, np.float32)
+        for i, k in enumerate(np.asarray(keys, np.int64).tolist()):
+            if k not in self.rows:
+                self._insert(k, np.zeros(self.dim, np.float32))
+            if part == 0:
+                self.rows[k] = self._round(values[i])
+            else:
+                self.slots[k][part - 1] = values[i]
+
+    def remove(self, keys):
+        for k in np.asarray(keys, np.int64).tolist():
+            for d in (self.rows, self.slots, self.access):
+                d.pop(k, None)
+
+    def size(self):
+        return len(self.rows)
+
+    def export(self):
+        """(keys, rows, slots) sorted by key."""
+        keys = np.array(sorted(self.rows), np.int64)
+        rows = np.array([self.rows[k] for k in keys.tolist()], np.float32).reshape(keys.size, self.dim)
+        slots = np.array([self.slots[k] for k in keys.tolist()], np.float32).reshape(keys.size, self.num_slots,
+                                                                                      self.dim)
+        return keys, rows, slots
+
+    def access_status(self):
+        """(keys, counts, last, clock), sorted by key."""
+        keys = np.array(sorted(self.rows), np.int64)
+        counts = np.array([self.access[k][0] for k in keys.tolist()], np.int64)
+        last = np.array([self.access[k][1] for k in keys.tolist()], np.int64)
+        return keys, counts, last, self.clock

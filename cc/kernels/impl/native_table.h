@@ -1,0 +1,482 @@
+/* Copyright 2026 The tf_fusedrec Authors. Licensed under the Apache License, Version 2.0. */
+// The core of the native embedding table (FusedRec>NativeTable*): an int64 -> [row | optimizer slots | access]
+// hash map, the initializers of new rows and the sparse optimizer rules. TF-free, so the benchmark floor
+// (cc/bench/table_floor.cc) runs exactly this code without TensorFlow.
+//
+// Why not TFRA's cuckoo table: a training step there costs two finds and two upserts per key (rows and accumulator
+// are separate tables). Here one probe finds (or inserts and initialises) a key for the lookup, and one probe finds
+// it again for the update, which is applied in place to the row and the slots stored beside it.
+#ifndef CC_KERNELS_IMPL_NATIVE_TABLE_H_
+#define CC_KERNELS_IMPL_NATIVE_TABLE_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+#include "cc/kernels/impl/hashing.h"
+
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
+namespace tensorflow {
+namespace fusedrec {
+namespace impl {
+
+// Result of an operation that may allocate.
+enum class TableStatus {
+  kOk,
+  kTooLarge,  // the capacity would exceed 2^kMaxTableCapacityLog2 slots
+  kNoMemory,  // allocation failed (or its byte size does not fit in size_t)
+};
+
+constexpr int kMaxTableCapacityLog2 = 40;
+constexpr int kMinTableCapacityLog2 = 6;  // one whole occupancy word
+
+// Slot hash of a table key. Not Mix64(key) itself: on an owner rank every key has the same Mix64(key) % num_ranks
+// (hashing.h: OwnerOf), so indexing by those bits would use a fraction of the slots. Mix64 of the key plus an odd
+// constant is unrelated to Mix64(key); the slot is taken from its high bits.
+inline uint64_t TableSlotHash(int64_t key) { return Mix64(static_cast<uint64_t>(key) + 0xD6E8FEB86659FD93ull); }
+
+// Per key access statistics, for LFU / LRU eviction.
+struct AccessStats {
+  int64_t count;
+  int64_t last;
+};
+
+// Open addressing with linear probing over a power-of-two capacity. Every int64 is a valid key (no sentinel), so
+// occupancy is a bitmap: 1 bit per slot keeps it cache resident (256 KiB for 2M slots) where a byte array would
+// not. Keys, rows (stride dim, element V: float, or the bits of a float16), slots (float, stride num_slots * dim)
+// and access stats live in separate arrays, so a probe walks only the dense key array and an update touches one
+// row and one slot block. Growth doubles (as often as needed) and rehashes once the load would pass 3/4; removal
+// shifts the following entries of the cluster back (no tombstones, so probe lengths never degrade with churn).
+//
+// Entry indices are stable until the next Reserve that grows, or Remove.
+// Not thread-safe: the owner locks.
+template <typename V>
+class NativeHashMap {
+ public:
+  NativeHashMap(int64_t dim, int num_slots, bool track_access)
+      : dim_(dim), num_slots_(num_slots), track_access_(track_access) {}
+  NativeHashMap(const NativeHashMap&) = delete;
+  NativeHashMap& operator=(const NativeHashMap&) = delete;
+
+  int64_t size() const { return size_; }
+  int64_t capacity() const { return capacity_; }
+  int64_t dim() const { return dim_; }
+  int num_slots() const { return num_slots_; }
+  bool track_access() const { return track_access_; }
+
+  int64_t key(int64_t i) const { return keys_[i]; }
+  V* row(int64_t i) { return rows_.get() + i * dim_; }
+  const V* row(int64_t i) const { return rows_.get() + i * dim_; }
+  float* slots(int64_t i) { return slots_.get() + i * slot_stride(); }
+  const float* slots(int64_t i) const { return slots_.get() + i * slot_stride(); }
+  AccessStats& access(int64_t i) { return access_[i]; }
+  const AccessStats& access(int64_t i) const { return access_[i]; }
+  bool occupied(int64_t i) const { return (used_[i >> 6] >> (i & 63)) & 1; }
+
+  // Bytes held by the arrays.
+  int64_t MemoryUsed() const { return capacity_ == 0 ? 0 : static_cast<int64_t>(BytesFor(capacity_)); }
+
+  // Bytes the arrays of `capacity` slots take; 0 if that does not fit in size_t.
+  size_t BytesFor(int64_t capacity) const {
+    const size_t per_entry = sizeof(int64_t) + dim_ * sizeof(V) + slot_stride() * sizeof(float) +
+                             (track_access_ ? sizeof(AccessStats) : 0);
+    const size_t cap = static_cast<size_t>(capacity);
+    if (cap > (std::numeric_limits<size_t>::max() - cap / 8) / per_entry) return 0;
+    return cap * per_entry + cap / 8;
+  }
+
+  // Makes room for `n` entries at load <= 3/4, so that inserting up to n - size() keys neither grows the table nor
+  // moves entries. The ops reserve size() + (keys in the call) before they know how many keys are new, so a table
+  // may double up to one call's worth of keys early. On failure the table is unchanged.
+  TableStatus Reserve(int64_t n) {
+    if (n <= MaxLoad(capacity_)) return TableStatus::kOk;
+    int log2 = capacity_log2_ == 0 ? kMinTableCapacityLog2 : capacity_log2_ + 1;
+    while (log2 <= kMaxTableCapacityLog2 && n > MaxLoad(int64_t{1} << log2)) ++log2;
+    if (log2 > kMaxTableCapacityLog2) return TableStatus::kTooLarge;
+    return Rehash(log2);
+  }
+
+  // Index of `key`, or -1.
+  int64_t Find(int64_t key) const {
+    if (size_ == 0) return -1;
+    for (uint64_t slot = Home(key);; slot = (slot + 1) & mask_) {
+      if (!occupied(slot)) return -1;
+      if (keys_[slot] == key) return static_cast<int64_t>(slot);
+    }
+  }
+
+  // Index of `key`, inserting it when absent (*inserted = true): its row and slots are then uninitialised and its
+  // access stats zero. Needs room: Reserve(size() + 1) must have succeeded. The batch loops reserve once for all
+  // their keys, so no insert inside a batch moves entries and the probe loop has no growth branch.
+  int64_t FindOrInsert(int64_t key, bool* inserted) {
+    for (uint64_t slot = Home(key);; slot = (slot + 1) & mask_) {
+      if (!occupied(slot)) {
+        used_[slot >> 6] |= uint64_t{1} << (slot & 63);
+        keys_[slot] = key;
+        if (track_access_) access_[slot] = AccessStats{0, 0};
+        ++size_;
+        *inserted = true;
+        return static_cast<int64_t>(slot);
+      }
+      if (keys_[slot] == key) {
+        *inserted = false;
+        return static_cast<int64_t>(slot);
+      }
+    }
+  }
+
+  // Removes `key` with its row, slots and access stats; false if it was absent. Backward-shift deletion: each later
+  // entry of the cluster whose home is not cyclically in (hole, entry] moves into the hole, so every remaining key
+  // stays reachable from its home without tombstones.
+  bool Remove(int64_t key) {
+    const int64_t found = Find(key);
+    if (found < 0) return false;
+    uint64_t hole = static_cast<uint64_t>(found);
+    for (uint64_t j = (hole + 1) & mask_; occupied(j); j = (j + 1) & mask_) {
+      const uint64_t home = Home(keys_[j]);
+      const bool stays = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
+      if (stays) continue;
+      MoveEntry(j, hole);
+      hole = j;
+    }
+    used_[hole >> 6] &= ~(uint64_t{1} << (hole & 63));
+    --size_;
+    return true;
+  }
+
+  // Prefetches what probing `key` reads first: its home slot's key and occupancy word.
+  void PrefetchKey(int64_t key) const {
+    if (capacity_ == 0) return;
+    const uint64_t slot = Home(key);
+    __builtin_prefetch(&keys_[slot]);
+    __builtin_prefetch(&used_[slot >> 6]);
+  }
+
+  // Prefetches the row, slots and access stats of entry i, for writing.
+  void PrefetchEntry(int64_t i) const {
+    __builtin_prefetch(row(i), 1);
+    if (num_slots_ > 0) __builtin_prefetch(slots(i), 1);
+    if (track_access_) __builtin_prefetch(&access_[i], 1);
+  }
+
+  // Calls f(index) for each occupied entry, in slot order.
+  template <typename F>
+  void ForEach(F f) const {
+    const int64_t words = capacity_ >> 6;
+    for (int64_t w = 0; w < words; ++w) {
+      for (uint64_t bits = used_[w]; bits != 0; bits &= bits - 1) f(w * 64 + __builtin_ctzll(bits));
+    }
+  }
+
+ private:
+  static int64_t MaxLoad(int64_t capacity) { return capacity - capacity / 4; }
+  int64_t slot_stride() const { return num_slots_ * dim_; }
+  uint64_t Home(int64_t key) const { return TableSlotHash(key) >> shift_; }
+
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  template <typename T>
+  using Array = std::unique_ptr<T[], Free>;
+
+  // Uninitialised, cache-line aligned: a 16-float row is then one cache line, not two (measured on the floor loop,
+  // cc/bench/table_floor.cc: 30% more keys/s than 16-byte aligned arrays).
+  // Null when the allocation fails.
+  template <typename T>
+  static Array<T> Allocate(int64_t n) {
+    static_assert(std::is_trivially_copyable<T>::value, "entries are moved with memcpy");
+    constexpr size_t kLine = 64;
+    const size_t bytes = (static_cast<size_t>(n) * sizeof(T) + kLine - 1) / kLine * kLine;
+    return Array<T>(static_cast<T*>(std::aligned_alloc(kLine, bytes == 0 ? kLine : bytes)));
+  }
+
+  TableStatus Rehash(int log2) {
+    const int64_t cap = int64_t{1} << log2;
+    if (BytesFor(cap) == 0) return TableStatus::kNoMemory;
+    auto used = Allocate<uint64_t>(cap >> 6);
+    auto keys = Allocate<int64_t>(cap);
+    auto rows = Allocate<V>(cap * dim_);
+    Array<float> slots = num_slots_ > 0 ? Allocate<float>(cap * slot_stride()) : nullptr;
+    Array<AccessStats> access = track_access_ ? Allocate<AccessStats>(cap) : nullptr;
+    if (!used || !keys || !rows || (num_slots_ > 0 && !slots) || (track_access_ && !access)) {
+      return TableStatus::kNoMemory;
+    }
+    std::memset(used.get(), 0, (cap >> 6) * sizeof(uint64_t));
+    const int shift = 64 - log2;
+    const uint64_t mask = static_cast<uint64_t>(cap) - 1;
+    ForEach([&](int64_t from) {
+      uint64_t to = TableSlotHash(keys_[from]) >> shift;
+      while ((used[to >> 6] >> (to & 63)) & 1) to = (to + 1) & mask;
+      used[to >> 6] |= uint64_t{1} << (to & 63);
+      keys[to] = keys_[from];
+      std::memcpy(rows.get() + to * dim_, row(from), dim_ * sizeof(V));
+      if (num_slots_ > 0) {
+        std::memcpy(slots.get() + to * slot_stride(), this->slots(from), slot_stride() * sizeof(float));
+      }
+      if (track_access_) access[to] = access_[from];
+    });
+    used_ = std::move(used);
+    keys_ = std::move(keys);
+    rows_ = std::move(rows);
+    slots_ = std::move(slots);
+    access_ = std::move(access);
+    capacity_ = cap;
+    capacity_log2_ = log2;
+    shift_ = shift;
+    mask_ = mask;
+    return TableStatus::kOk;
+  }
+
+  void MoveEntry(uint64_t from, uint64_t to) {
+    keys_[to] = keys_[from];
+    std::memcpy(row(to), row(from), dim_ * sizeof(V));
+    if (num_slots_ > 0) std::memcpy(slots(to), slots(from), slot_stride() * sizeof(float));
+    if (track_access_) access_[to] = access_[from];
+  }
+
+  const int64_t dim_;
+  const int num_slots_;
+  const bool track_access_;
+  int64_t size_ = 0;
+  int64_t capacity_ = 0;
+  int capacity_log2_ = 0;
+  int shift_ = 64;
+  uint64_t mask_ = 0;
+  Array<uint64_t> used_;
+  Array<int64_t> keys_;
+  Array<V> rows_;
+  Array<float> slots_;
+  Array<AccessStats> access_;
+};
+
+// Runs probe(i) -> entry index for i = 0, 1, ..., n - 1 in order and visit(i, index) after it, also in order. The
+// home slot of the key kKeyAhead places ahead and the row and slots of the entry kEntryAhead places ahead are
+// prefetched, so the table's three cache misses per key overlap across keys instead of adding up. probe(j) runs
+// before visit(i) for i < j <= i + kEntryAhead: when keys repeat within that window the later probe finds the
+// entry the earlier one inserted, and its visit sees what the earlier visit wrote.
+template <typename V, typename Probe, typename Visit>
+void PipelinedProbe(const NativeHashMap<V>& map, const int64_t* keys, int64_t n, Probe probe, Visit visit) {
+  constexpr int64_t kKeyAhead = 16;
+  constexpr int64_t kEntryAhead = 8;
+  int64_t ring[kEntryAhead];
+  for (int64_t j = 0; j < std::min(n, kKeyAhead); ++j) map.PrefetchKey(keys[j]);
+  auto stage = [&](int64_t j) {
+    if (j + kKeyAhead < n) map.PrefetchKey(keys[j + kKeyAhead]);
+    const int64_t index = probe(j);
+    if (index >= 0) map.PrefetchEntry(index);
+    ring[j % kEntryAhead] = index;
+  };
+  for (int64_t j = 0; j < std::min(n, kEntryAhead); ++j) stage(j);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t index = ring[i % kEntryAhead];
+    if (i + kEntryAhead < n) stage(i + kEntryAhead);
+    visit(i, index);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Initial rows of new keys: a function of (category salt, id) only, never of batch order or worker count.
+// ---------------------------------------------------------------------------------------------------------------
+
+// A standard normal from the two 24-bit halves of one 64-bit word (Box-Muller, cosine branch, in double): the
+// recipe of tf_fusedrec.initializers.Hashed.
+inline double BoxMullerNormal(uint64_t bits) {
+  const double u1 = (static_cast<double>(bits >> 40) + 0.5) / 16777216.0;
+  const double u2 = (static_cast<double>(bits & 0xFFFFFF) + 0.5) / 16777216.0;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+// Word j >= 1 of the stream that starts at `base`: the Hashed initializer's column word for column j - 1.
+inline uint64_t StreamWord(uint64_t base, uint64_t j) { return Mix64(base + j * kGolden64); }
+
+class RowInitializer {
+ public:
+  virtual ~RowInitializer() = default;
+  // Writes the initial row of id `id` of the category whose salt is `salt`.
+  virtual void Fill(int64_t id, int64_t salt, int64_t dim, float* row) const = 0;
+};
+
+// Exactly tf_fusedrec.initializers.Hashed(seed, stddev).rows(id, salt, dim): the seed is already in the salt
+// (feature_salt(seed, feature)). stddev is a double because Hashed multiplies in double before the float32 cast.
+class HashedInitializer : public RowInitializer {
+ public:
+  explicit HashedInitializer(double stddev) : stddev_(stddev) {}
+  void Fill(int64_t id, int64_t salt, int64_t dim, float* row) const override {
+    const uint64_t base = Mix64(static_cast<uint64_t>(id) ^ static_cast<uint64_t>(salt));
+    for (int64_t d = 0; d < dim; ++d) row[d] = static_cast<float>(stddev_ * BoxMullerNormal(StreamWord(base, d + 1)));
+  }
+
+ private:
+  const double stddev_;
+};
+
+class ConstantInitializer : public RowInitializer {
+ public:
+  explicit ConstantInitializer(double value) : value_(static_cast<float>(value)) {}
+  void Fill(int64_t, int64_t, int64_t dim, float* row) const override {
+    for (int64_t d = 0; d < dim; ++d) row[d] = value_;
+  }
+
+ private:
+  const float value_;
+};
+
+// The random initializers draw from a per-(seed, salt, id) stream, so a key's first row does not depend on when it
+// is first seen. They have TFRA's distributions, not its values (TFRA draws from a per-call random op).
+inline uint64_t RandomStreamBase(int64_t seed, int64_t id, int64_t salt) {
+  return Mix64(Mix64(static_cast<uint64_t>(id) ^ static_cast<uint64_t>(salt)) ^
+               Mix64(static_cast<uint64_t>(seed) + kGolden64));
+}
+
+// mean + stddev * N(0, 1); column d uses word d + 1.
+class NormalInitializer : public RowInitializer {
+ public:
+  NormalInitializer(int64_t seed, double mean, double stddev) : seed_(seed), mean_(mean), stddev_(stddev) {}
+  void Fill(int64_t id, int64_t salt, int64_t dim, float* row) const override {
+    const uint64_t base = RandomStreamBase(seed_, id, salt);
+    for (int64_t d = 0; d < dim; ++d) {
+      row[d] = static_cast<float>(mean_ + stddev_ * BoxMullerNormal(StreamWord(base, d + 1)));
+    }
+  }
+
+ private:
+  const int64_t seed_;
+  const double mean_, stddev_;
+};
+
+// mean + stddev * z with z ~ N(0, 1) restricted to [-2, 2] (TF's truncated normal): column d draws words
+// d + 1, d + 1 + dim, d + 1 + 2 dim, ... until one is inside.
+class TruncatedNormalInitializer : public RowInitializer {
+ public:
+  TruncatedNormalInitializer(int64_t seed, double mean, double stddev) : seed_(seed), mean_(mean), stddev_(stddev) {}
+  void Fill(int64_t id, int64_t salt, int64_t dim, float* row) const override {
+    const uint64_t base = RandomStreamBase(seed_, id, salt);
+    for (int64_t d = 0; d < dim; ++d) {
+      double z;
+      uint64_t j = d + 1;
+      do {
+        z = BoxMullerNormal(StreamWord(base, j));
+        j += dim;
+      } while (std::fabs(z) > 2.0);
+      row[d] = static_cast<float>(mean_ + stddev_ * z);
+    }
+  }
+
+ private:
+  const int64_t seed_;
+  const double mean_, stddev_;
+};
+
+// minval + (maxval - minval) * u with u in (0, 1) from the top 52 bits of word d + 1 (52, so that + 0.5 is exact).
+class UniformInitializer : public RowInitializer {
+ public:
+  UniformInitializer(int64_t seed, double minval, double maxval) : seed_(seed), minval_(minval), maxval_(maxval) {}
+  void Fill(int64_t id, int64_t salt, int64_t dim, float* row) const override {
+    const uint64_t base = RandomStreamBase(seed_, id, salt);
+    for (int64_t d = 0; d < dim; ++d) {
+      const double u = (static_cast<double>(StreamWord(base, d + 1) >> 12) + 0.5) / 4503599627370496.0;
+      row[d] = static_cast<float>(minval_ + (maxval_ - minval_) * u);
+    }
+  }
+
+ private:
+  const int64_t seed_;
+  const double minval_, maxval_;
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// Sparse optimizer rules, applied in place to one float32 row `w` and its slots `s` (stride dim). The arithmetic is
+// TF's, in float32 and in TF's order of operations, each product and sum rounded on its own (the library is built
+// without FMA contraction: no -march), so the results are TF's bit for bit.
+//
+// Four lanes at a time with SSE, then one at a time: the same IEEE operations either way. Written out because the
+// compiler will not vectorize std::sqrt without -fno-math-errno, and the scalar loop cost Adagrad 2x per key.
+// ---------------------------------------------------------------------------------------------------------------
+
+struct OptimizerHyper {
+  float lr;
+  float beta1;
+  float beta2;
+  float epsilon;
+};
+
+// w -= lr * g
+struct SgdRule {
+  static constexpr int kSlots = 0;
+  static void Apply(const OptimizerHyper& h, const float* __restrict g, int64_t dim, float* __restrict w, float*) {
+    for (int64_t d = 0; d < dim; ++d) w[d] -= h.lr * g[d];
+  }
+};
+
+// TF's ResourceSparseApplyAdagradV2: acc += g * g; w -= lr * g / (sqrt(acc) + epsilon).
+struct AdagradRule {
+  static constexpr int kSlots = 1;
+  static void Apply(const OptimizerHyper& h, const float* __restrict g, int64_t dim, float* __restrict w,
+                    float* __restrict acc) {
+    int64_t d = 0;
+#if defined(__SSE2__)
+    const __m128 lr = _mm_set1_ps(h.lr), eps = _mm_set1_ps(h.epsilon);
+    for (; d + 4 <= dim; d += 4) {
+      const __m128 gv = _mm_loadu_ps(g + d);
+      const __m128 a = _mm_add_ps(_mm_loadu_ps(acc + d), _mm_mul_ps(gv, gv));
+      _mm_storeu_ps(acc + d, a);
+      const __m128 step = _mm_div_ps(_mm_mul_ps(lr, gv), _mm_add_ps(_mm_sqrt_ps(a), eps));
+      _mm_storeu_ps(w + d, _mm_sub_ps(_mm_loadu_ps(w + d), step));
+    }
+#endif
+    for (; d < dim; ++d) {
+      acc[d] += g[d] * g[d];
+      w[d] -= h.lr * g[d] / (std::sqrt(acc[d]) + h.epsilon);
+    }
+  }
+};
+
+// Keras' (legacy) Adam sparse update on the touched rows only (lazy Adam, TFRA's semantics):
+// m = m * beta1 + g * (1 - beta1); v = v * beta2 + (g * g) * (1 - beta2); w -= lr * m / (sqrt(v) + epsilon),
+// with lr already bias-corrected by the caller. Slots: m, then v.
+struct AdamRule {
+  static constexpr int kSlots = 2;
+  static void Apply(const OptimizerHyper& h, const float* __restrict g, int64_t dim, float* __restrict w,
+                    float* __restrict s) {
+    float* __restrict m = s;
+    float* __restrict v = s + dim;
+    const float one_minus_beta1 = 1.0f - h.beta1;
+    const float one_minus_beta2 = 1.0f - h.beta2;
+    int64_t d = 0;
+#if defined(__SSE2__)
+    const __m128 lr = _mm_set1_ps(h.lr), eps = _mm_set1_ps(h.epsilon);
+    const __m128 b1 = _mm_set1_ps(h.beta1), b2 = _mm_set1_ps(h.beta2);
+    const __m128 c1 = _mm_set1_ps(one_minus_beta1), c2 = _mm_set1_ps(one_minus_beta2);
+    for (; d + 4 <= dim; d += 4) {
+      const __m128 gv = _mm_loadu_ps(g + d);
+      const __m128 mv = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(m + d), b1), _mm_mul_ps(gv, c1));
+      const __m128 vv = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(v + d), b2), _mm_mul_ps(_mm_mul_ps(gv, gv), c2));
+      _mm_storeu_ps(m + d, mv);
+      _mm_storeu_ps(v + d, vv);
+      const __m128 step = _mm_div_ps(_mm_mul_ps(lr, mv), _mm_add_ps(_mm_sqrt_ps(vv), eps));
+      _mm_storeu_ps(w + d, _mm_sub_ps(_mm_loadu_ps(w + d), step));
+    }
+#endif
+    for (; d < dim; ++d) {
+      m[d] = m[d] * h.beta1 + g[d] * one_minus_beta1;
+      v[d] = v[d] * h.beta2 + (g[d] * g[d]) * one_minus_beta2;
+      w[d] -= h.lr * m[d] / (std::sqrt(v[d]) + h.epsilon);
+    }
+  }
+};
+
+}  // namespace impl
+}  // namespace fusedrec
+}  // namespace tensorflow
+
+#endif  // CC_KERNELS_IMPL_NATIVE_TABLE_H_

@@ -1,0 +1,787 @@
+/* Copyright 2026 The tf_fusedrec Authors. Licensed under the Apache License, Version 2.0. */
+#include "cc/kernels/native_table_op.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "cc/kernels/impl/pair_dedup.h"
+#include "cc/kernels/kernel_util.h"
+#include "tensorflow/core/framework/numeric_types.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+
+namespace tensorflow {
+namespace fusedrec {
+
+using impl::TableStatus;
+
+// ---------------------------------------------------------------------------------------------------------------
+// Config
+// ---------------------------------------------------------------------------------------------------------------
+
+namespace {
+
+// A float64 attr, passed as the decimal string of a Python float (see NativeTableConfig: why float64). The string
+// round-trips: repr(x) parses back to exactly x.
+Status GetDoubleAttr(OpKernelConstruction* ctx, const char* attr, double* out) {
+  std::string text;
+  TF_RETURN_IF_ERROR(ctx->GetAttr(attr, &text));
+  if (!absl::SimpleAtod(text, out)) {
+    return errors::InvalidArgument("attr ", attr, " must be the decimal string of a float64, got '", text, "'");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status NativeTableConfig::FromAttrs(OpKernelConstruction* ctx, NativeTableConfig* c) {
+  TF_RETURN_IF_ERROR(ctx->GetAttr("table_name", &c->name));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("dim", &c->dim));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("optimizer", &c->optimizer));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("slot_init", &c->slot_init));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("storage", &c->storage));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("init", &c->init));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("seed", &c->seed));
+  TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "mean", &c->mean));
+  TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "stddev", &c->stddev));
+  TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "minval", &c->minval));
+  TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "maxval", &c->maxval));
+  TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "value", &c->value));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("salts", &c->salts));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("track_access", &c->track_access));
+
+  auto error = [&](auto... args) { return errors::InvalidArgument("native table '", c->name, "': ", args...); };
+  if (c->dim < 1) return error("dim must be >= 1, got ", c->dim);
+  int expected_slots;
+  if (c->optimizer == "sgd") {
+    c->optimizer_kind = TableOptimizer::kSgd;
+    expected_slots = impl::SgdRule::kSlots;
+  } else if (c->optimizer == "adagrad") {
+    c->optimizer_kind = TableOptimizer::kAdagrad;
+    expected_slots = impl::AdagradRule::kSlots;
+  } else if (c->optimizer == "adam") {
+    c->optimizer_kind = TableOptimizer::kAdam;
+    expected_slots = impl::AdamRule::kSlots;
+  } else {
+    return error("optimizer must be sgd, adagrad or adam, got '", c->optimizer, "'");
+  }
+  if (c->num_slots() != expected_slots) {
+    return error("optimizer ", c->optimizer, " has ", expected_slots, " slots, so slot_init must have ",
+                 expected_slots, " values, got ", c->slot_init.size());
+  }
+  if (c->storage == "float32") {
+    c->storage_kind = RowStorage::kFloat32;
+  } else if (c->storage == "float16") {
+    c->storage_kind = RowStorage::kFloat16;
+  } else {
+    return error("storage must be float32 or float16, got '", c->storage, "'");
+  }
+  if (c->init == "hashed" || c->init == "normal" || c->init == "truncated_normal") {
+    if (!(c->stddev > 0)) return error("init ", c->init, " needs stddev > 0, got ", c->stddev);
+  } else if (c->init == "uniform") {
+    if (!(c->minval < c->maxval)) {
+      return error("init uniform needs minval < maxval, got ", c->minval, " and ", c->maxval);
+    }
+  } else if (c->init != "constant") {
+    return error("init must be hashed, constant, normal, uniform or truncated_normal, got '", c->init, "'");
+  }
+  if (c->salts.empty()) return error("salts must name at least one category");
+  return OkStatus();
+}
+
+std::unique_ptr<impl::RowInitializer> NativeTableConfig::MakeInitializer() const {
+  if (init == "hashed") return std::make_unique<impl::HashedInitializer>(stddev);
+  if (init == "normal") return std::make_unique<impl::NormalInitializer>(seed, mean, stddev);
+  if (init == "truncated_normal") return std::make_unique<impl::TruncatedNormalInitializer>(seed, mean, stddev);
+  if (init == "uniform") return std::make_unique<impl::UniformInitializer>(seed, minval, maxval);
+  return std::make_unique<impl::ConstantInitializer>(value);
+}
+
+std::string NativeTableConfig::DebugString() const {
+  auto join = [](const auto& values) {
+    std::string s;
+    for (const auto& v : values) strings::StrAppend(&s, s.empty() ? "" : ",", v);
+    return s;
+  };
+  return strings::StrCat("name=", name, " dim=", dim, " optimizer=", optimizer, " slot_init=[", join(slot_init),
+                         "] storage=", storage, " init=", init, " seed=", seed, " mean=", mean, " stddev=", stddev,
+                         " minval=", minval, " maxval=", maxval, " value=", value, " salts=[", join(salts),
+                         "] track_access=", track_access);
+}
+
+bool NativeTableConfig::operator==(const NativeTableConfig& o) const {
+  return name == o.name && dim == o.dim && optimizer == o.optimizer && slot_init == o.slot_init &&
+         storage == o.storage && init == o.init && seed == o.seed && mean == o.mean && stddev == o.stddev &&
+         minval == o.minval && maxval == o.maxval && value == o.value && salts == o.salts &&
+         track_access == o.track_access;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Storage
+// ---------------------------------------------------------------------------------------------------------------
+
+namespace {
+
+// Rows held as float32: read and updated in place.
+struct Float32Rows {
+  using Stored = float;
+  static constexpr bool kInPlace = true;
+  static float Load(float v) { return v; }
+  static float Store(float v) { return v; }
+};
+
+// Rows held as float16 bits: converted to float32 on read; an update computes the new row in float32 and rounds it
+// to the nearest float16 once, when storing.
+struct Float16Rows {
+  using Stored = uint16_t;
+  static constexpr bool kInPlace = false;
+  static float Load(uint16_t v) { return static_cast<float>(Eigen::numext::bit_cast<Eigen::half>(v)); }
+  static uint16_t Store(float v) { return Eigen::numext::bit_cast<uint16_t>(Eigen::half(v)); }
+};
+
+}  // namespace
+
+class TableStore {
+ public:
+  virtual ~TableStore() = default;
+  virtual int64_t size() const = 0;
+  virtual int64_t MemoryUsed() const = 0;
+  virtual TableStatus Reserve(int64_t n) = 0;
+  // Training lookup, after Reserve(size() + n): inserts missing keys; with access tracking, each key's count += 1
+  // and last = clock.
+  virtual void LookupOrInsert(const int64_t* keys, const int32* categories, const int64_t* ids, int64_t n,
+                              int64_t clock, float* rows) = 0;
+  // Inference lookup: missing keys get their initial rows; the table is not changed.
+  virtual void LookupOrInitial(const int64_t* keys, const int32* categories, const int64_t* ids, int64_t n,
+                               float* rows) const = 0;
+  // Distinct keys only, after Reserve(size() + n).
+  virtual void ApplySparse(const int64_t* keys, const float* grads, const int32* categories, const int64_t* ids,
+                           int64_t n, const impl::OptimizerHyper& hyper) = 0;
+  virtual void Find(const int64_t* keys, int64_t n, int part, float* values, bool* exists) const = 0;
+  // After Reserve(size() + n).
+  virtual void Upsert(const int64_t* keys, const float* values, int64_t n, int part) = 0;
+  virtual void Remove(const int64_t* keys, int64_t n) = 0;
+  virtual void Export(int64_t* keys, float* rows, float* slots) const = 0;
+  virtual void AccessStatus(int64_t* keys, int64_t* counts, int64_t* last) const = 0;
+};
+
+namespace {
+
+template <typename Rows>
+class TypedStore : public TableStore {
+ public:
+  explicit TypedStore(const NativeTableConfig& config)
+      : config_(config),
+        dim_(config.dim),
+        num_slots_(config.num_slots()),
+        map_(config.dim, config.num_slots(), config.track_access),
+        init_(config.MakeInitializer()) {}
+
+  int64_t size() const override { return map_.size(); }
+  int64_t MemoryUsed() const override { return map_.MemoryUsed(); }
+  TableStatus Reserve(int64_t n) override { return map_.Reserve(n); }
+
+  void LookupOrInsert(const int64_t* keys, const int32* categories, const int64_t* ids, int64_t n, int64_t clock,
+                      float* rows) override {
+    const bool track = map_.track_access();
+    impl::PipelinedProbe(
+        map_, keys, n,
+        [&](int64_t i) {
+          bool inserted;
+          const int64_t index = map_.FindOrInsert(keys[i], &inserted);
+          if (inserted) InitEntry(index, categories[i], ids[i]);
+          return index;
+        },
+        [&](int64_t i, int64_t index) {
+          LoadRow(index, rows + i * dim_);
+          if (track) {
+            impl::AccessStats& a = map_.access(index);
+            ++a.count;
+            a.last = clock;
+          }
+        });
+  }
+
+  void LookupOrInitial(const int64_t* keys, const int32* categories, const int64_t* ids, int64_t n,
+                       float* rows) const override {
+    impl::PipelinedProbe(
+        map_, keys, n, [&](int64_t i) { return map_.Find(keys[i]); },
+        [&](int64_t i, int64_t index) {
+          float* out = rows + i * dim_;
+          if (index >= 0) {
+            LoadRow(index, out);
+          } else {  // what a training lookup would insert, so float16 rounding included
+            init_->Fill(ids[i], config_.salts[categories[i]], dim_, out);
+            for (int64_t d = 0; d < dim_; ++d) out[d] = Rows::Load(Rows::Store(out[d]));
+          }
+        });
+  }
+
+  void ApplySparse(const int64_t* keys, const float* grads, const int32* categories, const int64_t* ids, int64_t n,
+                   const impl::OptimizerHyper& hyper) override {
+    switch (config_.optimizer_kind) {
+      case TableOptimizer::kSgd:
+        return Apply<impl::SgdRule>(keys, grads, categories, ids, n, hyper);
+      case TableOptimizer::kAdagrad:
+        return Apply<impl::AdagradRule>(keys, grads, categories, ids, n, hyper);
+      case TableOptimizer::kAdam:
+        return Apply<impl::AdamRule>(keys, grads, categories, ids, n, hyper);
+    }
+  }
+
+  void Find(const int64_t* keys, int64_t n, int part, float* values, bool* exists) const override {
+    impl::PipelinedProbe(
+        map_, keys, n, [&](int64_t i) { return map_.Find(keys[i]); },
+        [&](int64_t i, int64_t index) {
+          float* out = values + i * dim_;
+          exists[i] = index >= 0;
+          if (index < 0) {
+            std::fill(out, out + dim_, 0.0f);
+          } else if (part == 0) {
+            LoadRow(index, out);
+          } else {
+            std::memcpy(out, map_.slots(index) + (part - 1) * dim_, dim_ * sizeof(float));
+          }
+        });
+  }
+
+  void Upsert(const int64_t* keys, const float* values, int64_t n, int part) override {
+    impl::PipelinedProbe(
+        map_, keys, n,
+        [&](int64_t i) {
+          bool inserted;
+          const int64_t index = map_.FindOrInsert(keys[i], &inserted);
+          if (inserted) {
+            if (part != 0) std::fill(map_.row(index), map_.row(index) + dim_, Rows::Store(0.0f));
+            InitSlots(index);
+          }
+          return index;
+        },
+        [&](int64_t i, int64_t index) {
+          const float* in = values + i * dim_;
+          if (part == 0) {
+            typename Rows::Stored* row = map_.row(index);
+            for (int64_t d = 0; d < dim_; ++d) row[d] = Rows::Store(in[d]);
+          } else {
+            std::memcpy(map_.slots(index) + (part - 1) * dim_, in, dim_ * sizeof(float));
+          }
+        });
+  }
+
+  void Remove(const int64_t* keys, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) map_.Remove(keys[i]);
+  }
+
+  void Export(int64_t* keys, float* rows, float* slots) const override {
+    int64_t j = 0;
+    const int64_t slot_stride = num_slots_ * dim_;
+    map_.ForEach([&](int64_t index) {
+      keys[j] = map_.key(index);
+      LoadRow(index, rows + j * dim_);
+      if (slot_stride > 0) std::memcpy(slots + j * slot_stride, map_.slots(index), slot_stride * sizeof(float));
+      ++j;
+    });
+  }
+
+  void AccessStatus(int64_t* keys, int64_t* counts, int64_t* last) const override {
+    int64_t j = 0;
+    map_.ForEach([&](int64_t index) {
+      keys[j] = map_.key(index);
+      counts[j] = map_.access(index).count;
+      last[j] = map_.access(index).last;
+      ++j;
+    });
+  }
+
+ private:
+  void LoadRow(int64_t index, float* out) const {
+    const typename Rows::Stored* row = map_.row(index);
+    for (int64_t d = 0; d < dim_; ++d) out[d] = Rows::Load(row[d]);
+  }
+
+  void InitSlots(int64_t index) {
+    float* slots = map_.slots(index);
+    for (int s = 0; s < num_slots_; ++s) std::fill(slots + s * dim_, slots + (s + 1) * dim_, config_.slot_init[s]);
+  }
+
+  // Initial row and slots of a key just inserted.
+  void InitEntry(int64_t index, int32 category, int64_t id) {
+    typename Rows::Stored* row = map_.row(index);
+    if constexpr (Rows::kInPlace) {
+      init_->Fill(id, config_.salts[category], dim_, row);
+    } else {
+      float* scratch = Scratch();
+      init_->Fill(id, config_.salts[category], dim_, scratch);
+      for (int64_t d = 0; d < dim_; ++d) row[d] = Rows::Store(scratch[d]);
+    }
+    InitSlots(index);
+  }
+
+  template <typename Rule>
+  void Apply(const int64_t* keys, const float* grads, const int32* categories, const int64_t* ids, int64_t n,
+             const impl::OptimizerHyper& hyper) {
+    float* scratch = Scratch();
+    impl::PipelinedProbe(
+        map_, keys, n,
+        [&](int64_t i) {
+          bool inserted;
+          const int64_t index = map_.FindOrInsert(keys[i], &inserted);
+          if (inserted) InitEntry(index, categories[i], ids[i]);
+          return index;
+        },
+        [&](int64_t i, int64_t index) {
+          const float* g = grads + i * dim_;
+          typename Rows::Stored* row = map_.row(index);
+          if constexpr (Rows::kInPlace) {
+            Rule::Apply(hyper, g, dim_, row, map_.slots(index));
+          } else {
+            float* w = scratch + dim_;  // the first dim_ floats belong to InitEntry
+            for (int64_t d = 0; d < dim_; ++d) w[d] = Rows::Load(row[d]);
+            Rule::Apply(hyper, g, dim_, w, map_.slots(index));
+            for (int64_t d = 0; d < dim_; ++d) row[d] = Rows::Store(w[d]);
+          }
+        });
+  }
+
+  // 2 * dim floats for float16 rows in float32 (callers hold the table's lock exclusively).
+  float* Scratch() {
+    scratch_.resize(2 * dim_);
+    return scratch_.data();
+  }
+
+  const NativeTableConfig& config_;
+  const int64_t dim_;
+  const int num_slots_;
+  impl::NativeHashMap<typename Rows::Stored> map_;
+  const std::unique_ptr<impl::RowInitializer> init_;
+  std::vector<float> scratch_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+// NativeTable
+// ---------------------------------------------------------------------------------------------------------------
+
+NativeTable::NativeTable(const NativeTableConfig& config) : config_(config) {
+  if (config_.storage_kind == RowStorage::kFloat16) {
+    store_ = std::make_unique<TypedStore<Float16Rows>>(config_);
+  } else {
+    store_ = std::make_unique<TypedStore<Float32Rows>>(config_);
+  }
+}
+
+NativeTable::~NativeTable() = default;
+
+std::string NativeTable::DebugString() const { return strings::StrCat("NativeTable(", config_.DebugString(), ")"); }
+
+int64_t NativeTable::MemoryUsed() const {
+  tf_shared_lock lock(mu_);
+  return store_->MemoryUsed();
+}
+
+Status NativeTable::CheckCategories(const Tensor& categories) const {
+  const auto c = categories.flat<int32>();
+  const int64_t num = static_cast<int64_t>(config_.salts.size());
+  for (int64_t i = 0; i < c.size(); ++i) {
+    if (c(i) < 0 || c(i) >= num) {
+      return Error("category must be in [0, ", num, ") (one per salt), got category ", c(i), " at position ", i);
+    }
+  }
+  return OkStatus();
+}
+
+Status NativeTable::CheckPart(int part) const {
+  if (part < 0 || part > config_.num_slots()) {
+    return Error("part must be 0 (rows) or a slot 1..", config_.num_slots(), " of optimizer ", config_.optimizer,
+                 ", got ", part);
+  }
+  return OkStatus();
+}
+
+Status NativeTable::ReserveError(TableStatus status, int64_t wanted) const {
+  switch (status) {
+    case TableStatus::kOk:
+      return OkStatus();
+    case TableStatus::kTooLarge:
+      return errors::ResourceExhausted("native table '", config_.name, "': cannot hold ", wanted, " keys (it has ",
+                                       store_->size(), "): the capacity would exceed 2^",
+                                       impl::kMaxTableCapacityLog2, " slots");
+    case TableStatus::kNoMemory:
+      return errors::ResourceExhausted("native table '", config_.name, "': out of memory growing to hold ", wanted,
+                                       " keys (it has ", store_->size(), " keys in ", store_->MemoryUsed(),
+                                       " bytes)");
+  }
+  return OkStatus();
+}
+
+Status NativeTable::LookupOrInit(const Tensor& keys, const Tensor& categories, const Tensor& ids, bool insert,
+                                 Tensor* rows) {
+  TF_RETURN_IF_ERROR(CheckCategories(categories));
+  const int64_t n = keys.NumElements();
+  const int64_t* k = keys.flat<int64_t>().data();
+  const int32* c = categories.flat<int32>().data();
+  const int64_t* i = ids.flat<int64_t>().data();
+  float* out = rows->flat<float>().data();
+  if (!insert) {
+    tf_shared_lock lock(mu_);
+    store_->LookupOrInitial(k, c, i, n, out);
+    return OkStatus();
+  }
+  mutex_lock lock(mu_);
+  TF_RETURN_IF_ERROR(ReserveError(store_->Reserve(store_->size() + n), store_->size() + n));
+  store_->LookupOrInsert(k, c, i, n, ++clock_, out);
+  return OkStatus();
+}
+
+Status NativeTable::ApplySparse(const Tensor& keys, const Tensor& grads, const Tensor& categories, const Tensor& ids,
+                                const impl::OptimizerHyper& hyper) {
+  TF_RETURN_IF_ERROR(CheckCategories(categories));
+  const int64_t n = keys.NumElements();
+  const int64_t dim = config_.dim;
+  const int64_t* k = keys.flat<int64_t>().data();
+  const float* g = grads.flat<float>().data();
+  const int32* c = categories.flat<int32>().data();
+  const int64_t* i = ids.flat<int64_t>().data();
+
+  // Repeated keys: their grads are summed (in input order) and the key updated once, TF's sparse-apply semantics
+  // after deduplication. The usual input (the keys of a lookup) is already unique and goes through untouched.
+  impl::PairSet<int64_t> unique;
+  std::vector<int32_t> inverse(n);
+  {
+    impl::PairTable<int64_t> dedup(n);
+    unique.entries.reserve(n);
+    for (int64_t j = 0; j < n; ++j) inverse[j] = dedup.FindOrInsert(k[j], 0, &unique);
+  }
+  const int64_t u = unique.size();
+  std::vector<int64_t> unique_keys, unique_ids;
+  std::vector<int32> unique_categories;
+  std::vector<float> summed;
+  if (u < n) {
+    unique_keys.resize(u);
+    unique_ids.resize(u);
+    unique_categories.resize(u);
+    summed.assign(u * dim, 0.0f);
+    int64_t next = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const int32_t id = inverse[j];
+      if (id == next) {  // first occurrence: unique ids come in first-occurrence order
+        unique_keys[id] = k[j];
+        unique_ids[id] = i[j];
+        unique_categories[id] = c[j];
+        ++next;
+      }
+      float* sum = summed.data() + id * dim;
+      const float* gj = g + j * dim;
+      for (int64_t d = 0; d < dim; ++d) sum[d] += gj[d];
+    }
+    k = unique_keys.data();
+    i = unique_ids.data();
+    c = unique_categories.data();
+    g = summed.data();
+  }
+
+  mutex_lock lock(mu_);
+  TF_RETURN_IF_ERROR(ReserveError(store_->Reserve(store_->size() + u), store_->size() + u));
+  store_->ApplySparse(k, g, c, i, u, hyper);
+  return OkStatus();
+}
+
+Status NativeTable::Find(const Tensor& keys, int part, Tensor* values, Tensor* exists) {
+  TF_RETURN_IF_ERROR(CheckPart(part));
+  tf_shared_lock lock(mu_);
+  store_->Find(keys.flat<int64_t>().data(), keys.NumElements(), part, values->flat<float>().data(),
+               exists->flat<bool>().data());
+  return OkStatus();
+}
+
+Status NativeTable::Upsert(const Tensor& keys, const Tensor& values, int part) {
+  TF_RETURN_IF_ERROR(CheckPart(part));
+  const int64_t n = keys.NumElements();
+  mutex_lock lock(mu_);
+  TF_RETURN_IF_ERROR(ReserveError(store_->Reserve(store_->size() + n), store_->size() + n));
+  store_->Upsert(keys.flat<int64_t>().data(), values.flat<float>().data(), n, part);
+  return OkStatus();
+}
+
+void NativeTable::Remove(const Tensor& keys) {
+  mutex_lock lock(mu_);
+  store_->Remove(keys.flat<int64_t>().data(), keys.NumElements());
+}
+
+int64_t NativeTable::Size() const {
+  tf_shared_lock lock(mu_);
+  return store_->size();
+}
+
+Status NativeTable::Export(const AllocateOutputs& allocate) const {
+  tf_shared_lock lock(mu_);
+  std::vector<Tensor*> out;
+  TF_RETURN_IF_ERROR(allocate(store_->size(), &out));
+  store_->Export(out[0]->flat<int64_t>().data(), out[1]->flat<float>().data(), out[2]->flat<float>().data());
+  return OkStatus();
+}
+
+Status NativeTable::AccessStatus(const AllocateOutputs& allocate) const {
+  if (!config_.track_access) {
+    return Error("access status needs a table created with track_access=True");
+  }
+  tf_shared_lock lock(mu_);
+  std::vector<Tensor*> out;
+  TF_RETURN_IF_ERROR(allocate(store_->size(), &out));
+  store_->AccessStatus(out[0]->flat<int64_t>().data(), out[1]->flat<int64_t>().data(), out[2]->flat<int64_t>().data());
+  out[3]->scalar<int64_t>()() = clock_;
+  return OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Kernels
+// ---------------------------------------------------------------------------------------------------------------
+
+namespace {
+
+// Returns the table of input 0.
+Status GetTable(OpKernelContext* ctx, core::RefCountPtr<NativeTable>* table) {
+  return LookupResource(ctx, HandleFromInput(ctx, 0), table);
+}
+
+// Checks that `t` is a vector of `n` elements; `what` names it, the table names the error.
+Status CheckLength(const NativeTable& table, const Tensor& t, const char* what, int64_t n, const char* of) {
+  if (!TensorShapeUtils::IsVector(t.shape())) {
+    return table.Error(what, " must be a vector (rank 1), got shape ", t.shape().DebugString());
+  }
+  if (t.NumElements() != n) {
+    return table.Error(what, " must have one entry per key: ", n, " ", of, ", got ", t.NumElements(), " ", what);
+  }
+  return OkStatus();
+}
+
+Status CheckKeys(const NativeTable& table, const Tensor& keys) {
+  if (!TensorShapeUtils::IsVector(keys.shape())) {
+    return table.Error("keys must be a vector (rank 1), got shape ", keys.shape().DebugString());
+  }
+  if (keys.NumElements() > std::numeric_limits<int32_t>::max()) {
+    return table.Error("at most 2^31 - 1 keys per call, got ", keys.NumElements());
+  }
+  return OkStatus();
+}
+
+// Checks that `t` is a [n, dim] matrix.
+Status CheckRows(const NativeTable& table, const Tensor& t, const char* what, int64_t n) {
+  const int64_t dim = table.config().dim;
+  if (!TensorShapeUtils::IsMatrix(t.shape()) || t.dim_size(0) != n || t.dim_size(1) != dim) {
+    return table.Error(what, " must have shape [", n, ", ", dim, "] (keys, dim), got ", t.shape().DebugString());
+  }
+  return OkStatus();
+}
+
+Status ScalarInput(OpKernelContext* ctx, const NativeTable& table, int index, const char* what, float* out) {
+  const Tensor& t = ctx->input(index);
+  if (!TensorShapeUtils::IsScalar(t.shape())) {
+    return table.Error(what, " must be a scalar, got shape ", t.shape().DebugString());
+  }
+  *out = t.scalar<float>()();
+  return OkStatus();
+}
+
+class NativeTableCreateOp : public OpKernel {
+ public:
+  explicit NativeTableCreateOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("container", &container_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("shared_name", &shared_name_));
+    OP_REQUIRES_OK(ctx, NativeTableConfig::FromAttrs(ctx, &config_));
+    // Like TF's tables with use_node_name_sharing: without a shared name the node name identifies the table.
+    if (shared_name_.empty()) shared_name_ = name();
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const ResourceHandle handle = MakeResourceHandle<NativeTable>(ctx, container_, shared_name_);
+    core::RefCountPtr<NativeTable> table;
+    OP_REQUIRES_OK(ctx, LookupOrCreateResource<NativeTable>(ctx, handle, &table, [this](NativeTable** created) {
+                     *created = new NativeTable(config_);
+                     return OkStatus();
+                   }));
+    OP_REQUIRES(ctx, table->config() == config_,
+                errors::InvalidArgument("native table '", config_.name, "': shared_name '", shared_name_,
+                                        "' already holds a table with another config: ", table->DebugString(),
+                                        " (wanted ", config_.DebugString(), ")"));
+    Tensor* out = nullptr;
+    AllocatorAttributes attr;
+    attr.set_on_host(true);
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out, attr));
+    out->scalar<ResourceHandle>()() = handle;
+  }
+
+ private:
+  std::string container_;
+  std::string shared_name_;
+  NativeTableConfig config_;
+};
+
+class NativeTableLookupOrInitOp : public OpKernel {
+ public:
+  explicit NativeTableLookupOrInitOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("insert", &insert_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<NativeTable> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    const Tensor& keys = ctx->input(1);
+    const Tensor& categories = ctx->input(2);
+    const Tensor& ids = ctx->input(3);
+    const int64_t n = keys.NumElements();
+    OP_REQUIRES_OK(ctx, CheckKeys(*table, keys));
+    OP_REQUIRES_OK(ctx, CheckLength(*table, categories, "categories", n, "keys"));
+    OP_REQUIRES_OK(ctx, CheckLength(*table, ids, "ids", n, "keys"));
+    Tensor* rows = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, table->config().dim}), &rows));
+    OP_REQUIRES_OK(ctx, table->LookupOrInit(keys, categories, ids, insert_, rows));
+  }
+
+ private:
+  bool insert_;
+};
+
+class NativeTableApplySparseOp : public OpKernel {
+ public:
+  explicit NativeTableApplySparseOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<NativeTable> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    const Tensor& keys = ctx->input(1);
+    const Tensor& grads = ctx->input(2);
+    const Tensor& categories = ctx->input(3);
+    const Tensor& ids = ctx->input(4);
+    const int64_t n = keys.NumElements();
+    OP_REQUIRES_OK(ctx, CheckKeys(*table, keys));
+    OP_REQUIRES_OK(ctx, CheckRows(*table, grads, "grads", n));
+    OP_REQUIRES_OK(ctx, CheckLength(*table, categories, "categories", n, "keys"));
+    OP_REQUIRES_OK(ctx, CheckLength(*table, ids, "ids", n, "keys"));
+    impl::OptimizerHyper hyper;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, *table, 5, "lr", &hyper.lr));
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, *table, 6, "beta1", &hyper.beta1));
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, *table, 7, "beta2", &hyper.beta2));
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, *table, 8, "epsilon", &hyper.epsilon));
+    OP_REQUIRES_OK(ctx, table->ApplySparse(keys, grads, categories, ids, hyper));
+  }
+};
+
+class NativeTableFindOp : public OpKernel {
+ public:
+  explicit NativeTableFindOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("part", &part_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<NativeTable> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    const Tensor& keys = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckKeys(*table, keys));
+    const int64_t n = keys.NumElements();
+    Tensor *values = nullptr, *exists = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, table->config().dim}), &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &exists));
+    OP_REQUIRES_OK(ctx, table->Find(keys, part_, values, exists));
+  }
+
+ private:
+  int part_;
+};
+
+class NativeTableUpsertOp : public OpKernel {
+ public:
+  explicit NativeTableUpsertOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("part", &part_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<NativeTable> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    const Tensor& keys = ctx->input(1);
+    const Tensor& values = ctx->input(2);
+    OP_REQUIRES_OK(ctx, CheckKeys(*table, keys));
+    OP_REQUIRES_OK(ctx, CheckRows(*table, values, "values", keys.NumElements()));
+    OP_REQUIRES_OK(ctx, table->Upsert(keys, values, part_));
+  }
+
+ private:
+  int part_;
+};
+
+class NativeTableRemoveOp : public OpKernel {
+ public:
+  explicit NativeTableRemoveOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<NativeTable> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    OP_REQUIRES_OK(ctx, CheckKeys(*table, ctx->input(1)));
+    table->Remove(ctx->input(1));
+  }
+};
+
+class NativeTableSizeOp : public OpKernel {
+ public:
+  explicit NativeTableSizeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<NativeTable> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = table->Size();
+  }
+};
+
+class NativeTableExportOp : public OpKernel {
+ public:
+  explicit NativeTableExportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<NativeTable> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    const int64_t dim = table->config().dim;
+    const int64_t num_slots = table->config().num_slots();
+    OP_REQUIRES_OK(ctx, table->Export([&](int64_t k, std::vector<Tensor*>* out) {
+      out->assign(3, nullptr);
+      TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({k}), &(*out)[0]));
+      TF_RETURN_IF_ERROR(ctx->allocate_output(1, TensorShape({k, dim}), &(*out)[1]));
+      return ctx->allocate_output(2, TensorShape({k, num_slots, dim}), &(*out)[2]);
+    }));
+  }
+};
+
+class NativeTableAccessStatusOp : public OpKernel {
+ public:
+  explicit NativeTableAccessStatusOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<NativeTable> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    OP_REQUIRES_OK(ctx, table->AccessStatus([&](int64_t k, std::vector<Tensor*>* out) {
+      out->assign(4, nullptr);
+      for (int o = 0; o < 3; ++o) TF_RETURN_IF_ERROR(ctx->allocate_output(o, TensorShape({k}), &(*out)[o]));
+      return ctx->allocate_output(3, TensorShape({}), &(*out)[3]);
+    }));
+  }
+};
+
+}  // namespace
+
+REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableCreate").Device(DEVICE_CPU), NativeTableCreateOp);
+REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableLookupOrInit").Device(DEVICE_CPU), NativeTableLookupOrInitOp);
+REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableApplySparse").Device(DEVICE_CPU), NativeTableApplySparseOp);
+REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableFind").Device(DEVICE_CPU), NativeTableFindOp);
+REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableUpsert").Device(DEVICE_CPU), NativeTableUpsertOp);
+REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableRemove").Device(DEVICE_CPU), NativeTableRemoveOp);
+REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableSize").Device(DEVICE_CPU), NativeTableSizeOp);
+REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableExport").Device(DEVICE_CPU), NativeTableExportOp);
+REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableAccessStatus").Device(DEVICE_CPU), NativeTableAccessStatusOp);
+
+}  // namespace fusedrec
+}  // namespace tensorflow

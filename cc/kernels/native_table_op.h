@@ -1,0 +1,108 @@
+/* Copyright 2026 The tf_fusedrec Authors. Licensed under the Apache License, Version 2.0. */
+// The native embedding table as a TF resource: one NativeTable per table, holding the hash map of
+// cc/kernels/impl/native_table.h (rows, optimizer slots beside them, optional access stats) and its config.
+#ifndef CC_KERNELS_NATIVE_TABLE_OP_H_
+#define CC_KERNELS_NATIVE_TABLE_OP_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cc/kernels/impl/native_table.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/platform/mutex.h"
+#include "tensorflow/core/platform/thread_annotations.h"
+
+namespace tensorflow {
+namespace fusedrec {
+
+enum class TableOptimizer { kSgd, kAdagrad, kAdam };
+enum class RowStorage { kFloat32, kFloat16 };
+
+// The attributes of FusedRec>NativeTableCreate, validated once by FromAttrs.
+struct NativeTableConfig {
+  std::string name;       // names the table in every error message
+  int64_t dim = 0;        // row width, >= 1
+  std::string optimizer;  // "sgd" | "adagrad" | "adam"
+  TableOptimizer optimizer_kind = TableOptimizer::kSgd;
+  std::vector<float> slot_init;  // initial value of each slot of a new key; one per slot
+  std::string storage;           // "float32" | "float16" (slots are always float32)
+  RowStorage storage_kind = RowStorage::kFloat32;
+  std::string init;  // "hashed" | "constant" | "normal" | "uniform" | "truncated_normal"
+  int64_t seed = 0;
+  // float64: the hashed initializer multiplies by stddev in double, and a float32 attr would change its last bit.
+  double mean = 0, stddev = 0, minval = 0, maxval = 0, value = 0;
+  std::vector<int64_t> salts;  // salt of each category (feature_salt(seed, feature))
+  bool track_access = false;
+
+  int num_slots() const { return static_cast<int>(slot_init.size()); }
+  std::unique_ptr<impl::RowInitializer> MakeInitializer() const;
+  std::string DebugString() const;
+  bool operator==(const NativeTableConfig& other) const;
+
+  static Status FromAttrs(OpKernelConstruction* ctx, NativeTableConfig* config);
+};
+
+// Rows, slots and access stats of one storage type; defined in native_table_op.cc.
+class TableStore;
+
+// Outputs sized from the table's contents, allocated by the kernel while the table is locked: (num_keys, outputs).
+using AllocateOutputs = std::function<Status(int64_t num_keys, std::vector<Tensor*>* outputs)>;
+
+// One embedding table. Ops that may insert or that update take the mutex exclusively; pure reads share it. Inputs
+// reach these methods with their shapes checked by the kernels; what depends on the table is checked here.
+class NativeTable : public ResourceBase {
+ public:
+  explicit NativeTable(const NativeTableConfig& config);
+  ~NativeTable() override;
+
+  const NativeTableConfig& config() const { return config_; }
+  std::string DebugString() const override;
+  int64_t MemoryUsed() const override;
+
+  // An InvalidArgument error that names the table.
+  template <typename... Args>
+  Status Error(Args... args) const {
+    return errors::InvalidArgument("native table '", config_.name, "': ", args...);
+  }
+
+  // Checks 0 <= categories[i] < len(salts).
+  Status CheckCategories(const Tensor& categories) const;
+
+  // rows[i] = row of keys[i]; a missing key gets its initial row from (categories[i], ids[i]) and, when `insert`,
+  // is inserted with its slots at slot_init (and, with track_access, counted). rows: float32 [U, dim], allocated.
+  Status LookupOrInit(const Tensor& keys, const Tensor& categories, const Tensor& ids, bool insert, Tensor* rows);
+
+  // One optimizer update per distinct key, with the grads of repeated keys summed first.
+  Status ApplySparse(const Tensor& keys, const Tensor& grads, const Tensor& categories, const Tensor& ids,
+                     const impl::OptimizerHyper& hyper);
+
+  // part 0: rows, part p >= 1: slot p - 1. values: float32 [K, dim], exists: bool [K], allocated.
+  Status Find(const Tensor& keys, int part, Tensor* values, Tensor* exists);
+  Status Upsert(const Tensor& keys, const Tensor& values, int part);
+  void Remove(const Tensor& keys);
+  int64_t Size() const;
+
+  // Outputs keys [K], rows [K, dim], slots [K, S, dim].
+  Status Export(const AllocateOutputs& allocate) const;
+  // Outputs keys [K], counts [K], last [K], clock [].
+  Status AccessStatus(const AllocateOutputs& allocate) const;
+
+ private:
+  Status CheckPart(int part) const;
+  // The error of a failed Reserve(wanted), naming the table and its size.
+  Status ReserveError(impl::TableStatus status, int64_t wanted) const TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const NativeTableConfig config_;
+  mutable mutex mu_;
+  std::unique_ptr<TableStore> store_ TF_GUARDED_BY(mu_);
+  int64_t clock_ TF_GUARDED_BY(mu_) = 0;  // training lookups so far
+};
+
+}  // namespace fusedrec
+}  // namespace tensorflow
+
+#endif  // CC_KERNELS_NATIVE_TABLE_OP_H_

@@ -1,0 +1,226 @@
+/* Copyright 2026 The tf_fusedrec Authors. Licensed under the Apache License, Version 2.0. */
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+namespace fusedrec {
+namespace {
+
+using shape_inference::DimensionHandle;
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
+
+// The row width is the table's (an attr of the create op, not of these ops): the Python wrappers set it.
+constexpr int64_t kUnknown = InferenceContext::kUnknownDim;
+
+// Input `index` is a vector; merges its length into *n.
+Status MergeVector(InferenceContext* c, int index, DimensionHandle* n) {
+  ShapeHandle v;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(index), 1, &v));
+  return c->Merge(*n, c->Dim(v, 0), n);
+}
+
+// Input `index` is a matrix [n, dim]; merges its first dimension into *n.
+Status MergeRows(InferenceContext* c, int index, DimensionHandle* n) {
+  ShapeHandle m;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(index), 2, &m));
+  return c->Merge(*n, c->Dim(m, 0), n);
+}
+
+Status CheckHandle(InferenceContext* c) {
+  ShapeHandle unused;
+  return c->WithRank(c->input(0), 0, &unused);
+}
+
+// table, keys [U], categories [U], ids [U] -> rows [U, dim].
+Status LookupOrInitShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(CheckHandle(c));
+  DimensionHandle n = c->UnknownDim();
+  for (int i = 1; i <= 3; ++i) TF_RETURN_IF_ERROR(MergeVector(c, i, &n));
+  c->set_output(0, c->Matrix(n, kUnknown));
+  return OkStatus();
+}
+
+// table, keys [U], grads [U, dim], categories [U], ids [U], lr, beta1, beta2, epsilon (scalars).
+Status ApplySparseShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(CheckHandle(c));
+  DimensionHandle n = c->UnknownDim();
+  TF_RETURN_IF_ERROR(MergeVector(c, 1, &n));
+  TF_RETURN_IF_ERROR(MergeRows(c, 2, &n));
+  TF_RETURN_IF_ERROR(MergeVector(c, 3, &n));
+  TF_RETURN_IF_ERROR(MergeVector(c, 4, &n));
+  ShapeHandle unused;
+  for (int i = 5; i <= 8; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
+  return OkStatus();
+}
+
+// table, keys [K] -> values [K, dim], exists [K].
+Status FindShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(CheckHandle(c));
+  DimensionHandle n = c->UnknownDim();
+  TF_RETURN_IF_ERROR(MergeVector(c, 1, &n));
+  c->set_output(0, c->Matrix(n, kUnknown));
+  c->set_output(1, c->Vector(n));
+  return OkStatus();
+}
+
+// table, keys [K], values [K, dim].
+Status UpsertShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(CheckHandle(c));
+  DimensionHandle n = c->UnknownDim();
+  TF_RETURN_IF_ERROR(MergeVector(c, 1, &n));
+  return MergeRows(c, 2, &n);
+}
+
+// table, keys [K].
+Status RemoveShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(CheckHandle(c));
+  DimensionHandle n = c->UnknownDim();
+  return MergeVector(c, 1, &n);
+}
+
+Status SizeShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(CheckHandle(c));
+  c->set_output(0, c->Scalar());
+  return OkStatus();
+}
+
+// table -> keys [K], rows [K, dim], slots [K, S, dim].
+Status ExportShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(CheckHandle(c));
+  const DimensionHandle k = c->UnknownDim();
+  c->set_output(0, c->Vector(k));
+  c->set_output(1, c->Matrix(k, kUnknown));
+  c->set_output(2, c->MakeShape({k, kUnknown, kUnknown}));
+  return OkStatus();
+}
+
+// table -> keys [K], counts [K], last [K], clock [].
+Status AccessStatusShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(CheckHandle(c));
+  const DimensionHandle k = c->UnknownDim();
+  for (int i = 0; i < 3; ++i) c->set_output(i, c->Vector(k));
+  c->set_output(3, c->Scalar());
+  return OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("FusedRec>NativeTableCreate")
+    .Output("table: resource")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string = ''")
+    .Attr("table_name: string")
+    .Attr("dim: int >= 1")
+    .Attr("optimizer: {'sgd', 'adagrad', 'adam'}")
+    .Attr("slot_init: list(float) = []")
+    .Attr("storage: {'float32', 'float16'} = 'float32'")
+    .Attr("init: {'hashed', 'constant', 'normal', 'uniform', 'truncated_normal'}")
+    .Attr("seed: int = 0")
+    .Attr("mean: string = '0.0'")
+    .Attr("stddev: string = '0.05'")
+    .Attr("minval: string = '-0.05'")
+    .Attr("maxval: string = '0.05'")
+    .Attr("value: string = '0.0'")
+    .Attr("salts: list(int)")
+    .Attr("track_access: bool = false")
+    .SetIsStateful()
+    .SetShapeFn(shape_inference::ScalarShape)
+    .Doc(R"doc(
+The handle of a native embedding table (int64 key -> float32 or float16 row of `dim`, optimizer slots beside it),
+creating the table on first run. Tables are shared by (container, shared_name); an empty shared_name means the node
+name. Creating with a shared_name that holds a table of another config is an error.
+mean, stddev, minval, maxval, value: float64 values as decimal strings that round-trip (Python's repr): a float
+attr is float32, and the hashed initializer multiplies by stddev in float64.
+)doc");
+
+REGISTER_OP("FusedRec>NativeTableLookupOrInit")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Input("categories: int32")
+    .Input("ids: int64")
+    .Output("rows: float")
+    .Attr("insert: bool = true")
+    .SetIsStateful()
+    .SetShapeFn(LookupOrInitShape)
+    .Doc(R"doc(
+rows[i] = the row of keys[i]. A missing key gets its initial row from (categories[i], ids[i]); with insert it is
+inserted in the same probe (slots at slot_init) and, with track_access, every key's count and last access updated.
+)doc");
+
+REGISTER_OP("FusedRec>NativeTableApplySparse")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Input("grads: float")
+    .Input("categories: int32")
+    .Input("ids: int64")
+    .Input("lr: float")
+    .Input("beta1: float")
+    .Input("beta2: float")
+    .Input("epsilon: float")
+    .SetIsStateful()
+    .SetShapeFn(ApplySparseShape)
+    .Doc(R"doc(
+One in-place optimizer update per distinct key (grads of repeated keys summed first). A missing key is first
+inserted with its initial row from (categories, ids).
+)doc");
+
+REGISTER_OP("FusedRec>NativeTableFind")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Output("values: float")
+    .Output("exists: bool")
+    .Attr("part: int = 0")
+    .SetIsStateful()
+    .SetShapeFn(FindShape)
+    .Doc(R"doc(
+Rows (part 0) or slot part - 1 of keys; zeros and exists false for a missing key. Inserts nothing.
+)doc");
+
+REGISTER_OP("FusedRec>NativeTableUpsert")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Input("values: float")
+    .Attr("part: int = 0")
+    .SetIsStateful()
+    .SetShapeFn(UpsertShape)
+    .Doc(R"doc(
+Sets the rows (part 0) or slot part - 1 of keys, inserting missing keys.
+)doc");
+
+REGISTER_OP("FusedRec>NativeTableRemove")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .SetIsStateful()
+    .SetShapeFn(RemoveShape)
+    .Doc("Removes keys (missing ones are ignored) with their slots and access stats.");
+
+REGISTER_OP("FusedRec>NativeTableSize")
+    .Input("table: resource")
+    .Output("size: int64")
+    .SetIsStateful()
+    .SetShapeFn(SizeShape)
+    .Doc("Number of keys in the table.");
+
+REGISTER_OP("FusedRec>NativeTableExport")
+    .Input("table: resource")
+    .Output("keys: int64")
+    .Output("rows: float")
+    .Output("slots: float")
+    .SetIsStateful()
+    .SetShapeFn(ExportShape)
+    .Doc("Every key with its row [dim] and slots [S, dim], in the table's slot order.");
+
+REGISTER_OP("FusedRec>NativeTableAccessStatus")
+    .Input("table: resource")
+    .Output("keys: int64")
+    .Output("counts: int64")
+    .Output("last: int64")
+    .Output("clock: int64")
+    .SetIsStateful()
+    .SetShapeFn(AccessStatusShape)
+    .Doc("Every key with its access count and last access clock, and the table's clock (needs track_access).");
+
+}  // namespace fusedrec
+}  // namespace tensorflow

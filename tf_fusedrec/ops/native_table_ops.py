@@ -1,0 +1,524 @@
+"""native_table: an embedding table as one TF resource with C++ CPU kernels (cc/kernels/native_table_op.cc).
+
+A training step costs one hash probe per key for the lookup (a missing key is initialised and inserted in the same
+probe) and one for the optimizer update, applied in place to the row and the slots stored beside it. TFRA's cuckoo
+table costs two finds and two upserts per key for the same step (rows and slots are separate tables).
+
+    table = NativeTableResource("user_id", dim=16, optimizer="adagrad", salts=[feature_salt(0, "user_id")])
+    rows = native_table_lookup_or_init(table, keys, categories, ids)
+    ...
+    native_table_apply_sparse(table, keys, grads, categories, ids, lr=0.05)
+
+Semantics worth knowing:
+
+* Initial rows are a function of (category salt, id) only: ``init="hashed"`` gives exactly
+  ``tf_fusedrec.initializers.Hashed(seed, stddev).rows(ids, salts[categories], dim)``; "normal", "uniform" and
+  "truncated_normal" draw from a per-(seed, salt, id) stream (TFRA's distributions, not TFRA's values);
+  "constant" fills ``value``.
+* ``storage="float16"`` keeps rows as float16 (slots stay float32): a read converts to float32, an update computes
+  the new row in float32 and rounds it to the nearest float16 once.
+* ``track_access=True`` keeps per key an access count and the clock of its last training lookup; the table's clock
+  advances once per ``native_table_lookup_or_init(..., insert=True)`` call, and every key of that call (every
+  occurrence, if a key repeats) adds 1 to its count. Keys inserted by upsert or apply_sparse start at count 0,
+  last 0.
+"""
+
+import collections
+import dataclasses
+import uuid
+
+import numpy as np
+import tensorflow as tf
+
+from tf_fusedrec.ops._loader import load_ops
+
+# Slot names per optimizer, in slot order (part p of find/upsert is slot p - 1). TFRA's and Keras' names, so
+# checkpoints match slots by name.
+SLOT_NAMES = {"sgd": (), "adagrad": ("accumulator",), "adam": ("m", "v")}
+STORAGES = ("float32", "float16")
+INITS = ("hashed", "constant", "normal", "uniform", "truncated_normal")
+# Initial slot values when none are given: Keras' initial_accumulator_value for Adagrad, zeros for Adam.
+DEFAULT_SLOT_INIT = {"sgd": (), "adagrad": (0.1,), "adam": (0.0, 0.0)}
+
+NativeTableFindResult = collections.namedtuple("NativeTableFindResult", ["values", "exists"])
+NativeTableExportResult = collections.namedtuple("NativeTableExportResult", ["keys", "rows", "slots"])
+NativeTableAccessStatus = collections.namedtuple("NativeTableAccessStatus", ["keys", "counts", "last", "clock"])
+
+
+@dataclasses.dataclass(frozen=True)
+class NativeTableConfig:
+    """The settings of one native table, checked on construction (ValueError naming the table).
+
+    Attributes:
+      name: the table's name, in every error message.
+      dim: row width, >= 1.
+      optimizer: "sgd" | "adagrad" | "adam"; decides the slots (SLOT_NAMES).
+      slot_init: initial value of each slot of a new key; None: DEFAULT_SLOT_INIT[optimizer].
+      storage: "float32" | "float16" rows.
+      init: "hashed" | "constant" | "normal" | "uniform" | "truncated_normal".
+      seed: seed of the random initializers (the hashed one takes its seed through the salts).
+      mean, stddev, minval, maxval, value: initializer parameters (float64).
+      salts: int64 salt of each category, e.g. initializers.feature_salt(seed, feature).
+      track_access: keep per key access counts and last access clock.
+    """
+
+    name: str
+    dim: int
+    optimizer: str = "sgd"
+    slot_init: tuple = None
+    storage: str = "float32"
+    init: str = "hashed"
+    seed: int = 0
+    mean: float = 0.0
+    stddev: float = 0.05
+    minval: float = -0.05
+    maxval: float = 0.05
+    value: float = 0.0
+    salts: tuple = (0,)
+    track_access: bool = False
+
+    def __post_init__(self):
+        def fail(what):
+            raise ValueError(f"native table '{self.name}': {what}")
+
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"native table name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.dim, (int, np.integer)) or self.dim < 1:
+            fail(f"dim must be an int >= 1, got {self.dim!r}")
+        if self.optimizer not in SLOT_NAMES:
+            fail(f"optimizer must be one of {sorted(SLOT_NAMES)}, got {self.optimizer!r}")
+        slot_init = DEFAULT_SLOT_INIT[self.optimizer] if self.slot_init is None else self.slot_init
+        slot_init = tuple(float(v) for v in slot_init)
+        if len(slot_init) != len(SLOT_NAMES[self.optimizer]):
+            fail(f"optimizer {self.optimizer} has slots {SLOT_NAMES[self.optimizer]}, so slot_init needs "
+                 f"{len(SLOT_NAMES[self.optimizer])} values, got {slot_init}")
+        if self.storage not in STORAGES:
+            fail(f"storage must be one of {STORAGES}, got {self.storage!r}")
+        if self.init not in INITS:
+            fail(f"init must be one of {INITS}, got {self.init!r}")
+        if self.init in ("hashed", "normal", "truncated_normal") and not self.stddev > 0:
+            fail(f"init {self.init} needs stddev > 0, got {self.stddev!r}")
+        if self.init == "uniform" and not self.minval < self.maxval:
+            fail(f"init uniform needs minval < maxval, got {self.minval!r} and {self.maxval!r}")
+        salts = tuple(int(s) for s in np.atleast_1d(np.asarray(self.salts, np.int64)))
+        if not salts:
+            fail("salts must name at least one category")
+        object.__setattr__(self, "dim", int(self.dim))
+        object.__setattr__(self, "slot_init", slot_init)
+        object.__setattr__(self, "salts", salts)
+        object.__setattr__(self, "seed", int(self.seed))
+        object.__setattr__(self, "track_access", bool(self.track_access))
+        for f in ("mean", "stddev", "minval", "maxval", "value"):
+            object.__setattr__(self, f, float(getattr(self, f)))
+
+    @property
+    def slot_names(self):
+        return SLOT_NAMES[self.optimizer]
+
+    @property
+    def num_slots(self):
+        return len(self.slot_names)
+
+
+def _float64_attr(x):
+    """A float64 as an op attr: its repr, which parses back to exactly the same float64 (a float attr is float32)."""
+    return repr(float(x))
+
+
+def create_native_table(name, dim, optimizer="sgd", slot_init=None, storage="float32", init="hashed", seed=0,
+                        mean=0.0, stddev=0.05, minval=-0.05, maxval=0.05, value=0.0, salts=(0,),
+                        track_access=False, shared_name="", container=""):
+    """The resource handle of a native table, created on first run. Prefer NativeTableResource, which also frees it.
+
+    Args: as NativeTableConfig, plus
+      shared_name: tables are shared by (container, shared_name); "" means the op's node name.
+      container: the resource container.
+
+    Returns:
+      resource scalar.
+
+    Raises:
+      ValueError: a bad setting (naming the table).
+      InvalidArgumentError: shared_name already holds a table of another config.
+    """
+    config = NativeTableConfig(name, dim, optimizer, slot_init, storage, init, seed, mean, stddev, minval, maxval,
+                               value, salts, track_access)
+    return _create(config, shared_name, container)
+
+
+def _create(config, shared_name, container):
+    with tf.name_scope("native_table_create"):
+        return load_ops().fused_rec_native_table_create(
+            table_name=config.name, dim=config.dim, optimizer=config.optimizer, slot_init=list(config.slot_init),
+            storage=config.storage, init=config.init, seed=config.seed, mean=_float64_attr(config.mean),
+            stddev=_float64_attr(config.stddev), minval=_float64_attr(config.minval),
+            maxval=_float64_attr(config.maxval), value=_float64_attr(config.value), salts=list(config.salts),
+            track_access=config.track_access, shared_name=shared_name, container=container)
+
+
+tf.no_gradient("FusedRec>NativeTableCreate")
+
+
+class NativeTableResource(tf.saved_model.experimental.TrackableResource):
+    """A native table as a Python object: ``resource_handle`` for the ops, captured by tf.functions that use it.
+
+    The table is created when the object is (outside any tf.function, like a variable) and destroyed when the
+    object dies, unless ``shared_name`` was given: a table shared by name may have other users.
+
+    Args: as NativeTableConfig (``name``, ``dim``, ...), plus ``shared_name`` (None: a fresh unique name).
+    """
+
+    def __init__(self, name, dim, optimizer="sgd", slot_init=None, storage="float32", init="hashed", seed=0,
+                 mean=0.0, stddev=0.05, minval=-0.05, maxval=0.05, value=0.0, salts=(0,), track_access=False,
+                 shared_name=None):
+        self._config = NativeTableConfig(name, dim, optimizer, slot_init, storage, init, seed, mean, stddev, minval,
+                                         maxval, value, salts, track_access)
+        self._owns_table = shared_name is None
+        self._shared_name = f"{name}_{uuid.uuid4().hex}" if shared_name is None else shared_name
+        super().__init__()
+        with tf.init_scope():
+            self._resource_handle = self._create_resource()
+
+    def _create_resource(self):
+        return _create(self._config, self._shared_name, "")
+
+    def _destroy_resource(self):
+        if self._owns_table and tf.executing_eagerly():
+            tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
+
+    @property
+    def config(self):
+        return self._config
+
+    @property
+    def name(self):
+        return self._config.name
+
+    @property
+    def dim(self):
+        return self._config.dim
+
+    @property
+    def optimizer(self):
+        return self._config.optimizer
+
+    @property
+    def slot_names(self):
+        return self._config.slot_names
+
+    @property
+    def num_slots(self):
+        return self._config.num_slots
+
+    @property
+    def storage(self):
+        return self._config.storage
+
+    @property
+    def track_access(self):
+        return self._config.track_access
+
+    @property
+    def shared_name(self):
+        return self._shared_name
+
+    def __repr__(self):
+        return f"NativeTableResource({self._config})"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Input checks: static shapes are checked here so a mismatch found at trace time names the table too; the kernels
+# check the runtime shapes.
+# ----------------------------------------------------------------------------------------------------------------
+
+# The wrappers hold no tensor-dependent Python control flow. Left to AutoGraph inside a tf.function, it would recurse
+# into the generated op functions, which have no source, and log a warning on every trace.
+_not_autograph = tf.autograph.experimental.do_not_convert
+
+
+def _check_table(table):
+    if not isinstance(table, NativeTableResource):
+        raise TypeError(f"table must be a NativeTableResource, got {type(table).__name__}")
+
+
+def _int64(table, x, what):
+    x = tf.convert_to_tensor(x, dtype_hint=tf.int64)
+    if x.dtype == tf.int32:
+        x = tf.cast(x, tf.int64)
+    if x.dtype != tf.int64:
+        raise TypeError(f"native table '{table.name}': {what} must be int64 (or int32), got {x.dtype.name}")
+    return x
+
+
+def _tensor(table, x, dtype, what):
+    x = tf.convert_to_tensor(x, dtype_hint=dtype)
+    if x.dtype != dtype:
+        raise TypeError(f"native table '{table.name}': {what} must be {dtype.name}, got {x.dtype.name}")
+    return x
+
+
+def _hyper(table, x, what):
+    """A float32 hyperparameter; float64 (a NumPy or Python number) is cast, as Keras casts its hyperparameters."""
+    x = tf.convert_to_tensor(x, dtype_hint=tf.float32)
+    if not x.dtype.is_floating:
+        raise TypeError(f"native table '{table.name}': {what} must be a float, got {x.dtype.name}")
+    return tf.cast(x, tf.float32)
+
+
+def _check_static(table, rank_of, lengths):
+    """rank_of: {what: (tensor, rank)}; lengths: names whose first dimensions must agree (when known)."""
+    for what, (t, rank) in rank_of.items():
+        if t.shape.rank is not None and t.shape.rank != rank:
+            raise ValueError(f"native table '{table.name}': {what} must have rank {rank}, got shape {t.shape}")
+    known = {w: rank_of[w][0].shape[0] for w in lengths if rank_of[w][0].shape.rank and rank_of[w][0].shape[0]
+             is not None}
+    if len(set(known.values())) > 1:
+        got = ", ".join(f"{n} {w}" for w, n in known.items())
+        raise ValueError(f"native table '{table.name}': {', '.join(lengths)} must have the same length, got {got}")
+
+
+def _check_width(table, t, what):
+    if t.shape.rank == 2 and t.shape[1] is not None and t.shape[1] != table.dim:
+        raise ValueError(f"native table '{table.name}': {what} must have {table.dim} columns (dim), got shape "
+                         f"{t.shape}")
+
+
+def _part_index(table, part):
+    """A part as its index: 0 or "rows" for the rows, p or slot_names[p - 1] for a slot."""
+    if isinstance(part, str):
+        names = ("rows",) + table.slot_names
+        if part not in names:
+            raise ValueError(f"native table '{table.name}': part must be one of {names}, got {part!r}")
+        return names.index(part)
+    part = int(part)
+    if not 0 <= part <= table.num_slots:
+        raise ValueError(f"native table '{table.name}': part must be in [0, {table.num_slots}] (0: rows, then "
+                         f"slots {table.slot_names}), got {part}")
+    return part
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Ops
+# ----------------------------------------------------------------------------------------------------------------
+
+@_not_autograph
+def native_table_lookup_or_init(table, keys, categories, ids, insert=True, name=None):
+    """Rows of keys; a missing key gets its initial row, computed from (category, id) in the same probe.
+
+    Args:
+      table: NativeTableResource.
+      keys: int64 [U], the table keys (unique within a call for access counting; repeats are allowed).
+      categories: int32 [U], in [0, len(salts)): picks the salt of the initializer.
+      ids: int64 [U], the ids the initial rows are computed from.
+      insert: True (training): missing keys are inserted with their slots at slot_init, and accesses counted.
+        False (inference): missing keys return their initial row and the table is left unchanged.
+      name: optional op name.
+
+    Returns:
+      float32 [U, dim].
+
+    Raises:
+      InvalidArgumentError / ValueError: a category out of range (naming position and value), inputs of different
+        lengths or ranks; ResourceExhausted: the table cannot grow.
+    """
+    _check_table(table)
+    with tf.name_scope(name or "native_table_lookup_or_init"):
+        keys = _int64(table, keys, "keys")
+        categories = _tensor(table, categories, tf.int32, "categories")
+        ids = _int64(table, ids, "ids")
+        _check_static(table, {"keys": (keys, 1), "categories": (categories, 1), "ids": (ids, 1)},
+                      ("keys", "categories", "ids"))
+        rows = load_ops().fused_rec_native_table_lookup_or_init(table.resource_handle, keys, categories, ids,
+                                                                insert=bool(insert))
+        rows.set_shape([None, table.dim])
+        return rows
+
+
+tf.no_gradient("FusedRec>NativeTableLookupOrInit")
+
+
+@_not_autograph
+def native_table_apply_sparse(table, keys, grads, categories, ids, lr, beta1=0.9, beta2=0.999, epsilon=1e-7,
+                              name=None):
+    """One in-place optimizer update per distinct key, with TF's float32 arithmetic.
+
+    Repeated keys have their grads summed first (in input order) and are updated once, as TF's sparse optimizers do
+    after deduplicating. A key not in the table is first inserted with the row lookup_or_init would give it.
+
+    * sgd: w -= lr * g
+    * adagrad (ResourceSparseApplyAdagradV2): acc += g * g; w -= lr * g / (sqrt(acc) + epsilon)
+    * adam (Keras' legacy sparse Adam on the touched rows only, i.e. lazy Adam as in TFRA):
+      m = m * beta1 + g * (1 - beta1); v = v * beta2 + (g * g) * (1 - beta2); w -= lr * m / (sqrt(v) + epsilon),
+      with lr bias-corrected by the caller: see adam_bias_corrected_lr.
+
+    Args:
+      table: NativeTableResource.
+      keys: int64 [U].
+      grads: float32 [U, dim].
+      categories: int32 [U]; ids: int64 [U]: initialise keys that are missing, as in lookup_or_init.
+      lr, beta1, beta2, epsilon: float32 scalars (beta1 and beta2 are used by adam only, epsilon by adagrad and adam).
+      name: optional op name.
+
+    Returns:
+      The op (None when executing eagerly).
+    """
+    _check_table(table)
+    with tf.name_scope(name or "native_table_apply_sparse"):
+        keys = _int64(table, keys, "keys")
+        grads = _tensor(table, grads, tf.float32, "grads")
+        categories = _tensor(table, categories, tf.int32, "categories")
+        ids = _int64(table, ids, "ids")
+        scalars = [_hyper(table, x, w) for x, w in
+                   ((lr, "lr"), (beta1, "beta1"), (beta2, "beta2"), (epsilon, "epsilon"))]
+        _check_static(table, {"keys": (keys, 1), "grads": (grads, 2), "categories": (categories, 1), "ids": (ids, 1),
+                              "lr": (scalars[0], 0), "beta1": (scalars[1], 0), "beta2": (scalars[2], 0),
+                              "epsilon": (scalars[3], 0)}, ("keys", "grads", "categories", "ids"))
+        _check_width(table, grads, "grads")
+        return load_ops().fused_rec_native_table_apply_sparse(table.resource_handle, keys, grads, categories, ids,
+                                                              *scalars)
+
+
+tf.no_gradient("FusedRec>NativeTableApplySparse")
+
+
+def adam_bias_corrected_lr(lr, beta1, beta2, step):
+    """The lr Adam's update takes: lr * sqrt(1 - beta2^step) / (1 - beta1^step), in float32 as Keras computes it.
+
+    Args:
+      lr, beta1, beta2: float32 scalars.
+      step: the 1-based step (Keras: optimizer.iterations + 1).
+
+    Returns:
+      float32 scalar.
+    """
+    with tf.name_scope("adam_bias_corrected_lr"):
+        lr, beta1, beta2 = (tf.convert_to_tensor(x, tf.float32) for x in (lr, beta1, beta2))
+        step = tf.cast(step, tf.float32)
+        return lr * (tf.sqrt(1 - tf.pow(beta2, step)) / (1 - tf.pow(beta1, step)))
+
+
+@_not_autograph
+def native_table_find(table, keys, part=0, name=None):
+    """Rows or one slot of keys, inserting nothing and counting no access.
+
+    Args:
+      table: NativeTableResource.
+      keys: int64 [K].
+      part: 0 or "rows" for the rows, p in 1..S or the slot's name (SLOT_NAMES) for slot p - 1.
+      name: optional op name.
+
+    Returns:
+      NativeTableFindResult(values float32 [K, dim] (zeros for a missing key), exists bool [K]).
+    """
+    _check_table(table)
+    part = _part_index(table, part)
+    with tf.name_scope(name or "native_table_find"):
+        keys = _int64(table, keys, "keys")
+        _check_static(table, {"keys": (keys, 1)}, ())
+        values, exists = load_ops().fused_rec_native_table_find(table.resource_handle, keys, part=part)
+        values.set_shape([None, table.dim])
+        return NativeTableFindResult(values, exists)
+
+
+tf.no_gradient("FusedRec>NativeTableFind")
+
+
+@_not_autograph
+def native_table_upsert(table, keys, values, part=0, name=None):
+    """Sets the rows or one slot of keys, inserting missing keys (a repeated key: the last value wins).
+
+    A key inserted by a rows upsert gets its slots at slot_init; one inserted by a slot upsert gets a zero row and its
+    other slots at slot_init, so a restore writes the rows first. float16 storage rounds rows to the nearest float16.
+    Inserted keys start with access count 0 and last access 0.
+
+    Args:
+      table: NativeTableResource.
+      keys: int64 [K].
+      values: float32 [K, dim].
+      part: as in native_table_find.
+      name: optional op name.
+
+    Returns:
+      The op (None when executing eagerly).
+    """
+    _check_table(table)
+    part = _part_index(table, part)
+    with tf.name_scope(name or "native_table_upsert"):
+        keys = _int64(table, keys, "keys")
+        values = _tensor(table, values, tf.float32, "values")
+        _check_static(table, {"keys": (keys, 1), "values": (values, 2)}, ("keys", "values"))
+        _check_width(table, values, "values")
+        return load_ops().fused_rec_native_table_upsert(table.resource_handle, keys, values, part=part)
+
+
+tf.no_gradient("FusedRec>NativeTableUpsert")
+
+
+@_not_autograph
+def native_table_remove(table, keys, name=None):
+    """Removes keys with their slots and access stats; missing keys are ignored.
+
+    Args:
+      table: NativeTableResource.
+      keys: int64 [K].
+      name: optional op name.
+
+    Returns:
+      The op (None when executing eagerly).
+    """
+    _check_table(table)
+    with tf.name_scope(name or "native_table_remove"):
+        keys = _int64(table, keys, "keys")
+        _check_static(table, {"keys": (keys, 1)}, ())
+        return load_ops().fused_rec_native_table_remove(table.resource_handle, keys)
+
+
+tf.no_gradient("FusedRec>NativeTableRemove")
+
+
+@_not_autograph
+def native_table_size(table, name=None):
+    """Number of keys: int64 scalar."""
+    _check_table(table)
+    with tf.name_scope(name or "native_table_size"):
+        return load_ops().fused_rec_native_table_size(table.resource_handle)
+
+
+tf.no_gradient("FusedRec>NativeTableSize")
+
+
+@_not_autograph
+def native_table_export(table, name=None):
+    """Every key with its row and slots, in the table's (fixed, unspecified) order.
+
+    Returns:
+      NativeTableExportResult(keys int64 [K], rows float32 [K, dim], slots float32 [K, S, dim]).
+    """
+    _check_table(table)
+    with tf.name_scope(name or "native_table_export"):
+        keys, rows, slots = load_ops().fused_rec_native_table_export(table.resource_handle)
+        rows.set_shape([None, table.dim])
+        slots.set_shape([None, table.num_slots, table.dim])
+        return NativeTableExportResult(keys, rows, slots)
+
+
+tf.no_gradient("FusedRec>NativeTableExport")
+
+
+@_not_autograph
+def native_table_access_status(table, name=None):
+    """Access stats of every key, for LFU / LRU eviction (the table must track access).
+
+    Returns:
+      NativeTableAccessStatus(keys int64 [K], counts int64 [K], last int64 [K] (the clock of the key's last training
+      lookup, 0 if none), clock int64 scalar (training lookups so far)).
+
+    Raises:
+      InvalidArgumentError: the table was created with track_access=False.
+    """
+    _check_table(table)
+    with tf.name_scope(name or "native_table_access_status"):
+        return NativeTableAccessStatus(*load_ops().fused_rec_native_table_access_status(table.resource_handle))
+
+
+tf.no_gradient("FusedRec>NativeTableAccessStatus")
