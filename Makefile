@@ -28,7 +28,7 @@ wheel: install
 
 # A short fused training of criteo_synthetic on 2 local workers, ending with its summary. horovodrun imports
 # TensorFlow itself, which logs three harmless ERROR lines about CUDA plugin factories registered twice (the workers
-# drop them on import, tf_fusedrec/__init__.py): filtered here; every other line, and the exit status, pass through.
+# drop them on import, tf_fusedrec/_frameworks.py): filtered here; every other line, and the exit status, pass through.
 TF_PLUGIN_NOISE := Unable to register cu(FFT|DNN|BLAS) factory: Attempting to register factory
 demo: build
 	set -o pipefail; \

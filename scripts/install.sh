@@ -37,6 +37,13 @@ want=$(sha256sum requirements.txt | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   log "installing the pinned stack (requirements.txt)"
   "${PIP[@]}" install -q --upgrade pip wheel
+  # A .venv made when requirements.txt also named tensorflow-cpu holds two TensorFlow distributions in the same
+  # files: remove that one and lay tensorflow's files down again (requirements.txt says why tensorflow).
+  if "${PIP[@]}" show -q tensorflow-cpu >/dev/null 2>&1; then
+    log "removing tensorflow-cpu, installed beside tensorflow (one TensorFlow distribution)"
+    "${PIP[@]}" uninstall -q -y tensorflow-cpu
+    "${PIP[@]}" install -q --force-reinstall --no-deps "$(grep -E '^tensorflow==' requirements.txt)"
+  fi
   "${PIP[@]}" install -q -r requirements.txt
   echo "$want" >"$stamp"
 fi

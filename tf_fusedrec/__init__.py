@@ -2,102 +2,55 @@
 
     import tf_fusedrec as fr
     emb = fr.FusedEmbedding([fr.Feature("user_id", dim=16), fr.Feature("tags", dim=8, combiner="mean")])
+
+Importing the package loads nothing heavy, like horovod's root: each public name (below, `__all__`) loads TensorFlow
+and TFRA (quietly, with Keras 2 selected: tf_fusedrec/_frameworks.py) and its own module on first access (PEP 562),
+so tools that never touch them (the serving load generator, embedding servers and client, the cluster launcher and
+its cost model) start without TensorFlow. The import itself sets TF_USE_LEGACY_KERAS=1 (unless set), so TensorFlow
+imported afterwards, by the package or by the caller, gives TFRA the Keras 2 it needs.
 """
 
-import os as _os
+import importlib as _importlib
+import importlib.util as _importlib_util
 
-# TFRA's Keras layers need Keras 2; the switch only works if it is set before TensorFlow is imported.
-_os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+from tf_fusedrec import _frameworks
+
+_frameworks.select_keras2()
 
 __version__ = "0.1.0"
 
+# Public name -> the module that defines it; each loads on first access, after TensorFlow and TFRA.
+_NAMES = {
+    "Eviction": "tf_fusedrec.distributed.eviction",
+    "Feature": "tf_fusedrec.config",
+    "FusedEmbedding": "tf_fusedrec.layers",
+    "HotReplication": "tf_fusedrec.distributed.replication",
+    "OptimizerSpec": "tf_fusedrec.config",
+    "PerFeatureEmbedding": "tf_fusedrec.layers",
+    "Spec": "tf_fusedrec.config",
+    "SpecGroup": "tf_fusedrec.config",
+}
+# Public subpackages that need TensorFlow (fr.export is light: its TensorFlow half loads with fr.export.export_model).
+_TF_SUBPACKAGES = ("initializers", "ops", "train")
 
-def _import_tensorflow_quietly():
-    """Imports TensorFlow with its C++ start-up lines about registering the cuFFT / cuDNN / cuBLAS factories twice
-    dropped: they are logged at ERROR level (so TF_CPP_MIN_LOG_LEVEL=2 keeps them), come from XLA's CUDA plugins
-    being registered by two of TensorFlow's own libraries, and are harmless. Everything else TensorFlow writes to
-    stderr during the import is written back unchanged."""
-    import re  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-    import tempfile  # noqa: PLC0415
-
-    if "tensorflow" in sys.modules:
-        return
-    # INFO and WARNING lines of TensorFlow's C++ start-up (TensorRT absent, CPU instructions) unless asked for.
-    _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    harmless = re.compile(r"Unable to register cu(FFT|DNN|BLAS) factory: Attempting to register factory for plugin")
-    sys.stderr.flush()
-    saved = _os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        _os.dup2(captured.fileno(), 2)
-        try:
-            import tensorflow  # noqa: F401,PLC0415
-        finally:
-            _os.dup2(saved, 2)
-            _os.close(saved)
-            captured.seek(0)
-            text = captured.read().decode(errors="replace")
-            rest = "".join(line for line in text.splitlines(keepends=True) if not harmless.search(line))
-            if rest:
-                sys.stderr.write(rest)
-                sys.stderr.flush()
+__all__ = sorted([*_NAMES, *_TF_SUBPACKAGES, "export"])
 
 
-_import_tensorflow_quietly()
+def __getattr__(name):  # PEP 562: called only for names the module does not hold (yet)
+    if name in _NAMES:
+        _frameworks.import_tensorflow()
+        value = getattr(_importlib.import_module(_NAMES[name]), name)
+    elif not name.startswith("_") and _importlib_util.find_spec(f"{__name__}.{name}") is not None:
+        # Any submodule, as `from tf_fusedrec import config` would import it; never more than that module, since the
+        # package's own modules reach their siblings this way while they are being imported.
+        if name in _TF_SUBPACKAGES:
+            _frameworks.import_tensorflow()
+        value = _importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
-def _import_tfra_quietly():
-    """Imports TFRA without its start-up chatter, which concerns APIs tf_fusedrec does not use: a print of
-    " _SingleDeviceSaver removed after tf version 2.15" (TF 2.16 has no such saver; TFRA falls back) and a
-    deprecation warning about dynamic_embedding.GraphKeys. Exactly those two are dropped; anything else TFRA
-    prints or logs passes through."""
-    import contextlib  # noqa: PLC0415
-    import io  # noqa: PLC0415
-    import logging  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
-    if "tensorflow_recommenders_addons.dynamic_embedding" in sys.modules:
-        return
-
-    def harmless(record):
-        return not str(record.msg).startswith("dynamic_embedding.GraphKeys has already been deprecated")
-
-    logger = logging.getLogger("tensorflow")
-    logger.addFilter(harmless)
-    printed = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(printed):
-            import tensorflow_recommenders_addons.dynamic_embedding  # noqa: F401,PLC0415
-    finally:
-        logger.removeFilter(harmless)
-        rest = [line for line in printed.getvalue().splitlines()
-                if line.strip() != "_SingleDeviceSaver removed after tf version 2.15"]
-        if rest:
-            print("\n".join(rest))
-
-
-_import_tfra_quietly()
-
-from tf_fusedrec import initializers  # noqa: E402
-from tf_fusedrec import ops  # noqa: E402
-from tf_fusedrec.config import Feature, OptimizerSpec, Spec, SpecGroup  # noqa: E402
-from tf_fusedrec.distributed.eviction import Eviction  # noqa: E402
-from tf_fusedrec.distributed.replication import HotReplication  # noqa: E402
-from tf_fusedrec.layers import FusedEmbedding, PerFeatureEmbedding  # noqa: E402
-from tf_fusedrec import train  # noqa: E402
-from tf_fusedrec import export  # noqa: E402
-
-__all__ = [
-    "Feature",
-    "export",
-    "FusedEmbedding",
-    "Eviction",
-    "HotReplication",
-    "OptimizerSpec",
-    "PerFeatureEmbedding",
-    "Spec",
-    "SpecGroup",
-    "initializers",
-    "ops",
-    "train",
-]
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -11,6 +11,8 @@ from typing import Any, Optional, Tuple
 
 import tensorflow as tf
 
+from tf_fusedrec.sequence_config import SequenceConfig  # data.sequences (its own module: the data modules use it)
+
 COMBINERS = (None, "sum", "mean", "sqrtn")
 KEY_DTYPES = (tf.int32, tf.int64)
 OPTIMIZER_NAMES = ("sgd", "adagrad", "adam", "ftrl", "rmsprop")
@@ -246,27 +248,6 @@ class FeatureConfig:
             combiner = "sum"
         return Feature(self.name, self.dim, combiner=combiner, optimizer=self.optimizer,
                        initializer=initializers.get(self.initializer), max_id_bits=self.max_id_bits)
-
-
-@dataclasses.dataclass
-class SequenceConfig:
-    """``data.sequences`` of a sequence source (the details: tf_fusedrec/data/sequences.py, movielens_seq.py).
-
-    feature: the sequence feature (ragged ids, embedded with combiner null); the other features are context
-      features, one id per user. target: the context feature that is a candidate item, or null.
-    median_length, length_sigma, longest_length, empty_fraction: the long-tailed length law (log-normal, bounded) of
-      grm_synthetic; movielens_seq rejects them (SYNTHETIC_LENGTH_KEYS: its lengths are the data's).
-    max_length: the cap; a longer sequence is an error unless truncate: true (keeps the last max_length items).
-    """
-
-    feature: str = "items"
-    target: Optional[str] = None
-    median_length: float = 32.0
-    length_sigma: float = 1.0
-    longest_length: int = 1600
-    empty_fraction: float = 0.0
-    max_length: int = 2048
-    truncate: bool = False
 
 
 @dataclasses.dataclass

@@ -10,6 +10,8 @@ import hashlib
 import numpy as np
 import tensorflow as tf
 
+from tf_fusedrec.hashing import hashed_rows_numpy  # noqa: F401  (Hashed's rows in NumPy; its home is TF-free)
+
 _C1 = 0xBF58476D1CE4E5B9
 _C2 = 0x94D049BB133111EB
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -92,30 +94,6 @@ class Hashed:
 
     def __repr__(self):
         return f"Hashed(seed={self.seed}, stddev={self.stddev})"
-
-
-def hashed_rows_numpy(ids, salts, dim, stddev):
-    """Hashed.rows in NumPy (for embedding servers, which hold no TensorFlow graph): the same bits, the same
-    Box-Muller in float64, cast to float32 last.
-
-    Args:
-      ids: int64 [n]; salts: int64 [n]; dim: int; stddev: float.
-
-    Returns:
-      float32 [n, dim].
-    """
-    from tf_fusedrec.ops import reference  # noqa: PLC0415  (the one home of the NumPy mix64)
-
-    ids = np.asarray(ids, np.int64).view(np.uint64)
-    salts = np.asarray(salts, np.int64).view(np.uint64)
-    base = reference.mix64(ids ^ salts)
-    with np.errstate(over="ignore"):
-        columns = np.arange(1, dim + 1, dtype=np.uint64) * np.uint64(_GOLDEN)
-        bits = reference.mix64(base[:, None] + columns[None, :])
-    u1 = ((bits >> np.uint64(40)).astype(np.float64) + 0.5) / 2.0**24
-    u2 = ((bits & np.uint64(0xFFFFFF)).astype(np.float64) + 0.5) / 2.0**24
-    normal = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
-    return (float(stddev) * normal).astype(np.float32)
 
 
 def Constant(value=0.0):  # noqa: N802  (mirrors the Keras class name)

@@ -70,6 +70,7 @@ class Runner:
 def main(argv=None):
     args = parse_args(argv)
     comm = comm_lib.init_workers()
+    comm_lib.overlap_collectives()  # collectives and the meter's stamps run when their inputs allow, not in order
     try:
         config = cfg.load_config(args.config)
         rows_list = sorted({int(r) for r in args.rows.split(",") if r})

@@ -65,7 +65,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from tf_fusedrec.config import SequenceConfig
+from tf_fusedrec.sequence_config import SequenceConfig
 from tf_fusedrec.data.movielens import _fields, _int, _load_movies, _load_users
 from tf_fusedrec.data.sequences import RESERVED_KEYS, _check_worker, sequence_section
 from tf_fusedrec.data.synthetic import _is_int

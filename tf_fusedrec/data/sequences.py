@@ -68,7 +68,7 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tf_fusedrec.config import SequenceConfig as _DEFAULTS
+from tf_fusedrec.sequence_config import SequenceConfig as _DEFAULTS
 from tf_fusedrec.data.synthetic import SparseInput, _Feature, _is_int, _key64, _mix64
 
 __all__ = ["RESERVED_KEYS", "SequenceSpec", "TASKS", "grm_batch", "grm_dataset", "grm_hidden_logits", "grm_samples"]

@@ -9,10 +9,12 @@ must be equal on every worker and distinct among the collectives in flight at th
 
 Order: inside a tf.function, TensorFlow's automatic control dependencies run every stateful op that takes no
 resource in program order, one after the other. Horovod's collectives are such ops, so two independent all-to-alls
-(the next batch's keys and this batch's embeddings, or two micro-batches') would wait for each other and for
-whatever was built between them, and nothing could overlap. Since Horovod matches collectives by name, not by
-order, `order_insensitive(op_types)` takes them out of that chain (they still run before the function returns, and
-after their inputs); it is declared once, for Horovod's op types, when a HorovodComm is built.
+(the next batch's keys and this batch's embeddings, or two micro-batches') wait for each other and for whatever was
+built between them, and nothing overlaps. Since Horovod matches collectives by name, not by order, they can be taken
+out of that chain (they still run before the function returns, and after their inputs): `overlap_collectives()`
+does so for Horovod's op types and for tf.timestamp, which times them. It is an explicit opt-in, because it changes a
+private TensorFlow global that every tf.function of the process sees: TrainPipeline's dbp and fwp schedules, the
+train app and the benchmarks call it; importing tf_fusedrec, the meter or building a comm changes nothing.
 """
 
 import os
@@ -22,6 +24,9 @@ from tensorflow.python.framework import auto_control_deps
 
 HOROVOD_OP_TYPES = ("HorovodAlltoall", "HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather",
                     "HorovodBroadcast")
+# What overlap_collectives() takes out of program order: the collectives, and the clock reads that time them (the
+# meter's and the pipeline's stamps; in program order a stamp would wait for every collective built before it).
+OVERLAPPED_OP_TYPES = HOROVOD_OP_TYPES + ("Timestamp",)
 
 REDUCE_OPS = ("sum", "average")
 
@@ -79,7 +84,6 @@ class HorovodComm(Comm):
         self.rank = self._hvd.rank()
         self.size = self._hvd.size()
         self.local_size, self.cross_size = self._hvd.local_size(), self._hvd.cross_size()
-        order_insensitive(HOROVOD_OP_TYPES)
 
     def alltoall(self, tensor, splits, name):
         return self._hvd.alltoall(tensor, splits=splits, name=name)
@@ -96,9 +100,22 @@ class HorovodComm(Comm):
         return f"HorovodComm(rank={self.rank}, size={self.size})"
 
 
+def overlap_collectives():
+    """Opt-in, for the whole process: in tf.functions traced from now on, Horovod's collectives and tf.timestamp no
+    longer run in program order, so independent all-to-alls overlap each other and the dense compute (see the module
+    docstring). Idempotent; there is no way back.
+
+    Changes a private TensorFlow global (auto_control_deps.SKIPPED_ORDER_INSENSITIVE_STATEFUL_OPS) that every
+    tf.function of the process sees, the user's too: call it only where collectives are matched by name (as
+    tf_fusedrec's and TFRA's are) and no code relies on two of them, or on clock reads, running in program order.
+    """
+    order_insensitive(OVERLAPPED_OP_TYPES)
+
+
 def order_insensitive(op_types):
     """Stateful ops of these types are no longer chained in program order in tf.functions traced from now on (see the
-    module docstring). For ops whose effects do not depend on each other's order only."""
+    module docstring): the mechanism of overlap_collectives(). For ops whose effects do not depend on each other's
+    order only."""
     skipped = auto_control_deps.SKIPPED_ORDER_INSENSITIVE_STATEFUL_OPS
     if not set(op_types) <= skipped:
         auto_control_deps.SKIPPED_ORDER_INSENSITIVE_STATEFUL_OPS = frozenset(skipped | set(op_types))

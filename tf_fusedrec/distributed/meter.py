@@ -14,14 +14,14 @@ them into:
 * `busy_seconds`: the time at least one all-to-all was in flight (overlapping calls counted once);
 * `exposed_seconds`: the part of it during which no dense compute ran: what the step waited on all-to-alls that
   compute did not hide. With no compute stamps (a plain train step), every in-flight second counts as exposed.
+
+The stamps (tf.timestamp) time the calls as they run once `comm.overlap_collectives()` has been called (the train
+app and the benchmarks do); without it, TensorFlow runs every stamp and collective of a step in program order.
 """
 
 import tensorflow as tf
 
 from tf_fusedrec.distributed import comm as comm_lib
-
-# Reading the clock has no effect on other ops: stamps must not be chained in program order with everything else.
-comm_lib.order_insensitive(("Timestamp",))
 
 # Intervals kept per step to compute the time at least one all-to-all is in flight; a step issues far fewer.
 MAX_INTERVALS = 4096

@@ -10,7 +10,17 @@ count.
 """
 
 from tf_fusedrec.export.format import ExportError
-from tf_fusedrec.export.writer import export_model
+
+
+def __getattr__(name):  # PEP 562: the writer needs TensorFlow, the format (what servers read) does not
+    if name == "export_model":
+        from tf_fusedrec import _frameworks  # noqa: PLC0415
+
+        _frameworks.import_tensorflow()
+        from tf_fusedrec.export.writer import export_model  # noqa: PLC0415
+
+        return export_model
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_model(export_dir, backend=None, pooling=True):

@@ -29,8 +29,10 @@ def embedding_kind(manifest):
 
 
 def run(args):
+    from tf_fusedrec import _frameworks  # noqa: PLC0415
+
+    tf = _frameworks.import_tensorflow()
     import tf_fusedrec as fr  # noqa: PLC0415
-    import tensorflow as tf  # noqa: PLC0415
     from tf_fusedrec import config as cfg  # noqa: PLC0415
     from tf_fusedrec.distributed import comm as comm_lib  # noqa: PLC0415
     from tf_fusedrec.train import checkpoint as ckpt  # noqa: PLC0415

@@ -30,12 +30,12 @@ import os
 
 import numpy as np
 
-from tf_fusedrec.ops import reference
+from tf_fusedrec import hashing
 
 FORMAT = "tf_fusedrec.export/1"
 ENCODINGS = ("packed", "hashed", "identity")
 HASH_SPACE = 1 << 64
-_GOLDEN = np.uint64(reference.GOLDEN)
+_GOLDEN = np.uint64(hashing.GOLDEN)
 
 
 class ExportError(ValueError):
@@ -62,18 +62,18 @@ def table_keys(ids, categories, num_categories, encoding):
         return ids.copy()
     categories = np.asarray(categories, np.int64)
     if encoding == "packed":
-        shift = 63 - reference.packed_bits(num_categories)
+        shift = 63 - hashing.packed_bits(num_categories)
         return (categories << np.int64(shift)) | ids
     if encoding != "hashed":
         raise ExportError(f"unknown table encoding {encoding!r} (one of {ENCODINGS})")
     with np.errstate(over="ignore"):
-        salt = reference.mix64(categories.astype(np.uint64) + _GOLDEN)
-    return reference.mix64(ids.view(np.uint64) ^ salt).view(np.int64)
+        salt = hashing.mix64(categories.astype(np.uint64) + _GOLDEN)
+    return hashing.mix64(ids.view(np.uint64) ^ salt).view(np.int64)
 
 
 def route(keys):
     """uint64 [n]: where each key lies in the routing hash space."""
-    return reference.mix64(np.asarray(keys, np.int64).view(np.uint64))
+    return hashing.mix64(np.asarray(keys, np.int64).view(np.uint64))
 
 
 def even_ranges(n):
@@ -119,10 +119,8 @@ def initial_rows(initializer, salts, ids, categories, dim):
     name = initializer.get("class_name")
     config = initializer.get("config", {})
     if name == "Hashed":
-        from tf_fusedrec import initializers  # noqa: PLC0415
-
         salt = np.asarray(salts, np.int64)[np.asarray(categories, np.int64)] if n else np.zeros(0, np.int64)
-        return initializers.hashed_rows_numpy(ids, salt, dim, config["stddev"])
+        return hashing.hashed_rows_numpy(ids, salt, dim, config["stddev"])
     if name == "Constant":
         return np.full((n, dim), config.get("value", 0.0), np.float32)
     return np.zeros((n, dim), np.float32)  # Zeros, and random initializers (documented above)

@@ -1,4 +1,10 @@
-"""Loads the FusedRec op library once, on first use."""
+"""Loads the FusedRec op library once, on first use.
+
+The ops run on the CPU unless $TF_FUSEDREC_GPU=1. The library registers CUDA kernels beside the CPU ones when it is
+built against a CUDA build of TensorFlow (setup.py, BUILD), and TensorFlow would then place the ops on a GPU whenever
+it sees one; but those kernels have not run on a GPU yet (README, "CUDA kernels"), so each op is created under
+tf.device("/device:CPU:0") unless the variable, read at every op call, opts in.
+"""
 
 import functools
 import os
@@ -7,6 +13,7 @@ import tensorflow as tf
 
 _LIB_ENV = "TF_FUSEDREC_OPS_LIB"
 _DEFAULT_LIB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fusedrec_ops.so")
+GPU_ENV = "TF_FUSEDREC_GPU"
 
 
 def library_path():
@@ -14,9 +21,37 @@ def library_path():
     return os.environ.get(_LIB_ENV) or _DEFAULT_LIB
 
 
+def gpu_enabled():
+    """True when $TF_FUSEDREC_GPU is "1": the ops may then run on a GPU (where TensorFlow places them)."""
+    return os.environ.get(GPU_ENV) == "1"
+
+
+class _PlacedOps:
+    """The op module, each op function wrapped to run on the CPU unless gpu_enabled() (see the module docstring)."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        op = getattr(self._module, name)
+        if name.startswith("_") or not callable(op):
+            return op
+
+        @functools.wraps(op)
+        def placed(*args, **kwargs):
+            if gpu_enabled():
+                return op(*args, **kwargs)
+            with tf.device("/device:CPU:0"):
+                return op(*args, **kwargs)
+
+        setattr(self, name, placed)  # found in the instance from now on; the variable is still read at every call
+        return placed
+
+
 @functools.lru_cache(maxsize=None)
 def load_ops():
-    """Returns the loaded op module; raises ImportError saying how to build it when it cannot be loaded."""
+    """Returns the loaded op module (its ops placed on the CPU unless $TF_FUSEDREC_GPU=1); raises ImportError saying
+    how to build it when it cannot be loaded."""
     path = library_path()
     hint = (
         f"Build it for this TensorFlow ({tf.__version__}) with `make build` in a checkout (or "
@@ -25,7 +60,7 @@ def load_ops():
     if not os.path.exists(path):
         raise ImportError(f"tf_fusedrec op library not found at {path}. {hint}")
     try:
-        return tf.load_op_library(path)
+        return _PlacedOps(tf.load_op_library(path))
     except tf.errors.NotFoundError as e:
         raise ImportError(
             f"tf_fusedrec op library {path} does not load in TensorFlow {tf.__version__}: it was probably built for "

@@ -15,6 +15,8 @@ import collections
 
 import numpy as np
 
+from tf_fusedrec.hashing import GOLDEN, mix64, packed_bits
+
 __all__ = [
     "mix64",
     "owner_of",
@@ -34,9 +36,7 @@ PartitionResult = collections.namedtuple("PartitionResult", ["keys", "segment_id
 CategoryUniqueResult = collections.namedtuple(
     "CategoryUniqueResult", ["unified_keys", "inverse", "unique_segment_ids", "segment_counts"])
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_GOLDEN = np.uint64(GOLDEN)
 
 
 def _as_key_array(keys):
@@ -65,7 +65,6 @@ def _to_uint64(keys):
 
 
 MASK64 = (1 << 64) - 1
-GOLDEN = 0x9E3779B97F4A7C15
 
 
 def mix64_int(x):
@@ -82,18 +81,6 @@ def mix64_int(x):
 def to_int64(u):
     """A uint64 bit pattern held in a Python int, read as int64."""
     return u - (1 << 64) if u >= (1 << 63) else u
-
-
-def mix64(x):
-    """The splitmix64 finalizer on a uint64 array (wrapping arithmetic). Returns np.uint64 array."""
-    x = np.array(x, dtype=np.uint64, copy=True)
-    with np.errstate(over="ignore"):
-        x ^= x >> np.uint64(30)
-        x *= _M1
-        x ^= x >> np.uint64(27)
-        x *= _M2
-        x ^= x >> np.uint64(31)
-    return x
 
 
 def owner_of(keys, num_ranks):
@@ -146,14 +133,6 @@ def partition_by_owner(keys, num_ranks, segment_ids=None):
     splits = np.bincount(owners, minlength=num_ranks).astype(np.int32)
     out_segs = None if segment_ids is None else segment_ids[order].astype(np.int32)
     return PartitionResult(keys[order], out_segs, splits, order)
-
-
-def packed_bits(num_segments):
-    """b = max(1, ceil(log2(num_segments))), the number of high bits holding the segment in packed keys."""
-    num_segments = int(num_segments)
-    if num_segments < 1:
-        raise ValueError(f"num_segments must be >= 1, got {num_segments}")
-    return max(1, (num_segments - 1).bit_length())
 
 
 def category_unique(keys, segment_ids, num_segments, encoding="packed"):

@@ -12,10 +12,15 @@
 * train/experiment.py builds embeddings, models and datasets from a configs/*.yaml; train/app.py is the CLI.
 """
 
-from tf_fusedrec.distributed.replication import choose_hot_set, repeek
-from tf_fusedrec.train import balance
-from tf_fusedrec.train.loss_scale import DynamicLossScale
-from tf_fusedrec.train.optimizer import GroupedOptimizer, make_optimizer
-from tf_fusedrec.train.pipeline import SCHEDULES, TrainPipeline
+from tf_fusedrec import _frameworks
+
+# Before this package's modules import them (`python -m tf_fusedrec.train` imports this package first).
+_frameworks.import_tensorflow()
+
+from tf_fusedrec.distributed.replication import choose_hot_set, repeek  # noqa: E402
+from tf_fusedrec.train import balance  # noqa: E402
+from tf_fusedrec.train.loss_scale import DynamicLossScale  # noqa: E402
+from tf_fusedrec.train.optimizer import GroupedOptimizer, make_optimizer  # noqa: E402
+from tf_fusedrec.train.pipeline import SCHEDULES, TrainPipeline  # noqa: E402
 
 __all__ = ["DynamicLossScale", "GroupedOptimizer", "balance", "SCHEDULES", "TrainPipeline", "choose_hot_set", "make_optimizer", "repeek"]

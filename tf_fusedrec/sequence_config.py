@@ -1,0 +1,30 @@
+"""The `data.sequences` section of an experiment config: its schema and defaults.
+
+Apart from the experiment schema (tf_fusedrec/config.py) so that the sequence sources (tf_fusedrec/data/sequences.py,
+movielens_seq.py), whose specs take their defaults from it, need not import the config module, which checks a
+config's sequence section against those specs: config imports the data modules, never the other way round.
+"""
+
+import dataclasses
+from typing import Optional
+
+
+@dataclasses.dataclass
+class SequenceConfig:
+    """``data.sequences`` of a sequence source (the details: tf_fusedrec/data/sequences.py, movielens_seq.py).
+
+    feature: the sequence feature (ragged ids, embedded with combiner null); the other features are context
+      features, one id per user. target: the context feature that is a candidate item, or null.
+    median_length, length_sigma, longest_length, empty_fraction: the long-tailed length law (log-normal, bounded) of
+      grm_synthetic; movielens_seq rejects them (config.SYNTHETIC_LENGTH_KEYS: its lengths are the data's).
+    max_length: the cap; a longer sequence is an error unless truncate: true (keeps the last max_length items).
+    """
+
+    feature: str = "items"
+    target: Optional[str] = None
+    median_length: float = 32.0
+    length_sigma: float = 1.0
+    longest_length: int = 1600
+    empty_fraction: float = 0.0
+    max_length: int = 2048
+    truncate: bool = False
