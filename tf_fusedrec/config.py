@@ -292,6 +292,14 @@ class TrainConfig:
     cluster_samples: bool = False  # key-centric sample clustering of the fwp micro-batches
 
 
+TABLE_BACKENDS = ("native", "tfra")
+
+
+@dataclasses.dataclass
+class EmbeddingConfig:
+    table_backend: str = "tfra"  # FusedEmbedding's tables: native | tfra (the per-feature baseline is always tfra)
+
+
 @dataclasses.dataclass
 class ExperimentConfig:
     name: str
@@ -299,6 +307,7 @@ class ExperimentConfig:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    embedding: EmbeddingConfig = dataclasses.field(default_factory=EmbeddingConfig)
 
     def embedding_features(self):
         return [f.to_feature() for f in self.features]
@@ -363,7 +372,7 @@ def parse_config(raw, where="config"):
     """An ExperimentConfig from a parsed YAML mapping; ValueError naming the offending field."""
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: expected a mapping at the top level")
-    known = {"name", "features", "feature_defaults", "data", "model", "train"}
+    known = {"name", "features", "feature_defaults", "data", "model", "train", "embedding"}
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ValueError(f"{where}: unknown key '{unknown[0]}' (known keys: {sorted(known)})")
@@ -396,6 +405,10 @@ def parse_config(raw, where="config"):
                          f"the others)")
     if model.name == "grm":
         _check_grm_model(model, f"{where}.model")
+    embedding = _build(EmbeddingConfig, raw.get("embedding"), f"{where}.embedding")
+    if embedding.table_backend not in TABLE_BACKENDS:
+        raise ValueError(f"{where}.embedding.table_backend: must be one of {TABLE_BACKENDS}, got "
+                         f"{embedding.table_backend!r}")
     train = _build(TrainConfig, raw.get("train"), f"{where}.train")
     if train.pipeline not in PIPELINES:
         raise ValueError(f"{where}.train.pipeline: must be one of {PIPELINES}, got {train.pipeline!r}")
@@ -406,7 +419,8 @@ def parse_config(raw, where="config"):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{where}.train.{key}: must be a positive int, got {value!r}")
     features = _expand_features(raw["features"], raw.get("feature_defaults") or {}, where)
-    config = ExperimentConfig(name=raw.get("name", where), features=features, data=data, model=model, train=train)
+    config = ExperimentConfig(name=raw.get("name", where), features=features, data=data, model=model, train=train,
+                              embedding=embedding)
     if data.source in SEQUENCE_SOURCES:
         _check_sequences(config, where)
     return config

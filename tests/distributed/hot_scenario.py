@@ -54,6 +54,7 @@ def main():
     p.add_argument("--sample-batches", type=int, default=4)
     p.add_argument("--repeek-at", type=int, default=None)
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--table-backend", choices=["tfra", "native"], default="tfra")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -66,7 +67,7 @@ def main():
         hot = fr.HotReplication(rows=None, sample_batches=args.sample_batches, costs=costs)
     else:
         hot = fr.HotReplication(rows=int(args.hot), sample_batches=args.sample_batches) if int(args.hot) else None
-    layer = fr.FusedEmbedding(features, name="sparse", comm=comm, replication=hot)
+    layer = fr.FusedEmbedding(features, name="sparse", comm=comm, replication=hot, table_backend=args.table_backend)
     model = sc.Model(layer)
     opt = fr.train.make_optimizer(model, default={"name": "sgd", "learning_rate": 0.1})
     reports = {}
@@ -94,9 +95,8 @@ def main():
     arrays = {}
     for g, group in enumerate(layer.groups):
         for table, kind in [(layer.tables[g], "table")] + ([(layer.hot_tables[g], "hot")] if hot else []):
-            opt_of = opt.sparse_optimizer_of(table.shadow)
-            opt_of._create_all_weights([table.shadow])  # noqa: SLF001
-            slots = [(f"slot-{n}", opt_of.get_slot(table.shadow, n).params) for n in sorted(opt_of.get_slot_names())]
+            opt.create_slots([table.trainable])
+            slots = [(f"slot-{n}", slot) for n, slot in opt.slot_tables(table.trainable)]
             for feature in group.feature_names:
                 for (what, f, i), v in rows_of(table.params, layer, g, feature, slots).items():
                     arrays[f"{kind}/{what}/{f}/{i}"] = v

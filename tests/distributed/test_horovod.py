@@ -265,6 +265,22 @@ def test_two_workers_equal_one_worker(scenario, optimizer):
     assert_two_workers_equal_one(scenario(2, "fused", optimizer), scenario(1, "fused", optimizer))
 
 
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam"])  # sgd: tests/layers/test_native_backend.py
+def test_native_backend_equals_tfra_on_two_workers(scenario, optimizer):
+    """FusedEmbedding(table_backend="native") on 2 workers gives the TFRA tables' training: rows, losses, dense."""
+    native, tfra = scenario(2, "fused_native", optimizer), scenario(2, "fused", optimizer)
+    assert_same_tables(native, tfra)
+    for r in range(2):
+        assert_close(native.ranks[r]["losses"], tfra.ranks[r]["losses"], f"rank {r} losses: native vs tfra")
+        assert_same_dense(native, r, tfra, r)
+
+
+def test_native_backend_two_workers_equal_one_worker(scenario):
+    """As test_two_workers_equal_one_worker (OPTIMIZERS: Adam's normalised update magnifies the last-bit differences
+    of gradients summed in another order past 1e-6, on either backend)."""
+    assert_two_workers_equal_one(scenario(2, "fused_native", "adagrad"), scenario(1, "fused_native", "adagrad"))
+
+
 def test_float16_storage_two_workers_equal_one_worker(scenario):
     """float16 storage (FusedEmbedding(storage="float16")): rows stored by 2 workers equal 1 worker's up to one
     float16 rounding (the float32 sums of the two runs may differ in their last bit, which can move a rounding by

@@ -8,7 +8,8 @@ steps; then, to 1e-6:
   run's union, rows and optimizer slot rows alike: nothing lost, nothing held twice;
 * every worker's replicated copy is the same (digests), and hot pairs were really served locally (hot_hits > 0);
 * configurations: Adam with packed keys and a re-peek at step 4 that moves rows both ways, Adagrad with hashed keys,
-  SGD with packed keys and a re-peek, and R chosen by the model (given costs) on both workers alike;
+  SGD with packed keys and a re-peek, R chosen by the model (given costs) on both workers alike, and the first on
+  native tables (FusedEmbedding(table_backend="native")) against the plain TFRA run;
 * a replicated layer whose hot set is empty (the model chose R = 0) trains like the plain layer.
 """
 
@@ -32,6 +33,9 @@ CONFIGS = {  # name: (layer, optimizer, extra flags)
     "adagrad_hashed": ("fused", "adagrad", ["--hot", "5"]),
     "sgd_packed_repeek": ("fused_packed", "sgd", ["--hot", "4", "--repeek-at", "4"]),
     "adam_packed_auto": ("fused_packed", "adam", ["--hot", "auto", "--costs", "1e-7,1e-6"]),
+    # native tables (sharded and replicated) against the plain TFRA run
+    "adam_packed_repeek_native": ("fused_packed", "adam",
+                                  ["--hot", "5", "--repeek-at", "4", "--table-backend", "native"]),
 }
 _cache = {}
 

@@ -59,10 +59,11 @@ class Trainer:
     """A FusedEmbedding under a linear model (also used by tests/layers/test_half_storage.py); `model` and `counter`
     are what a Checkpointer takes."""
 
-    def __init__(self, optimizer, replication=None, packed=True, mode="function", name=None, storage="float32"):
+    def __init__(self, optimizer, replication=None, packed=True, mode="function", name=None, storage="float32",
+                 table_backend="tfra", eviction=None):
         name = name or ("plain" if replication is None else "hot")
         self.layer = fr.FusedEmbedding(features(optimizer, packed), replication=replication, storage=storage,
-                                       name=name)
+                                       table_backend=table_backend, eviction=eviction, name=name)
         self.w = tf.Variable(tf.random.stateless_normal([15, 1], seed=[1, 2]) * 0.3)
         self.optimizer = fr.train.make_optimizer([self.layer], default="sgd")
         self.step = tf.function(self._step) if mode == "function" else self._step
@@ -83,8 +84,8 @@ class Trainer:
         for g, group in enumerate(self.layer.groups):
             tables = [self.layer.tables[g]] + (self.layer.hot_tables[g:g + 1] if self.layer.hot_tables else [])
             for table in tables:
-                self.optimizer.create_slots([table.shadow])
-                slots = self.optimizer.slot_tables(table.shadow)
+                self.optimizer.create_slots([table.trainable])
+                slots = self.optimizer.slot_tables(table.trainable)
                 for c, name in enumerate(group.feature_names):
                     ids = np.arange(15, dtype=np.int64)
                     keys = unified_keys(tf.constant(ids), tf.fill([15], c), group.num_categories, group.encoding)

@@ -36,6 +36,12 @@ class HandFusedTFRAEmbedding(tf.keras.layers.Layer):
             self._optimizers[dim] = first.optimizer if first.optimizer is not None else self.default_optimizer
         self._shadows = [self._layers[d].shadow for d in sorted(self._layers)]
 
+    table_backend = "tfra"
+
+    def native_tables(self):
+        """None: TFRA's hand fusion keeps TFRA tables."""
+        return []
+
     def optimizer_groups(self):
         return [(self._optimizers[d], [self._layers[d].shadow]) for d in sorted(self._layers)]
 

@@ -8,7 +8,9 @@ fused_nodedup and fused_source_hash (the ablations), tfra_hand_fused (TFRA's per
 fused_fwp (FusedEmbedding trained by fr.train.TrainPipeline with the dual-buffer and frozen-window schedules; k and
 sample clustering from the config's train.micro_batches and train.cluster_samples), and fused_hot / fused_hot_dbp
 (FusedEmbedding with hot-row replication, --hot auto|R, its hot rows counted on --hot-sample-batches batches that
-follow the timed ones; sync and dual-buffer). Every mode is built in one
+follow the timed ones; sync and dual-buffer), fused_native / fused_tfra (fused with each table backend, whatever
+the config's embedding.table_backend), and dense_only (the same model fed constant embeddings: no lookup and no
+collective, each worker updating its own dense copy; the floor of a step, meant for 1 worker). Every mode is built in one
 process and trains on the same pre-generated batches; after a warm-up the modes alternate, each repeat timing
 `--steps` steps of every mode, so drift on the machine hits all modes alike. Reported per mode: samples/s over all
 workers (median of repeats), all-to-all calls per step (forward + backward), mean bytes per all-to-all, seconds per
@@ -36,7 +38,9 @@ from tf_fusedrec.distributed import comm as comm_lib
 from tf_fusedrec.train import experiment
 
 MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused", "fused_dbp", "fused_fwp",
-         "fused_hot", "fused_hot_dbp")
+         "fused_hot", "fused_hot_dbp", "fused_native", "fused_tfra", "dense_only")
+# fused with each table backend, whatever the config's embedding.table_backend says.
+BACKENDS = {"fused_native": "native", "fused_tfra": "tfra"}
 PIPELINED = {"fused_dbp": "dbp", "fused_fwp": "fwp", "fused_hot_dbp": "dbp"}
 HOT = ("fused_hot", "fused_hot_dbp")
 BASELINE = "per_feature"
@@ -64,8 +68,31 @@ def build_embedding(mode, features, config, comm, replication=None):
         from tf_fusedrec.bench.strawman import HandFusedTFRAEmbedding  # noqa: PLC0415
 
         return HandFusedTFRAEmbedding(features, optimizer=config.train.sparse_optimizer, comm=comm, name="sparse")
-    return experiment.make_embedding("fused" if mode in PIPELINED or mode in HOT else mode, features, config,
-                                     comm=comm, replication=replication if mode in HOT else None)
+    if mode == "dense_only":
+        return ConstantEmbedding(features, name="sparse")
+    if mode in HOT:  # replication is TFRA-only so far
+        return experiment.make_embedding("fused", features, config, comm=comm, replication=replication,
+                                         table_backend="tfra")
+    return experiment.make_embedding("fused" if mode in PIPELINED or mode in BACKENDS else mode, features, config,
+                                     comm=comm, table_backend=BACKENDS.get(mode))
+
+
+class ConstantEmbedding(tf.keras.layers.Layer):
+    """dense_only: the embedding layer's outputs as constants ([B, dim] per feature, 0.01 everywhere), nothing
+    looked up or trained, no collective (the dense optimizer is a plain Keras one, so workers do not average): the
+    model's dense part alone, the floor a 1-worker fused step is compared with."""
+
+    def __init__(self, features, name=None):
+        super().__init__(name=name)
+        self.features = list(features)
+
+    def call(self, inputs, training=None):  # noqa: ARG002
+        rows = {}
+        for f in self.features:
+            ids = inputs[f.name]
+            batch = ids.nrows() if isinstance(ids, tf.RaggedTensor) else tf.shape(ids)[0]
+            rows[f.name] = tf.fill(tf.stack([batch, f.dim]), tf.constant(0.01, tf.float32))
+        return rows
 
 
 def replication_of(args):
@@ -90,7 +117,10 @@ class Runner:
 
             self.hot = replication_lib.choose_hot_set(embedding, hot_sample)
         self.model = experiment.make_model(config, embedding)
-        self.optimizer = fr.train.make_optimizer(self.model, default=config.train.dense_optimizer)
+        if mode == "dense_only":
+            self.optimizer = cfg.optimizer_spec(config.train.dense_optimizer, "train.dense_optimizer").build()
+        else:
+            self.optimizer = fr.train.make_optimizer(self.model, default=config.train.dense_optimizer)
         schedule = PIPELINED.get(mode, "sync")
         fwp = schedule == "fwp"
         self.pipeline = fr.train.TrainPipeline(
@@ -191,6 +221,7 @@ def sweep_config(base, num_features):
 def main(argv=None):
     args = parse_args(argv)
     comm = comm_lib.init_workers()
+    comm_lib.overlap_collectives()  # collectives and the meter's stamps run when their inputs allow, not in order
     rank, size = comm.rank, comm.size
     try:
         config = cfg.load_config(args.config)

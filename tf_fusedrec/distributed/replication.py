@@ -398,7 +398,7 @@ def move_hot_set(layer, g, keys, ids, segments, optimizer=None, name=None):
     name = name or f"FusedRec/{layer.name}/{layer.groups[g].name}/repeek"
     hot_set, lookup = layer.hot_sets[g], layer.group_lookups[g]
     cold, hot = lookup.table, lookup.hot_table
-    cold_slots, hot_slots = _slots(optimizer, cold.shadow), _slots(optimizer, hot.shadow)
+    cold_slots, hot_slots = _slots(optimizer, cold.trainable), _slots(optimizer, hot.trainable)
     old_keys, old_ids, _ = hot_set.numpy()
     keys, ids, segments = np.asarray(keys, np.int64), np.asarray(ids, np.int64), np.asarray(segments, np.int32)
     leaving = ~np.isin(old_keys, keys)
@@ -406,21 +406,25 @@ def move_hot_set(layer, g, keys, ids, segments, optimizer=None, name=None):
     # Leaving pairs: every worker holds their rows; the owner keeps them in its sharded table.
     lk, li = old_keys[leaving], old_ids[leaving]
     mine = ops.owner_of(tf.constant(li, tf.int64), comm.size).numpy() == comm.rank if len(li) else np.zeros(0, bool)
-    for src, dst in zip([hot.rows] + hot_slots, [cold.rows] + cold_slots):
-        rows, exists = _take(src, lk)
+    # Every part (rows, then each slot) is taken before any is dropped: a native table drops a key's slots with its
+    # row; rows are put first, so a slot put never creates a key.
+    taken = [_take(src, lk) for src in [hot.rows] + hot_slots]
+    for dst, (rows, exists) in zip([cold.rows] + cold_slots, taken):
         _put(dst, lk[mine], rows[mine], exists[mine])
+    for src in [hot.rows] + hot_slots:
         _drop(src, lk)
     # Entering pairs: their owner holds them (if they were ever touched); every worker gets a copy.
     ek, ei = keys[entering], ids[entering]
     mine = ops.owner_of(tf.constant(ei, tf.int64), comm.size).numpy() == comm.rank if len(ei) else np.zeros(0, bool)
-    for t, (src, dst) in enumerate(zip([cold.rows] + cold_slots, [hot.rows] + hot_slots)):
-        rows, exists = _take(src, ek[mine])
+    taken = [_take(src, ek[mine]) for src in [cold.rows] + cold_slots]
+    for t, (dst, (rows, exists)) in enumerate(zip([hot.rows] + hot_slots, taken)):
         flat = np.concatenate([rows, exists[:, None].astype(np.float32)], axis=1)
         order = ek[mine]
         if comm.size > 1:
             flat = comm.allgather(tf.constant(flat), name=f"{name}/rows{t}").numpy()
             order = comm.allgather(tf.constant(order, tf.int64), name=f"{name}/keys{t}").numpy()
         _put(dst, order, flat[:, :-1], flat[:, -1] > 0)
+    for src in [cold.rows] + cold_slots:
         _drop(src, ek[mine])
     hot_set.assign(keys, ids, segments)
     return {"left": int(leaving.sum()), "entered": int(entering.sum())}

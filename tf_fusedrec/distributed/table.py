@@ -136,6 +136,34 @@ def row_bytes(rows):
     return int(rows.size()) * (8 + rows.value_dtype.size * rows.dim)
 
 
+TABLE_BACKENDS = ("native", "tfra")
+
+
+def check_table_backend(backend, owner):
+    if backend not in TABLE_BACKENDS:
+        raise ValueError(f"{owner}: table_backend must be one of {TABLE_BACKENDS}, got {backend!r}")
+    return backend
+
+
+def make_table(backend, name, dim, initializer, salts, optimizer, storage="float32", track_access=False):
+    """A group's table on this worker: an EmbeddingTable (TFRA) or a NativeEmbeddingTable, with the same interface
+    (name, dim, storage, trainable, rows, lookup, commit, evict, size, row_bytes, export).
+
+    Args:
+      backend: "native" or "tfra".
+      optimizer: the group's OptimizerSpec (the native table keeps its slots beside the rows).
+      track_access: count accesses for eviction (FusedEmbedding(eviction=...)).
+    """
+    if check_table_backend(backend, f"table {name}") == "native":
+        from tf_fusedrec.distributed.native_table import NativeEmbeddingTable  # noqa: PLC0415
+
+        return NativeEmbeddingTable(name, dim, initializer, salts, optimizer, storage, track_access=track_access)
+    table = EmbeddingTable(name, dim, initializer, salts, storage)
+    if track_access:
+        table.track_access()
+    return table
+
+
 class EmbeddingTable:
     """A sharded dynamic table of `dim`-wide rows keyed by int64, stored as float32 or float16 (module docstring).
 
@@ -180,6 +208,13 @@ class EmbeddingTable:
                 self.rows = HalfRows(self.params, self.store)
         self._graph_trainables = []
         self.status = None  # eviction (track_access): int64 [count, last] per key, and the lookups' clock
+
+    backend = "tfra"
+
+    @property
+    def trainable(self):
+        """The handle the optimizer's slots and checkpoints key this table by (None in a tf.compat.v1 graph)."""
+        return self.shadow
 
     @property
     def trainable_variables(self):

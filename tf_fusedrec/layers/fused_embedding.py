@@ -11,7 +11,8 @@ from tf_fusedrec.distributed.comm import slot_name
 from tf_fusedrec.distributed import eviction as eviction_lib
 from tf_fusedrec.distributed import replication as replication_lib
 from tf_fusedrec.distributed.group_lookup import make_group_lookup
-from tf_fusedrec.distributed.table import EmbeddingTable, ReplicatedTable, ShardedTable, check_storage, packed_ids
+from tf_fusedrec.distributed.table import (ReplicatedTable, ShardedTable, check_storage, check_table_backend,
+                                           make_table, packed_ids)
 from tf_fusedrec.layers import _common
 from tf_fusedrec.layers import _inputs
 
@@ -50,6 +51,12 @@ class FusedEmbedding(tf.keras.layers.Layer):
         model from counted batches), a number of rows R per group, or fr.HotReplication(rows, sample_batches,
         max_bytes, costs). The hot set is empty until fr.train.choose_hot_set (the train app and TrainPipeline call
         it) counts the first batches. Needs fusion="deferred", the Hashed initializer and sgd, adagrad or adam.
+      storage: "float32" or "float16" rows (optimizer slots stay float32).
+      eviction: None or fr.Eviction(capacity, policy, interval).
+      table_backend: "tfra" (TFRA dynamic_embedding variables, TFRA's optimizers through ShadowVariables) or
+        "native" (tf_fusedrec's C++ table: one probe per key to read, initialising new keys in the same pass, and
+        one to apply the group's optimizer in place, slots beside the row; sgd, adagrad and adam, the Hashed or a
+        constant initializer; see tf_fusedrec/distributed/native_table.py). Both give the same training.
 
     Call:
       inputs: dict feature name -> ids: [B], [B, L] (padding -1) or tf.RaggedTensor [B, None] of the feature's
@@ -61,8 +68,8 @@ class FusedEmbedding(tf.keras.layers.Layer):
     """
 
     def __init__(self, features, optimizer=_common.DEFAULT_OPTIMIZER, initializer=None, comm=None,
-                 dedup="segment", fusion="deferred", replication=None, storage="float32", eviction=None, name=None,
-                 **kwargs):
+                 dedup="segment", fusion="deferred", replication=None, storage="float32", eviction=None,
+                 table_backend="tfra", name=None, **kwargs):
         super().__init__(name=name, **kwargs)
         self.features = _common.parse_features(features, self.name)
         if dedup not in DEDUP_MODES:
@@ -71,6 +78,7 @@ class FusedEmbedding(tf.keras.layers.Layer):
             raise ValueError(f"{self.name}: fusion must be one of {FUSION_MODES}, got {fusion!r}")
         self.dedup, self.fusion = dedup, fusion
         self.storage = check_storage(storage, self.name)
+        self.table_backend = check_table_backend(table_backend, self.name)
         self.eviction = eviction_lib.parse_eviction(eviction, self.name, self.features)
         self.replication = replication_lib.parse_replication(replication, self.name)
         if self.replication is not None and fusion != "deferred":
@@ -90,27 +98,28 @@ class FusedEmbedding(tf.keras.layers.Layer):
             initializer = self._initializers[group.feature_names[0]]
             seed = initializer.seed if initializers.is_hashed(initializer) else 0
             salts = [initializers.feature_salt(seed, n) for n in group.feature_names]
-            table = EmbeddingTable(f"{self.name}/{group.name}", group.spec.dim, initializer, salts, self.storage)
-            self.tables.append(table)
             capacity = self.eviction.capacity_of(group, self.name) if self.eviction is not None else None
-            if capacity is not None:
-                table.track_access()
+            table = make_table(self.table_backend, f"{self.name}/{group.name}", group.spec.dim, initializer, salts,
+                               group.spec.optimizer, self.storage, track_access=capacity is not None)
+            self.tables.append(table)
             self._capacities.append(capacity)
             hot = None
             if self.replication is not None:
                 replication_lib.check_group(self.replication, group, initializer, self.name)
                 hot_set = replication_lib.HotSet(f"{self.name}/{group.name}")
-                hot = (hot_set, EmbeddingTable(f"{self.name}/{group.name}/hot", group.spec.dim, initializer, salts))
+                hot = (hot_set, make_table(self.table_backend, f"{self.name}/{group.name}/hot", group.spec.dim,
+                                           initializer, salts, group.spec.optimizer))
                 self._hot.sets.append(hot_set)
                 self.hot_tables.append(hot[1])
             self.group_lookups.append(
                 make_group_lookup(group, table, self.comm, self.collective_prefix(group), dedup, fusion, hot))
         self._injection = _common.Injection()  # a plain object: Keras must not track the injected tensors
         # Tracked by Keras as the layer's trainable weights (empty in a tf.compat.v1 graph, see EmbeddingTable).
-        self._shadows = [t.shadow for t in self.tables + self.hot_tables if t.shadow is not None]
-        # Tracked so tf.train.Checkpoint saves the tables' contents (the shadows only hold one step's rows).
-        self._table_params = [t.params for t in self.tables + self.hot_tables] + [
-            t.store for t in self.tables if t.store is not None]
+        self._shadows = [t.trainable for t in self.tables + self.hot_tables if t.trainable is not None]
+        # Tracked so tf.train.Checkpoint saves the TFRA tables' contents (the shadows only hold one step's rows);
+        # native tables are saved by fr.train.Checkpointer.
+        tfra = [t for t in self.tables + self.hot_tables if t.backend == "tfra"]
+        self._table_params = [t.params for t in tfra] + [t.store for t in tfra if t.store is not None]
         self._stat_order = [n for g in self._groups for n in g.feature_names]
         self._statistics = tf.Variable(
             tf.zeros([len(self._stat_order), len(STATISTICS)], tf.int64), trainable=False, name="statistics"
@@ -137,8 +146,8 @@ class FusedEmbedding(tf.keras.layers.Layer):
             ops.append(tf.group([t.commit() for t in self.tables]))
         if self.eviction is not None:
             def evict():
-                return tf.group([t.evict(c, self.eviction.policy,
-                                         [] if t.shadow is None else [s for _, s in optimizer.slot_tables(t.shadow)])
+                return tf.group([t.evict(c, self.eviction.policy, [] if t.trainable is None else
+                                         [s for _, s in optimizer.slot_tables(t.trainable)])
                                  for t, c in zip(self.tables, self._capacities) if c is not None])
 
             with tf.control_dependencies(ops):
@@ -160,6 +169,11 @@ class FusedEmbedding(tf.keras.layers.Layer):
     def embedding_variables(self):
         return [v for t in self.tables + self.hot_tables for v in t.trainable_variables]
 
+    def native_tables(self):
+        """[NativeEmbeddingTable] of the groups stored natively (fr.train.GroupedOptimizer applies their updates in
+        place, found by their trainable handle)."""
+        return [t for t in self.tables + self.hot_tables if t.backend == "native"]
+
     def replicated_variables(self):
         """The trainable handles of the replicated (hot) tables: their gradients are averaged over workers."""
         return [v for t in self.hot_tables for v in t.trainable_variables]
@@ -171,11 +185,11 @@ class FusedEmbedding(tf.keras.layers.Layer):
 
     def replicated_tables(self):
         """[ReplicatedTable] of the groups (empty without replication), what fr.train.checkpoint saves once."""
-        return [ReplicatedTable(t.name, t.params, t.shadow, s) for t, s in zip(self.hot_tables, self._hot.sets)]
+        return [ReplicatedTable(t.name, t.params, t.trainable, s) for t, s in zip(self.hot_tables, self._hot.sets)]
 
     def sharded_tables(self):
         """[ShardedTable] of the groups, in group order (what fr.train.checkpoint saves and restores)."""
-        return [ShardedTable(t.name, t.rows, t.shadow,
+        return [ShardedTable(t.name, t.rows, t.trainable,
                              packed_ids(g.num_categories) if g.encoding == "packed" else lambda keys: None)
                 for g, t in zip(self._groups, self.tables)]
 
@@ -294,7 +308,8 @@ class FusedEmbedding(tf.keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(_common.layer_config(self.features, self.default_optimizer, self.default_initializer))
-        config.update({"dedup": self.dedup, "fusion": self.fusion, "storage": self.storage})
+        config.update({"dedup": self.dedup, "fusion": self.fusion, "storage": self.storage,
+                       "table_backend": self.table_backend})
         if self.eviction is not None:
             config["eviction"] = self.eviction.get_config()
         if self.replication is not None:

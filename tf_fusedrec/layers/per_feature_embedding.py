@@ -132,6 +132,12 @@ class PerFeatureEmbedding(tf.keras.layers.Layer):
     def embedding_variables(self):
         return [self._layers[n].shadow for n in sorted(self._layers)]
 
+    table_backend = "tfra"  # the baseline: one TFRA layer per feature
+
+    def native_tables(self):
+        """None: the per-feature baseline keeps TFRA tables."""
+        return []
+
     def sharded_tables(self):
         """[ShardedTable] of the features, by name (each table is keyed by the feature's ids)."""
         return [ShardedTable(self._layers[n].name, self._layers[n].params, self._layers[n].shadow, ids_are_keys)

@@ -35,7 +35,7 @@ from tensorflow_recommenders_addons import dynamic_embedding as de
 
 from tf_fusedrec.distributed import comm as comm_lib
 from tf_fusedrec.distributed.table import check_table_name
-from tf_fusedrec.train.optimizer import embedding_layers
+from tf_fusedrec.train.optimizer import embedding_layers, scale_gradient
 
 DEFAULT_BUFFER_SIZE = 1024
 
@@ -547,11 +547,19 @@ class Accumulator:
         variables = [v for part in parts for v in part.trainable_variables]
         if not variables:
             raise ValueError("Accumulator: the model has no trainable variables yet; call it once before")
-        self._dense, self._sparse = {}, {}
+        self._dense, self._sparse, self._native = {}, {}, {}
+        native = {id(t.trainable): t for layer in layers for t in layer.native_tables()}
         for v in variables:
-            if id(v) in self._dense or id(v) in self._sparse:  # listed twice (a layer and the model holding it)
+            if id(v) in self._dense or id(v) in self._sparse or id(v) in self._native:  # listed twice
                 continue
-            if isinstance(v, de.shadow_ops.ShadowVariable):
+            if id(v) in native:  # a native table's gradient carries its keys: sums keyed by them
+                table = native[id(v)]
+                table_name = check_table_name(f"{table.name}/{name}", f"Accumulator '{name}'")
+                with tf.name_scope("FusedRecAccumulator"):
+                    sums = de.get_variable(table_name, key_dtype=tf.int64, value_dtype=tf.float32, dim=table.dim,
+                                           initializer=0.0)
+                self._native[id(v)] = (v, sums)
+            elif isinstance(v, de.shadow_ops.ShadowVariable):
                 table_name = check_table_name(f"{v.params.name}/{name}", f"Accumulator '{name}'")
                 with tf.name_scope("FusedRecAccumulator"):
                     sums = de.get_variable(table_name, key_dtype=v.params.key_dtype, value_dtype=v.params.value_dtype,
@@ -568,7 +576,7 @@ class Accumulator:
 
     def _key_of(self, var):
         key = id(var)
-        if key not in self._dense and key not in self._sparse:
+        if key not in self._dense and key not in self._sparse and key not in self._native:
             raise ValueError(f"Accumulator: variable '{var.name}' was not among the model's trainable variables when "
                              f"the Accumulator was created")
         return key
@@ -591,7 +599,9 @@ class Accumulator:
             if grad is None:
                 continue
             key = self._key_of(var)
-            if key in self._sparse:
+            if key in self._native:
+                self._add_keyed_rows(grad, self._native[key][1])
+            elif key in self._sparse:
                 self._add_rows(grad, *self._sparse[key])
             else:
                 self._dense[key][1].assign_add(tf.convert_to_tensor(grad))
@@ -611,6 +621,13 @@ class Accumulator:
         rows = tf.math.unsorted_segment_sum(rows, index, tf.shape(unique)[0])
         sums.upsert(unique, sums.lookup(unique) + rows)
 
+    @staticmethod
+    def _add_keyed_rows(grad, sums):
+        """A native table's gradient: IndexedSlices whose indices are the table keys."""
+        unique, index = tf.unique(grad.indices, out_idx=tf.int32)
+        rows = tf.math.unsorted_segment_sum(grad.values, index, tf.shape(unique)[0])
+        sums.upsert(unique, sums.lookup(unique) + rows)
+
     def apply(self):
         """Applies the accumulated gradients once through the optimizer and clears them.
 
@@ -626,6 +643,10 @@ class Accumulator:
             looked_up = de.shadow_ops.embedding_lookup(shadow, keys)  # points the shadow (and its slots) at keys
             with tf.control_dependencies([looked_up]):
                 grads_and_vars.append((tf.identity(rows), shadow))
+        for anchor, sums in self._native.values():
+            keys, rows = sums.export()
+            order = tf.argsort(keys)  # the same order on every worker and in every run
+            grads_and_vars.append((tf.IndexedSlices(tf.gather(rows, order), tf.gather(keys, order)), anchor))
         if self.normalize:
             total = tf.cast(global_count(self._count.read_value(), self.comm, f"FusedRec/{self.name}/count"),
                             tf.float32)
@@ -633,7 +654,7 @@ class Accumulator:
                                                                 f"0 (nothing accumulated on any worker)")
             with tf.control_dependencies([check]):
                 scale = tf.cast(self.comm.size, tf.float32) / total
-            grads_and_vars = [(g * scale, v) for g, v in grads_and_vars]
+            grads_and_vars = [(scale_gradient(g, scale), v) for g, v in grads_and_vars]
         update = self.optimizer.apply_gradients(grads_and_vars)
         with tf.control_dependencies([update] if update is not None else []):
             self._clear()
@@ -641,7 +662,7 @@ class Accumulator:
     def _clear(self):
         for _, accumulated in self._dense.values():
             accumulated.assign(tf.zeros_like(accumulated))
-        for _, sums in self._sparse.values():
+        for _, sums in list(self._sparse.values()) + list(self._native.values()):
             sums.clear()
         self._count.assign(0)
         self.micro_batches.assign(0)

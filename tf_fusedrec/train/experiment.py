@@ -13,9 +13,10 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", 
 
 
 def make_embedding(kind, features, config, comm=None, name="sparse", replication=None, storage="float32",
-                   eviction=None):
+                   eviction=None, table_backend=None):
     """The embedding layer of a kind in EMBEDDINGS, over `comm` (None: the process's default); `replication`,
-    `storage` and `eviction`: FusedEmbedding's hot-row replication, row storage and eviction (fused kinds only)."""
+    `storage`, `eviction` and `table_backend` (None: the config's embedding.table_backend): FusedEmbedding's hot-row
+    replication, row storage, eviction and tables (fused kinds only; per_feature is the TFRA baseline)."""
     import tf_fusedrec as fr  # noqa: PLC0415
 
     common = {"optimizer": config.train.sparse_optimizer, "name": name, "comm": comm}
@@ -26,7 +27,9 @@ def make_embedding(kind, features, config, comm=None, name="sparse", replication
         raise ValueError(f"--embedding must be one of {EMBEDDINGS}, got {kind!r}")
     if replication is not None:
         common["replication"] = replication
-    return fr.FusedEmbedding(features, **common, **modes[kind], storage=storage, eviction=eviction)
+    backend = config.embedding.table_backend if table_backend is None else table_backend
+    return fr.FusedEmbedding(features, **common, **modes[kind], storage=storage, eviction=eviction,
+                             table_backend=backend)
 
 
 def _tables(embedding):

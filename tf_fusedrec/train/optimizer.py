@@ -52,9 +52,12 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
     state lives in the wrapped optimizers, and ``iterations`` counts calls of apply_gradients.
     """
 
-    def __init__(self, groups, default, comm, name="GroupedOptimizer", replicated=(), after_update=()):
+    def __init__(self, groups, default, comm, name="GroupedOptimizer", replicated=(), after_update=(), native=()):
         super().__init__(name=name)
         self.comm = comm
+        # Tables stored natively (FusedEmbedding(table_backend="native")), by their trainable handle: their update
+        # runs in place in the table, with the group's optimizer's hyperparameters and step count.
+        self._native = {str(id(t.trainable)): t for t in native}
         # functions(this optimizer) -> op or None, run in order after every update (the layers' after_update).
         self._after_update = list(after_update)
         self._replicated = {str(id(v)) for v in replicated}
@@ -82,19 +85,25 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
                 replicated.append((index, grad, var))
                 continue
             if self.comm.size > 1:
-                grad = _scale(grad, 1.0 / self.comm.size)
+                grad = scale_gradient(grad, 1.0 / self.comm.size)
             per_optimizer.setdefault(index, []).append((grad, var))
         if self.comm.size > 1 and (dense or replicated):
             grads = [g for g, _ in dense] + [g for _, g, _ in replicated]
-            reduced = self.comm.allreduce([tf.convert_to_tensor(g) for g in grads], name="FusedRec/dense_gradients",
+            reduced = self.comm.allreduce([_reducible(g) for g in grads], name="FusedRec/dense_gradients",
                                           op="average")
             dense = list(zip(reduced[:len(dense)], [v for _, v in dense]))
-            replicated = [(i, g, v) for (i, _, v), g in zip(replicated, reduced[len(dense):])]
+            replicated = [(i, _like(g, r), v) for (i, g, v), r in zip(replicated, reduced[len(dense):])]
         for index, grad, var in replicated:
             per_optimizer.setdefault(index, []).append((grad, var))
         ops = []
         for index, pairs in sorted(per_optimizer.items()):
-            ops.append(self.sparse[index].apply_gradients(pairs))
+            native = [(g, self._native[str(id(v))]) for g, v in pairs if str(id(v)) in self._native]
+            if native:  # the group's tables (sharded and hot) updated in place, then its step counted once
+                updates = [table.apply_gradients(grad, self.sparse[index]) for grad, table in native]
+                with tf.control_dependencies([u for u in updates if u is not None]):
+                    ops.append(self.sparse[index].iterations.assign_add(1))
+            else:
+                ops.append(self.sparse[index].apply_gradients(pairs))
         if dense:
             ops.append(self.dense.apply_gradients(dense))
         ops = [o for o in ops if o is not None]
@@ -108,6 +117,9 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
     def slot_tables(self, variable):
         """[(slot name, slot TFRA variable)] of a table's trainable handle, sorted by name (the slots must exist:
         after an update, or create_slots)."""
+        native = self._native.get(str(id(variable)))
+        if native is not None:
+            return native.slots()
         opt = self.sparse_optimizer_of(variable)
         return [(name, opt.get_slot(variable, name).params) for name in sorted(opt.get_slot_names())]
 
@@ -117,6 +129,8 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
         scale that skips steps)."""
         per_optimizer = {}
         for var in variables:
+            if str(id(var)) in self._native:  # a native table's slots live beside its rows
+                continue
             index = self._var_index.get(str(id(var)))
             per_optimizer.setdefault(index, []).append(var)
         for index, group in per_optimizer.items():
@@ -129,7 +143,23 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
         return self.apply_gradients(zip(grads, var_list))
 
 
-def _scale(grad, factor):
+def _reducible(grad):
+    """What the allreduce averages: a native table's IndexedSlices keep their keys (the replicated hot keys of the
+    step, equal on every worker and in the same order) and average their values; everything else densely (a TFRA
+    shadow's gradient is dense over the step's rows)."""
+    if isinstance(grad, tf.IndexedSlices) and grad.indices.dtype == tf.int64:
+        return grad.values
+    return tf.convert_to_tensor(grad)
+
+
+def _like(grad, reduced):
+    if isinstance(grad, tf.IndexedSlices) and grad.indices.dtype == tf.int64:
+        return tf.IndexedSlices(reduced, grad.indices, grad.dense_shape)
+    return reduced
+
+
+def scale_gradient(grad, factor):
+    """grad * factor, for a tensor or IndexedSlices."""
     if isinstance(grad, tf.IndexedSlices):
         return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
     return grad * factor
@@ -149,4 +179,5 @@ def make_optimizer(model, default="adam", comm=None):
     groups = [g for layer in layers for g in layer.optimizer_groups()]
     replicated = [v for layer in layers if hasattr(layer, "replicated_variables") for v in layer.replicated_variables()]
     return GroupedOptimizer(groups, default, comm if comm is not None else layers[0].comm, replicated=replicated,
-                            after_update=[layer.after_update for layer in layers if hasattr(layer, "after_update")])
+                            after_update=[layer.after_update for layer in layers if hasattr(layer, "after_update")],
+                            native=[t for layer in layers for t in layer.native_tables()])

@@ -1,0 +1,165 @@
+"""FusedEmbedding(table_backend="native") against the TFRA backend on one worker (tf_fusedrec/distributed/
+native_table.py; the op itself is tested in tests/ops/test_native_table.py).
+
+* 50 training steps give the same outputs, losses, rows and optimizer slots (1e-6 relative): SGD, Adagrad and Adam,
+  packed and hashed groups, ragged and padded multi-hot, eager and tf.function, float32 and float16 storage, with
+  eviction (the same rows evicted);
+* a fr.train.Checkpointer checkpoint written with one backend restores into the other and training goes on equal;
+* statistics, the summary's table bytes and export read native tables like TFRA ones;
+* hot rows replicated in a native table train like the plain layer, and survive a hot-set move;
+* what the native backend does not implement (ftrl, SGD momentum, a random Keras initializer, an unknown backend) is
+  a ValueError naming the layer or group and the way out.
+The 2-worker run is tests/distributed/test_horovod.py::test_native_backend_two_workers_equal_one_worker.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf_fusedrec as fr
+from tf_fusedrec.distributed import replication as rl
+from tf_fusedrec.distributed.comm import SingleProcessComm
+from tf_fusedrec.train.checkpoint import Checkpointer
+
+from tests.layers.test_hot_replication import Trainer, assert_same, batch
+
+STEPS = 50
+
+
+@pytest.fixture(autouse=True)
+def _fresh_session():
+    tf.keras.backend.clear_session()
+    yield
+    tf.keras.backend.clear_session()
+
+
+def train_both(steps, **kwargs):
+    """Trains a TFRA and a native Trainer side by side on the same batches, checking outputs and losses each step."""
+    tfra = Trainer(name="tfra_emb", table_backend="tfra", **kwargs)
+    native = Trainer(name="native_emb", table_backend="native", **kwargs)
+    for step in range(steps):
+        inputs = batch(step)
+        (loss_t, out_t), (loss_n, out_n) = tfra.step(inputs), native.step(inputs)
+        np.testing.assert_allclose(loss_n.numpy(), loss_t.numpy(), rtol=1e-6, err_msg=f"loss at step {step}")
+        for name in out_t:
+            t, n = out_t[name], out_n[name]
+            if isinstance(t, tf.RaggedTensor):
+                t, n = t.flat_values, n.flat_values
+            np.testing.assert_allclose(n.numpy(), t.numpy(), rtol=1e-5, atol=1e-7, err_msg=f"{name} at step {step}")
+    return tfra, native
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "hashed"])
+def test_native_trains_like_tfra(optimizer, packed):
+    tfra, native = train_both(STEPS, optimizer=optimizer, packed=packed)
+    assert_same(native.rows(), tfra.rows(), f"{optimizer} rows and slots")
+    assert int(native.layer.tables[0].size()) == int(tfra.layer.tables[0].size())
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
+def test_native_trains_like_tfra_eagerly(optimizer):
+    tfra, native = train_both(8, optimizer=optimizer, mode="eager")
+    assert_same(native.rows(), tfra.rows(), "eager rows and slots")
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_native_float16_storage_trains_like_tfra_float16(optimizer):
+    """float16 rows: the native table rounds a new key's initial row when it inserts it, TFRA's only after the
+    key's first update (HalfRows stages it as float32), so the two agree up to one float16 rounding (2**-11
+    relative), the tolerance of the other float16 comparisons (test_horovod's 2 workers vs 1); the native rows are
+    float16 values, and float16 storage costs both backends the same bytes."""
+    tfra = Trainer(optimizer, name="tfra_h16", table_backend="tfra", storage="float16")
+    native = Trainer(optimizer, name="native_h16", table_backend="native", storage="float16")
+    for step in range(20):
+        (loss_t, _), (loss_n, _) = tfra.step(batch(step)), native.step(batch(step))
+        np.testing.assert_allclose(loss_n.numpy(), loss_t.numpy(), rtol=2e-3, err_msg=f"loss at step {step}")
+    rows_t, rows_n = tfra.rows(), native.rows()
+    assert sorted(rows_n) == sorted(rows_t)
+    for key, row in rows_n.items():
+        if key[2] == "row":
+            np.testing.assert_array_equal(row.astype(np.float16).astype(np.float32), row, err_msg=f"{key}")
+        np.testing.assert_allclose(row, rows_t[key], rtol=2e-3, atol=2e-4, err_msg=f"{key}")
+    assert native.layer.table_bytes() == tfra.layer.table_bytes()
+
+
+def test_native_eviction_evicts_like_tfra():
+    eviction = fr.Eviction(capacity=6, policy="lfu", interval=3)
+    tfra, native = train_both(20, optimizer="adagrad", eviction=eviction)
+    assert_same(native.rows(), tfra.rows(), "rows and slots after eviction")
+    assert native.layer.eviction_statistics() == tfra.layer.eviction_statistics()
+    assert tfra.layer.eviction_statistics()[tfra.layer.groups[0].name]["evicted"] > 0
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
+def test_native_replicated_layer_trains_like_the_plain_tfra_one(optimizer):
+    """Hot rows in a replicated native table: the same training as the plain TFRA layer; a hot-set move keeps
+    every row and slot (the native table drops a key's slots with its row, so the move takes every part first)."""
+    plain = Trainer(optimizer, name="plain_tfra", table_backend="tfra")
+    hot = Trainer(optimizer, fr.HotReplication(rows=6), name="hot_native", table_backend="native")
+    rl.choose_hot_set(hot.layer, [batch(s) for s in range(4)])
+    assert [len(s) for s in hot.layer.hot_sets] == [6, 6]
+    for step in range(8):
+        (want, _), (got, _) = plain.step(batch(step)), hot.step(batch(step))
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, err_msg=f"loss at step {step}")
+    assert int(hot.layer.hot_tables[0].size()) > 0
+    assert_same(hot.rows(), plain.rows(), "rows and slots")
+    rl.repeek(hot.layer, [batch(s) for s in range(20, 24)], optimizer=hot.optimizer)
+    assert_same(hot.rows(), plain.rows(), "rows and slots after a hot-set move")
+    for step in range(8, 12):
+        (want, _), (got, _) = plain.step(batch(step)), hot.step(batch(step))
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, err_msg=f"loss at step {step}")
+
+
+@pytest.mark.parametrize("source,target", [("native", "tfra"), ("tfra", "native")])
+def test_checkpoint_restores_across_backends(tmp_path, source, target):
+    """Checkpoints match tables by name (the layer's and the group's) and slots by their TFRA names."""
+    comm = SingleProcessComm()
+    writer = Trainer("adam", name="ck", table_backend=source)
+    for step in range(6):
+        writer.step(batch(step))
+    writer.counter.assign(6)
+    Checkpointer(str(tmp_path), writer.model, writer.optimizer, writer.counter, comm).save()
+    saved = writer.rows()
+    losses = [float(writer.step(batch(step))[0]) for step in range(6, 12)]
+    trained_on = writer.rows()
+    tf.keras.backend.clear_session()  # the reader's tables take the same names
+
+    reader = Trainer("adam", name="ck", table_backend=target)
+    restored = Checkpointer(str(tmp_path), reader.model, reader.optimizer, reader.counter, comm).restore()
+    assert restored["step"] == 6
+    assert_same(reader.rows(), saved, "restored rows and slots")
+    for step, want in zip(range(6, 12), losses):
+        np.testing.assert_allclose(float(reader.step(batch(step))[0]), want, rtol=1e-6, err_msg=f"loss at {step}")
+    assert_same(reader.rows(), trained_on, "rows and slots after training on")
+
+
+def test_statistics_and_config_round_trip():
+    t = Trainer("adagrad", name="stats_native", table_backend="native")
+    t.step(batch(0))
+    stats = t.layer.statistics()
+    assert int(stats["a"]["ids"]) == 8
+    config = t.layer.get_config()
+    assert config["table_backend"] == "native"
+    again = fr.FusedEmbedding.from_config({**config, "name": "stats_native_2"})
+    assert again.table_backend == "native"
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"optimizer": "ftrl"}, "implements the optimizers .*'ftrl'.*table_backend='tfra'"),
+    ({"optimizer": {"name": "sgd", "momentum": 0.9}}, "sgd with .*momentum.*table_backend='tfra'"),
+    ({"initializer": tf.keras.initializers.RandomNormal()}, "Hashed or a Keras Zeros/Ones/Constant"),
+    ({"table_backend": "leveldb"}, "table_backend must be one of"),
+])
+def test_unsupported_choices_are_named(kwargs, message):
+    kwargs = {"table_backend": "native", **kwargs}
+    with pytest.raises(ValueError, match=message):
+        fr.FusedEmbedding([fr.Feature("a", dim=4)], name="refused", **kwargs)
+
+
+def test_constant_initializer_rows():
+    layer = fr.FusedEmbedding([fr.Feature("a", dim=3), fr.Feature("b", dim=3)], name="const_native",
+                              initializer=tf.keras.initializers.Constant(0.25), table_backend="native")
+    out = layer({"a": tf.constant([1, 2], tf.int64), "b": tf.constant([1], tf.int64)}, training=False)
+    np.testing.assert_array_equal(out["a"].numpy(), np.full([2, 3], 0.25, np.float32))
+    assert int(layer.tables[0].size()) == 0  # inference inserts nothing
