@@ -78,7 +78,8 @@ def build(layer, comm):
         embedding = fr.PerFeatureEmbedding(features, name="sparse", comm=comm)
     else:
         replication = fr.HotReplication(rows=6, sample_batches=2) if layer == "fused_hot" else None
-        embedding = fr.FusedEmbedding(features, name="sparse", comm=comm, replication=replication)
+        embedding = fr.FusedEmbedding(features, name="sparse", comm=comm, replication=replication,
+                                      table_backend="native" if layer == "fused_native" else "tfra")
     model = models.DLRM(embedding, bottom_mlp=(8, 4), top_mlp=(8,), num_dense=NUM_DENSE)
     opt = fr.train.make_optimizer(model, default={"name": "adam", "learning_rate": 0.05})
     step = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -143,7 +144,7 @@ def export(args):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["train", "export"])
-    p.add_argument("--layer", choices=["fused", "fused_hot", "per_feature"], default="fused")
+    p.add_argument("--layer", choices=["fused", "fused_hot", "fused_native", "per_feature"], default="fused")
     p.add_argument("--model-dir", required=True)
     p.add_argument("--out")
     p.add_argument("--export")

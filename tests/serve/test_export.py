@@ -31,7 +31,7 @@ SCENARIO = Path(__file__).resolve().with_name("export_scenario.py")
 ROOT = Path(__file__).resolve().parents[2]
 HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 TIMEOUT_S = 300
-RUNS = [("fused", 2), ("fused_hot", 2), ("per_feature", 2), ("fused", 1)]
+RUNS = [("fused", 2), ("fused_hot", 2), ("fused_native", 2), ("per_feature", 2), ("fused", 1)]
 
 
 def run(cmd):
