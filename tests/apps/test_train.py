@@ -13,7 +13,9 @@ One worker (the tiny config of conftest, DLRM and DCN-v2):
 Two workers (horovodrun -np 2 -H localhost:2 --gloo): rank 0 alone prints the summary; the training step graph holds
 3 all-to-alls per spec group for FusedEmbedding (keys, embeddings, gradients) and 3 per feature for
 PerFeatureEmbedding, as many all-to-all calls run per step and they carry bytes; checkpoints hold shard-0-of-2 and
-shard-1-of-2, and one worker resumes them (reading both shards) where they stopped.
+shard-1-of-2, and one worker resumes them (reading both shards) where they stopped. The two workers of batch 64 train
+like one worker of batch 128 (the same samples): the same final loss (the mean over both workers' samples, not rank
+0's) and held-out AUC.
 
 Each configuration runs once per module (cached); the tests only read what the runs left.
 """
@@ -250,6 +252,16 @@ def test_two_workers_summary_and_alltoalls(cache, model_name, embedding):
     # rank 1 trained too (it wrote its shard of the last checkpoint) but printed no summary (the_summary checks it).
     # Its log used to show TFRA's start-up print, which tf_fusedrec now drops: the shard is the evidence.
     assert (r["dir"] / f"ckpt-{HVD_STEPS}" / "shard-1-of-2.npz").exists(), run.describe()
+
+
+def test_two_workers_print_the_loss_of_one_worker_on_their_union(cache, apps):
+    r = two_workers(cache, "dlrm", "fused")
+    run = apps.run_app(MODULE, ["--config", r["config"], "--steps", HVD_STEPS, "--no-progress", "--batch-size",
+                                2 * apps.TINY_BATCH]).expect_ok()
+    one, two = apps.the_summary(run), r["summary"]
+    assert one["workers"] == 1 and two["workers"] == 2
+    assert math.isclose(two["final_loss"], one["final_loss"], rel_tol=1e-5), (two["final_loss"], one["final_loss"])
+    assert math.isclose(two["auc"], one["auc"], rel_tol=1e-4), (two["auc"], one["auc"])
 
 
 def test_two_workers_checkpoint_directories(cache):

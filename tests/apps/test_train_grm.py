@@ -3,6 +3,8 @@
 * 2 workers with --balance tokens: the summary holds the balance, the token target, the token imbalance (mean over
   steps of max/min tokens across workers), samples and tokens per worker (the workers' sample counts differ: that is
   what balancing does) and one held-out AUC per task; with --balance none every worker holds batch_size samples.
+* with --model-dir (the fixed-count run), rank 0's TensorBoard events hold one AUC scalar per task (auc/click,
+  auc/conversion) and the loss, equal to the summary's.
 * --table-storage float16 --hot 40 (mixed precision: float16 rows, 40 hot rows per group replicated in float32) with
   --evict-capacity 200 --evict-interval 2 on 2 workers trains and reports its table bytes (fewer row bytes than the
   float32 run over the same batches), its table rows over time (fewer) and the rows each worker evicted; its dense
@@ -11,6 +13,9 @@
   config.
 """
 
+import glob
+
+import numpy as np
 import pytest
 
 CONFIG = "configs/grm_synthetic.yaml"
@@ -18,9 +23,10 @@ STEPS, BATCH = 4, 32
 
 
 @pytest.fixture(scope="module")
-def runs(apps):
+def runs(apps, tmp_path_factory):
     out = {}
-    for name, extra in (("tokens", []), ("none", []),
+    model_dir = tmp_path_factory.mktemp("grm") / "model"
+    for name, extra in (("tokens", []), ("none", ["--model-dir", model_dir]),
                         ("mixed", ["--table-storage", "float16", "--hot", "40", "--hot-sample-batches", "2",
                                    "--evict-capacity", "200", "--evict-interval", "2",
                                    "--dense-precision", "mixed_float16"])):
@@ -30,6 +36,7 @@ def runs(apps):
         assert run.rc == 0, run.describe()
         (rank, summary), = apps.summaries(run)
         out[name] = (run, summary)
+    out["model_dir"] = model_dir
     return out
 
 
@@ -49,6 +56,23 @@ def test_fixed_sample_counts_without_balance(runs):
     run, s = runs["none"]
     assert s["balance"] == "none" and s["target_tokens_per_step"] is None, run.describe()
     assert s["samples_per_worker"]["total"] == [STEPS * BATCH, STEPS * BATCH]
+
+
+def test_tensorboard_holds_one_auc_per_task(runs):
+    import tensorflow as tf  # noqa: PLC0415
+
+    run, s = runs["none"]
+    files = glob.glob(str(runs["model_dir"] / "tensorboard" / "events.out.tfevents.*"))
+    assert files, f"no event file under {runs['model_dir']}\n{run.describe()}"
+    scalars = {}
+    for path in files:
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, {})[event.step] = float(tf.make_ndarray(value.tensor))
+    assert sorted(t for t in scalars if t.startswith("auc")) == ["auc/click", "auc/conversion"], sorted(scalars)
+    for task, auc in s["auc"].items():
+        assert scalars[f"auc/{task}"] == {STEPS: np.float32(auc)}, (task, scalars[f"auc/{task}"], auc)
+    assert scalars["loss"][STEPS] == np.float32(s["final_loss"]), (scalars["loss"], s["final_loss"])
 
 
 def test_mixed_precision_tables(runs):

@@ -5,7 +5,8 @@ schedules in one process, one model per schedule, all from the same initial stat
         --schedules sync,dbp,fwp2,fwp4c
     horovodrun -np 2 -H localhost:2 --gloo python tests/distributed/pipeline_scenario.py ...
 
-A schedule is sync, dbp, fwpK (fwp with K micro-batches) or fwpKc (with sample clustering). The data is a finite
+A schedule is sync, dbp, fwpK (fwp with K micro-batches) or fwpKc (with sample clustering), optionally followed by
+_kN: N steps per call (TrainPipeline(steps_per_call=N), trained through progress_many). The data is a finite
 dataset of --steps batches, so the pipelines' first step (nothing prefetched) and last step (nothing to prefetch)
 both run. With --bad-step S, batch S holds a negative id; every pipeline must then stop at step S with the layer's
 error and leave the tables as they were after step S - 1.
@@ -43,11 +44,14 @@ def mse(labels, predictions):
 
 
 def parse_schedule(name):
-    """"sync" | "dbp" | "fwpK" | "fwpKc" -> (schedule, micro_batches, cluster_samples)."""
+    """"sync" | "dbp" | "fwpK" | "fwpKc", then optionally "_kN" -> (schedule, micro_batches, cluster_samples,
+    steps_per_call)."""
+    name, _, per_call = name.partition("_k")
+    steps_per_call = int(per_call) if per_call else 1
     if name in ("sync", "dbp"):
-        return name, 1, False
+        return name, 1, False, steps_per_call
     cluster = name.endswith("c")
-    return "fwp", int(name[3:-1] if cluster else name[3:]), cluster
+    return "fwp", int(name[3:-1] if cluster else name[3:]), cluster, steps_per_call
 
 
 def dataset(steps, rank, size, bad_step=None, bad_rank=None):
@@ -83,7 +87,7 @@ def slot_rows(optimizer, layer, feature, ids):
 
 
 def train(name, args, rank, size):
-    schedule, micro_batches, cluster = parse_schedule(name)
+    schedule, micro_batches, cluster, steps_per_call = parse_schedule(name)
     optimizer_spec = {"name": args.optimizer, "learning_rate": 0.1}
     features = sc.make_features(optimizer_spec, max_id_bits=20 if args.encoding == "packed" else None)
     with tf.compat.v1.variable_scope(name):
@@ -91,11 +95,12 @@ def train(name, args, rank, size):
     model = PredictionModel(layer)
     optimizer = fr.train.make_optimizer(model, default={"name": "sgd", "learning_rate": 0.1})
     pipe = fr.train.TrainPipeline(model, optimizer, mse, dataset(args.steps, rank, size, args.bad_step, args.bad_rank),
-                                  schedule=schedule, micro_batches=micro_batches, cluster_samples=cluster)
+                                  schedule=schedule, micro_batches=micro_batches, cluster_samples=cluster,
+                                  steps_per_call=steps_per_call)
     result, losses = {}, []
     try:
         while True:
-            losses.append(float(pipe.progress()))
+            losses.extend(pipe.progress_many().numpy().tolist())
     except StopIteration:
         pass
     except (tf.errors.InvalidArgumentError, ValueError) as e:

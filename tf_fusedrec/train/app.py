@@ -3,7 +3,7 @@
     python -m tf_fusedrec.train --config configs/criteo_synthetic.yaml [--embedding fused|per_feature]
         [--pipeline sync|dbp|fwp] [--micro-batches K] [--cluster-samples] [--hot auto|R|0]
         [--table-storage float32|float16] [--evict-capacity N] [--dense-precision float32|mixed_float16|mixed_bfloat16]
-        [--steps N]
+        [--steps N] [--steps-per-call K]
         [--model-dir DIR]
     horovodrun -np 2 -H localhost:2 --gloo python -m tf_fusedrec.train ...
 
@@ -51,6 +51,9 @@ def parse_args(argv=None):
                    help="batches each worker counts to find the hot rows (default 100)")
     p.add_argument("--hot-repeek", action="store_true",
                    help="choose the hot rows anew at every checkpoint, from the batches that follow it (sync only)")
+    p.add_argument("--table-backend", choices=("native", "tfra"),
+                   help="FusedEmbedding's tables (default: the config's embedding.table_backend): native (C++ table, "
+                        "optimizer applied in place) or tfra (TFRA dynamic_embedding)")
     p.add_argument("--table-storage", choices=("float32", "float16"), default="float32",
                    help="how the fused embedding stores its sharded rows: float16 halves the row bytes (lookups and "
                         "optimizer math stay float32; replicated hot rows, --hot, stay float32: mixed precision)")
@@ -69,6 +72,13 @@ def parse_args(argv=None):
                         "closest to batch size x the mean sequence length (MTGRBoost; the default), or a fixed "
                         "sample count per worker (none)")
     p.add_argument("--steps", type=int, help="override train.steps")
+    p.add_argument("--steps-per-call", type=int, default=1, metavar="K",
+                   help="training steps run inside one call of the compiled step function, which reads its batches "
+                        "from the dataset itself (default 1): the per-call Python cost (argument packing of the "
+                        "features, the next batch) is paid once per K steps, which helps when it is a noticeable "
+                        "part of a short step (small batches, many features, CPU). The same training at any K; a "
+                        "call ends early at --steps and at every log and checkpoint step, so a K that divides "
+                        "train.log_every and train.checkpoint_every keeps all calls K steps long")
     p.add_argument("--batch-size", type=int, help="override train.batch_size (per worker)")
     p.add_argument("--model-dir", help="checkpoints and TensorBoard summaries; resumes from it when it has a checkpoint")
     p.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
@@ -157,13 +167,15 @@ class Watchdog:
 
     def __init__(self, seconds, rank):
         self.seconds, self.rank = seconds, rank
-        self._deadline, self._what = None, ""
+        self._deadline, self._what, self._limit = None, "", seconds
         if seconds > 0:
             threading.Thread(target=self._watch, name="fusedrec-watchdog", daemon=True).start()
 
     @contextlib.contextmanager
-    def guard(self, what):
-        self._what, self._deadline = what, time.monotonic() + self.seconds
+    def guard(self, what, steps=1):
+        """Bounds the block to `steps` times the seconds of one step (a call of several steps gets each its own)."""
+        self._what, self._limit = what, self.seconds * steps
+        self._deadline = time.monotonic() + self._limit
         try:
             yield
         finally:
@@ -174,9 +186,35 @@ class Watchdog:
             time.sleep(min(1.0, self.seconds))
             deadline = self._deadline
             if deadline is not None and time.monotonic() > deadline:
-                print(f"error: rank {self.rank}: {self._what} did not finish within {self.seconds:g} s (--step-timeout): "
+                print(f"error: rank {self.rank}: {self._what} did not finish within {self._limit:g} s (--step-timeout): "
                       f"a peer worker died or stalls; the launcher's log names it", file=sys.stderr, flush=True)
                 os._exit(3)
+
+
+def call_length(done, steps_per_call, last, ends=(), every=()):
+    """How many steps the next call runs after step `done`: steps_per_call, shortened so that no call runs past
+    step `last` or past the next of the steps `ends`, nor past the next multiple of each of `every` (the steps that
+    log and checkpoint): each of them then ends a call, so what happens at it sees the state after exactly that step."""
+    n = min(steps_per_call, last - done)
+    for end in ends:
+        if end > done:
+            n = min(n, end - done)
+    for period in every:
+        n = min(n, period - done % period)
+    return n
+
+
+def mean_over_workers(comm, losses, samples):
+    """The loss of each step over every worker's samples (float64 [n]), from this worker's losses (float [n], one per
+    step) weighted by `samples`: how many samples each is the mean over (the local batch size; 1 where the loss is
+    already normalised by the global sample count, experiment.global_mean_loss). One small allreduce through the
+    comm; with one worker, the losses themselves."""
+    if comm.size == 1:
+        return np.asarray(losses, np.float64)
+    weighted = np.append(np.asarray(losses, np.float64) * samples, float(samples))
+    total, = comm.allreduce([tf.constant(weighted)], name="FusedRec/summary/loss", op="sum")
+    total = total.numpy()
+    return total[:-1] / total[-1]
 
 
 def schedule_of(args, config, embedding_kind):
@@ -197,6 +235,7 @@ def schedule_of(args, config, embedding_kind):
 
 def run(args):
     comm = comm_lib.init_workers()
+    comm_lib.overlap_collectives()  # collectives and the meter's stamps run when their inputs allow, not in order
     rank, size = comm.rank, comm.size
     watchdog = Watchdog(args.step_timeout if size > 1 else 0, rank)
     config = cfg.load_config(args.config)
@@ -204,6 +243,8 @@ def run(args):
     batch_size = args.batch_size if args.batch_size is not None else config.train.batch_size
     if steps <= 0 or batch_size <= 0:
         raise ValueError("--steps and --batch-size must be positive")
+    if args.steps_per_call < 1:
+        raise ValueError(f"--steps-per-call must be >= 1, got {args.steps_per_call}")
     import tf_fusedrec as fr  # noqa: PLC0415
     from tf_fusedrec.distributed.meter import AlltoallMeter  # noqa: PLC0415
 
@@ -222,6 +263,8 @@ def run(args):
     if args.hot_repeek and schedule != "sync":
         raise ValueError(f"--hot-repeek needs --pipeline sync (a {schedule} pipeline holds a batch in flight across "
                          f"the checkpoint, routed by the old hot set)")
+    if args.table_backend == "native" and args.embedding == "per_feature":
+        raise ValueError("--table-backend native needs a fused --embedding: per_feature is the TFRA baseline")
     if args.table_storage != "float32" and args.embedding == "per_feature":
         raise ValueError(f"--table-storage {args.table_storage} needs a fused --embedding, got per_feature")
     eviction = None
@@ -231,7 +274,8 @@ def run(args):
         eviction = fr.Eviction(capacity=args.evict_capacity, policy=args.evict_policy, interval=args.evict_interval)
     embedding = experiment.make_embedding(args.embedding, features, config,
                                           comm=meter.wrap(comm) if meter is not None else comm,
-                                          replication=replication, storage=args.table_storage, eviction=eviction)
+                                          replication=replication, storage=args.table_storage, eviction=eviction,
+                                          table_backend=args.table_backend)
     if args.dense_precision != "float32":
         tf.keras.mixed_precision.set_global_policy(args.dense_precision)
     model = experiment.make_model(config, embedding)
@@ -286,7 +330,7 @@ def run(args):
     loss_scale = fr.train.DynamicLossScale(comm) if args.dense_precision == "mixed_float16" else None
     pipe = fr.train.TrainPipeline(model, optimizer, loss_fn, dataset, schedule=schedule,
                                   micro_batches=micro_batches, cluster_samples=cluster, step_counter=step_var,
-                                  meter=meter, loss_scale=loss_scale)
+                                  meter=meter, loss_scale=loss_scale, steps_per_call=args.steps_per_call)
 
     writer = tf.summary.create_file_writer(os.path.join(args.model_dir, "tensorboard")) \
         if args.model_dir and rank == 0 else None
@@ -294,17 +338,25 @@ def run(args):
     warmup = min(3, steps - start - 1)
     timed_steps, timed_seconds, loss_value = 0, 0.0, float("nan")
     table_rows = []  # (step, this worker's embedding rows) at each log step: the table size over time
-    for step in range(start + 1, steps + 1):
-        if step == start + 1 + warmup and meter is not None:
+    # Calls end at the last warm-up step (the timing starts after it) and at every log and checkpoint step.
+    every = [config.train.log_every] + ([config.train.checkpoint_every] if checkpointer is not None else [])
+    step = start
+    while step < steps:
+        if step == start + warmup and meter is not None:
             meter.reset()
+        n = call_length(step, args.steps_per_call, steps, ends=[start + warmup], every=every)
         t0 = time.perf_counter()
-        with watchdog.guard(f"step {step}"):
-            loss_value = float(pipe.progress())
+        with watchdog.guard(f"step {step + 1}" if n == 1 else f"steps {step + 1} to {step + n}", steps=n):
+            losses = pipe.progress_many(n).numpy()
         elapsed = time.perf_counter() - t0
-        if step > start + warmup:
-            timed_steps += 1
+        with watchdog.guard(f"step {step + len(losses)} (the allreduce of its loss)"):
+            losses = mean_over_workers(comm, losses, 1 if sequences else batch_size)
+        if step >= start + warmup:
+            timed_steps += len(losses)
             timed_seconds += elapsed
-        progress.update(step, loss_value, batch_size * size / max(elapsed, 1e-9))
+        for loss_value in losses.tolist():
+            step += 1
+            progress.update(step, loss_value, batch_size * size * len(losses) / max(elapsed, 1e-9))
         if step % config.train.log_every == 0 or step == steps:
             table_rows.append((step, experiment.table_rows(embedding)))
         if writer is not None and (step % config.train.log_every == 0 or step == steps):
@@ -332,6 +384,7 @@ def run(args):
         "pipeline": schedule,
         "micro_batches": micro_batches,
         "cluster_samples": cluster,
+        "steps_per_call": args.steps_per_call,
         "workers": size,
         "batch_size_per_worker": batch_size,
         "steps": steps,
@@ -346,6 +399,7 @@ def run(args):
         result["loss_scale"] = {"final": float(loss_scale.scale.numpy()),
                                 "skipped_steps": int(loss_scale.skipped.numpy())}
     result["table_storage"] = args.table_storage
+    result["table_backend"] = embedding.table_backend
     result["table_bytes_per_worker"] = experiment.table_bytes(embedding, optimizer, comm)
     everyone = comm.allgather(tf.constant([[n for _, n in table_rows]], tf.int64),
                               name="FusedRec/summary/table_rows").numpy()
@@ -384,7 +438,11 @@ def run(args):
     if rank == 0:
         if writer is not None:
             with writer.as_default(step=steps):
-                tf.summary.scalar("auc", result["auc"])
+                if isinstance(result["auc"], dict):  # one AUC per task (a sequence config's click and conversion)
+                    for task, value in result["auc"].items():
+                        tf.summary.scalar(f"auc/{task}", value)
+                else:
+                    tf.summary.scalar("auc", result["auc"])
             writer.flush()
         print("summary: " + json.dumps(result), flush=True)
         if args.summary_json:

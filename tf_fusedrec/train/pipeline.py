@@ -28,6 +28,11 @@ would see micro-batches in fwp. Bad input stops ``progress()`` with the layer's 
 step whose batch is bad, before that batch's ids reach any all-to-all; the previous step completes first. With several
 workers the check is shared: a bad batch on one worker stops every worker at that step with the same error, which
 names the rank whose batch it was.
+
+Several steps per call (``steps_per_call=K``, ``progress_many()``): one call of a compiled function runs up to K
+steps, reading its batches from the dataset iterator inside the function (like Keras' ``steps_per_execution``), so
+the Python cost of a call (packing the features' tensors into the call, fetching the next batch) is paid once per K
+steps. Everything else is as with K = 1: the same step functions, one step after the other, the same numbers.
 """
 
 import numpy as np
@@ -80,7 +85,7 @@ def _stamp(deps):
 
 
 class TrainPipeline:
-    """Trains `model` on `dataset` one synchronous step per progress().
+    """Trains `model` on `dataset` one synchronous step per progress(), or up to steps_per_call per progress_many().
 
     Args:
       model: a Keras model holding one FusedEmbedding (any model for schedule="sync"); model(features,
@@ -98,31 +103,53 @@ class TrainPipeline:
       loss_scale: None, or an fr.train.DynamicLossScale for float16 dense layers (Keras mixed_float16): the step
         scales the loss, unscales the gradients in float32 and skips, on every worker, an update whose gradients
         overflowed (train/loss_scale.py). Needs the model built.
+      steps_per_call: K >= 1, the most steps one call of the compiled step runs (progress_many()). With K > 1 the
+        call reads its batches from the dataset itself and loops over the steps inside TensorFlow, so the per-call
+        Python cost (a few ms for tens of ragged features) is paid once per K steps: it helps where that cost is a
+        noticeable part of a step (CPU, small batches, many features) and changes nothing else: the same training,
+        step by step, as K = 1. A call stops early at the end of the data and before a bad batch (whose error the
+        next call raises): the pipeline checks each batch's ids itself, so with a FusedEmbedding the batches must
+        hold its features (as dbp and fwp always need). In dbp and fwp the first batch of each call has its input
+        dist un-overlapped (one step in K). The step graph is built once whatever K; K = 1 keeps the per-step path
+        (batches fetched in Python).
     """
 
     def __init__(self, model, optimizer, loss_fn, dataset, schedule="sync", micro_batches=1, cluster_samples=False,
-                 step_counter=None, meter=None, loss_scale=None):
+                 step_counter=None, meter=None, loss_scale=None, steps_per_call=1):
         if schedule not in SCHEDULES:
             raise ValueError(f"TrainPipeline: schedule must be one of {SCHEDULES}, got {schedule!r}")
         if isinstance(micro_batches, bool) or not isinstance(micro_batches, (int, np.integer)) or micro_batches < 1:
             raise ValueError(f"TrainPipeline: micro_batches must be an int >= 1, got {micro_batches!r}")
+        if isinstance(steps_per_call, bool) or not isinstance(steps_per_call, (int, np.integer)) or steps_per_call < 1:
+            raise ValueError(f"TrainPipeline: steps_per_call must be an int >= 1, got {steps_per_call!r}")
         if schedule != "fwp" and (micro_batches != 1 or cluster_samples):
             raise ValueError(f"TrainPipeline: micro_batches and cluster_samples need schedule='fwp' (got "
                              f"schedule={schedule!r}, micro_batches={micro_batches}, cluster_samples={cluster_samples})")
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.schedule, self.micro_batches, self.cluster_samples = schedule, int(micro_batches), bool(cluster_samples)
         self.step_counter, self.meter, self.loss_scale = step_counter, meter, loss_scale
+        self.steps_per_call = int(steps_per_call)
         if loss_scale is not None:  # its tf.cond may skip the first update: the slots must exist before
             if not model.trainable_variables:
                 raise ValueError("TrainPipeline: loss_scale needs the model built (call it once on a batch first)")
             optimizer.create_slots(model.trainable_variables)
         self.embedding = self._find_embedding(model, schedule)
+        if schedule != "sync":  # what dbp and fwp are for: all-to-alls of two batches (micro-batches) in flight at once
+            from tf_fusedrec.distributed import comm as comm_lib  # noqa: PLC0415
+
+            comm_lib.overlap_collectives()
         self._features = [f.name for f in self.embedding.features] if self.embedding is not None else []
         self._shared_checks = schedule != "sync" and self.embedding.comm.size > 1
+        # The batches' value checks travel with them as flags that the pipeline checks (not the dataset map, not the
+        # layer): with several workers (_next shares them), and with several steps per call (_read, in the call).
+        self._flags_travel = self._shared_checks or self.steps_per_call > 1
         self._iterator = iter(self._prepare(dataset))
         self._pending = None  # (micro-batches, their dists) of the next step, prefetched
         self._error = None  # a bad batch found while prefetching, raised at its own step
         self._functions = {}
+        self._call = None  # steps_per_call > 1: the function that runs up to steps_per_call steps
+        # Steps completed inside calls, counted by the calls themselves: right even when a call fails part way.
+        self._steps_run = tf.Variable(0, dtype=tf.int64, trainable=False) if self.steps_per_call > 1 else None
         self.steps = 0
 
     @staticmethod
@@ -141,19 +168,21 @@ class TrainPipeline:
 
     def _prepare(self, dataset):
         if self.schedule == "sync":
-            return dataset.map(lambda f, y: ((f, y),)).prefetch(2)
+            if self.steps_per_call == 1:
+                return dataset.map(lambda f, y: ((f, y),)).prefetch(2)
+            return dataset.map(lambda f, y: (self._flags(f), (f, y))).prefetch(2)
         k, cluster = self.micro_batches, self.cluster_samples
         names = self._features
 
-        shared = self._shared_checks
+        shared = self._flags_travel
 
         def checked_split(features, labels):
             # The layer's own input checks, here, so a bad batch fails when it is fetched: before it is prefetched
-            # into the previous step's graph, and with the same message the layer gives. With several workers the
-            # values' verdict travels with the batch instead, and _next shares it (one worker's bad batch must stop
-            # every worker at the same step, see _next).
+            # into the previous step's graph, and with the same message the layer gives. With several workers or
+            # several steps per call the values' verdict travels with the batch instead, and _next or _read checks
+            # it (one worker's bad batch must stop every worker at the same step; a call must stop before it).
             inputs = self._embedding_inputs(features)
-            flags = _common.violation_flags(self.embedding.features, inputs)[0] if shared else tf.zeros([0], tf.int32)
+            flags = self._flags(features) if shared else tf.zeros([0], tf.int32)
             _, checks = self.embedding.flatten(inputs, local_checks=not shared)
             with tf.control_dependencies(checks):
                 labels = tf.identity(labels)
@@ -164,6 +193,12 @@ class TrainPipeline:
             return (flags,) + tuple(_split_rows(features, labels, k))
 
         return dataset.map(checked_split).prefetch(2)
+
+    def _flags(self, features):
+        """int32 [P]: 1 where the batch breaks a value rule of the embedding's features (none without one)."""
+        if self.embedding is None:
+            return tf.zeros([0], tf.int32)
+        return _common.violation_flags(self.embedding.features, self._embedding_inputs(features))[0]
 
     def _next(self):
         """The next batch as a tuple of (features, labels) micro-batches; None at the end of the data.
@@ -179,12 +214,20 @@ class TrainPipeline:
             return element
         flags, batch = element[0], element[1:]
         if self._shared_checks:
-            everyone = self.embedding.comm.allgather(flags[None, :], name="FusedRec/pipeline/valid").numpy()
-            for i, message in enumerate(_common.violation_messages(self.embedding.features)):
-                ranks = [r for r in range(everyone.shape[0]) if everyone[r, i]]
-                if ranks:
-                    raise tf.errors.InvalidArgumentError(None, None, _common.violation_message(message, ranks))
+            error = self._violation(self.embedding.comm.allgather(flags[None, :], name="FusedRec/pipeline/valid"))
+            if error is not None:
+                raise error
         return batch
+
+    def _violation(self, flags):
+        """The InvalidArgumentError of every worker's flags (int32 [N, P], N > 1: naming the ranks), or None."""
+        flags = np.asarray(flags)
+        for i, message in enumerate(_common.violation_messages(self.embedding.features)):
+            ranks = [r for r in range(flags.shape[0]) if flags[r, i]]
+            if ranks:
+                text = _common.violation_message(message, ranks) if self.embedding.comm.size > 1 else message
+                return tf.errors.InvalidArgumentError(None, None, text)
+        return None
 
     # --- the compiled steps -------------------------------------------------------------------------------------
 
@@ -196,9 +239,9 @@ class TrainPipeline:
         return {n: features[n] for n in self._features}
 
     def _input_dists(self, batch, first_slot, send_after=()):
-        # With several workers, _next has checked the batch on every worker: no second, in-graph shared check.
+        # With flags travelling, _next or _read has checked the batch on every worker: no second, in-graph check.
         return tuple(self.embedding.input_dist(self._embedding_inputs(f), slot=first_slot + i, send_after=send_after,
-                                               checked=self._shared_checks)
+                                               checked=self._flags_travel)
                      for i, (f, _) in enumerate(batch))
 
     def _train(self, batch, dists, following=None):
@@ -265,17 +308,23 @@ class TrainPipeline:
                 "step": lambda batch, dists, following: self._train(batch, dists, following),
                 "last": lambda batch, dists: self._train(batch, dists),
             }[kind]
-            # No AutoGraph: the steps have no tensor-dependent Python control flow.
-            self._functions[kind] = tf.function(body, input_signature=_signature(*example), autograph=False)
+            # No AutoGraph: the steps have no tensor-dependent Python control flow. Not inlined into a call of several
+            # steps: there, a step that has returned has run all of its ops (see _steps).
+            attributes = {"_noinline": True} if self.steps_per_call > 1 else None
+            self._functions[kind] = tf.function(body, input_signature=_signature(*example), autograph=False,
+                                                experimental_attributes=attributes)
         return self._functions[kind]
 
     def progress(self):
-        """Runs one training step; returns its loss (the mean over this worker's batch).
+        """Runs one training step (with steps_per_call > 1: a call of one step); returns its loss (the mean over this
+        worker's batch).
 
         Raises:
           StopIteration: the dataset is exhausted.
           tf.errors.InvalidArgumentError (or the layer's ValueError/TypeError): this step's batch is bad.
         """
+        if self.steps_per_call > 1:
+            return self.progress_many(1)[0]
         if self._error is not None:
             error, self._error = self._error, None
             raise error
@@ -306,11 +355,170 @@ class TrainPipeline:
             self.meter.collect_step()
         return loss
 
+    def progress_many(self, max_steps=None):
+        """Runs up to steps_per_call steps (and at most `max_steps`) in one call; returns their losses.
+
+        Returns:
+          float32 [n] tensor, 1 <= n <= min(max_steps, steps_per_call): the loss of each step run, in order. n is
+          smaller than asked only when the data ends, or when the next batch is bad: the steps before it run, and the
+          next call raises its error.
+
+        Raises:
+          StopIteration: the dataset is exhausted.
+          tf.errors.InvalidArgumentError (or the layer's ValueError/TypeError): the call's first batch is bad.
+        """
+        limit = self.steps_per_call if max_steps is None else max_steps
+        if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
+            raise ValueError(f"TrainPipeline.progress_many: max_steps must be an int >= 1, got {max_steps!r}")
+        if self.steps_per_call == 1:
+            return tf.reshape(tf.cast(self.progress(), tf.float32), [1])
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        if self._call is None:
+            # No AutoGraph: _steps builds its loop and conds itself.
+            self._call = tf.function(self._steps, input_signature=[tf.TensorSpec([], tf.int32)], autograph=False)
+        try:
+            losses, status = self._call(tf.constant(min(int(limit), self.steps_per_call), tf.int32))
+        finally:
+            self.steps = int(self._steps_run.numpy())
+        if self.meter is not None:
+            self.meter.collect_step()
+        error = self._violation(status.numpy()[:, 1:]) if self.embedding is not None else None
+        if error is not None:
+            if losses.shape[0] == 0:
+                raise error
+            self._error = error  # the steps before the bad batch ran: the next call raises
+        if losses.shape[0] == 0:
+            raise StopIteration
+        return losses
+
+    # --- several steps per call (steps_per_call > 1) --------------------------------------------------------------
+    #
+    # One call is a tf.function that reads its batches from the dataset iterator itself and runs up to
+    # steps_per_call steps in a tf.while_loop, each step calling the same compiled step function as progress() does
+    # (a loop, not steps unrolled in Python: the step graph is built and instantiated once, whatever K). A step runs
+    # only if every worker has a valid batch for it (a tf.cond on _read's verdict), so the data may end, or a bad
+    # batch come, at any step of a call. Steps run strictly one after the other: the loop runs one iteration at a
+    # time, and the next iteration's inputs are made only once the step's function call (not inlined: a call that
+    # has returned has run all of its ops) has returned. So steps are as synchronous as separate calls (step k+1
+    # reads the tables after step k's update), a failing step leaves the steps before it complete, and no two
+    # collectives of the same name (.../keys/slot{s}, FusedRec/dense_gradients, ...) are ever in flight at once:
+    # the steps keep today's slots. Within a step, dbp and fwp overlap the next batch's input dist with the step's
+    # compute as before; the first batch of each call has an input dist of its own (the "prologue"), so calls carry
+    # nothing over.
+
+    def _steps(self, limit):
+        """The body of one call: up to `limit` (int32 scalar, 1 <= limit <= steps_per_call) steps -> (float32 [n]
+        losses, int32 [N, 1 + P] status: per worker, 1 if it had a batch, then its batch's violation flags, of the
+        read that stopped the call; a batch and no flags when nothing stopped it)."""
+        if self.schedule == "sync":
+            return self._loop(limit, self._sync_iteration, ())
+        element, ok, status = self._read()
+
+        def start():
+            batch = element.get_value()[1:]
+            return self._loop(limit, self._pipelined_iteration, (batch, self._function("prologue", batch)(batch)))
+
+        return tf.cond(ok, start, lambda: (_no_losses(), status))
+
+    def _loop(self, limit, iteration, state):
+        """Runs iteration(j, limit, state) -> (loss, ran: it ran a step, more: the next may, status, next state) for
+        j = 0, 1, ... while the one before said more and j < limit -> (float32 [n] losses, status). The state (the
+        batch and its input dist: tensors and ragged tensors) travels as its flat components, with their leading
+        dimension free as in the step functions' signatures."""
+        spec = tf.nest.map_structure(_relaxed_spec, state)
+        components = tf.nest.flatten(spec, expand_composites=True)
+
+        def body(j, more, losses, status, *flat):
+            with tf.control_dependencies([j]):  # j comes from the step before, once it has returned
+                loss, ran, more, status, state = iteration(
+                    j, limit, tf.nest.pack_sequence_as(spec, list(flat), expand_composites=True))
+            with tf.control_dependencies([loss, more]):
+                j = j + 1
+            losses = tf.cond(ran, lambda: tf.concat([losses, tf.reshape(loss, [1])], 0), lambda: losses)
+            return (j, more, losses, status, *tf.nest.flatten(state, expand_composites=True))
+
+        _, _, losses, status, *_ = tf.while_loop(
+            lambda j, more, *_: more & (j < limit), body,
+            (tf.constant(0), tf.constant(True), _no_losses(), self._status_clear(),
+             *tf.nest.flatten(state, expand_composites=True)),
+            shape_invariants=(tf.TensorShape([]), tf.TensorShape([]), tf.TensorShape([None]),
+                              tf.TensorShape([None, 1 + self._num_flags()]), *[c.shape for c in components]),
+            parallel_iterations=1, maximum_iterations=self.steps_per_call)
+        return losses, status
+
+    def _sync_iteration(self, j, limit, state):  # noqa: ARG002  (sync carries no state)
+        element, ok, status = self._read()
+
+        def train():
+            batch = element.get_value()[1:]
+            return self._counted(self._function("sync", batch)(batch)), self._status_clear()
+
+        loss, status = tf.cond(ok, train, lambda: (tf.constant(0.0), status))
+        return loss, ok, ok, status, state
+
+    def _pipelined_iteration(self, j, limit, state):
+        """Step j of a call (dbp, fwp), whose batch's input dist is done: with the next batch's input dist when the
+        call has a next batch, else as the last step."""
+        batch, dists = state
+
+        def last(status):
+            loss = self._counted(self._function("last", batch, dists)(batch, dists))
+            return loss, tf.constant(False), status, state
+
+        def read_and_step():
+            element, ok, status = self._read()
+
+            def step():
+                following = element.get_value()[1:]
+                loss, next_dists = self._function("step", batch, dists, following)(batch, dists, following)
+                return self._counted(loss), tf.constant(True), self._status_clear(), (following, next_dists)
+
+            return tf.cond(ok, step, lambda: last(status))
+
+        loss, more, status, state = tf.cond(j + 1 < limit, read_and_step, lambda: last(self._status_clear()))
+        return loss, tf.constant(True), more, status, state
+
+    def _counted(self, loss):
+        """A step's loss (float32), the output of its function call, once _steps_run counts the step."""
+        with tf.control_dependencies([loss]):
+            counted = self._steps_run.assign_add(1)
+        with tf.control_dependencies([counted]):
+            return tf.cast(tf.identity(loss), tf.float32)
+
+    def _read(self):
+        """The next element, read inside a call -> (its tf.experimental.Optional, bool scalar: every worker has a
+        valid batch, int32 [N, 1 + P] status). With several workers (and an embedding to check) the status is shared
+        by one small allgather, so that every worker takes the same branch: an end of the data or a bad batch on any
+        worker stops every worker at the same step."""
+        element = self._iterator.get_next_as_optional()
+        present = element.has_value()
+        flags = tf.cond(present, lambda: element.get_value()[0], lambda: tf.zeros([self._num_flags()], tf.int32))
+        status = tf.concat([tf.reshape(tf.cast(present, tf.int32), [1]), flags], 0)[None]
+        if self._shared_status():
+            status = self.embedding.comm.allgather(status, name="FusedRec/pipeline/valid")
+        return element, tf.reduce_all(status[:, 0] > 0) & tf.reduce_all(tf.equal(status[:, 1:], 0)), status
+
+    def _num_flags(self):
+        return 0 if self.embedding is None else len(_common.violation_messages(self.embedding.features))
+
+    def _shared_status(self):
+        return self.embedding is not None and self.embedding.comm.size > 1
+
+    def _status_clear(self):
+        workers = self.embedding.comm.size if self._shared_status() else 1
+        return tf.concat([tf.ones([workers, 1], tf.int32), tf.zeros([workers, self._num_flags()], tf.int32)], 1)
+
     def concrete_step(self):
         """The concrete function of the steady-state step (for counting its collectives), once it has run."""
         kind = "sync" if self.schedule == "sync" else "step"
         function = self._functions.get(kind)
         return None if function is None else function.get_concrete_function()
+
+
+def _no_losses():
+    return tf.zeros([0], tf.float32)
 
 
 def _split_rows(features, labels, k):
