@@ -5,6 +5,8 @@ BAZEL_LIB := bazel-bin/tf_fusedrec/ops/_fusedrec_ops.so
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 HOROVODRUN := .venv/bin/horovodrun -np 2 -H localhost:2 --gloo
+# Each local worker on a core of its own (scripts/pin_worker.sh): measured faster on this 2-core machine (README).
+PINNED_HOROVODRUN := $(HOROVODRUN) scripts/pin_worker.sh
 DEMO_STEPS ?= 100
 
 .PHONY: install build bazel wheel demo test test-ops test-bazel bench bench-ops bench-cluster bench-cluster-runs bench-serve \
@@ -32,7 +34,7 @@ wheel: install
 TF_PLUGIN_NOISE := Unable to register cu(FFT|DNN|BLAS) factory: Attempting to register factory
 demo: build
 	set -o pipefail; \
-	$(HOROVODRUN) $(PY) -m tf_fusedrec.train --config configs/criteo_synthetic.yaml --steps $(DEMO_STEPS) \
+	$(PINNED_HOROVODRUN) $(PY) -m tf_fusedrec.train --config configs/criteo_synthetic.yaml --steps $(DEMO_STEPS) \
 		--model-dir runs/demo-$$(date +%s) 2>&1 | grep --line-buffered -v -E '$(TF_PLUGIN_NOISE)'
 
 test: build bazel
@@ -47,7 +49,7 @@ bench-ops: build
 
 # The side-by-side benchmark the README's table comes from.
 bench: build
-	$(HOROVODRUN) $(PY) -m tf_fusedrec.bench --config configs/criteo_synthetic.yaml --out bench_results
+	$(PINNED_HOROVODRUN) $(PY) -m tf_fusedrec.bench --config configs/criteo_synthetic.yaml --out bench_results
 
 # Serving: 2 embedding servers and a ranker on loopback, pooling x cache, at a low and a high load (docs/serve).
 bench-serve: build
@@ -62,7 +64,6 @@ CLUSTER_OUT ?= bench_results/cluster
 BENCH_CLUSTER_ARGS ?= --config configs/criteo_synthetic.yaml --repeats 3 --sweep ''
 # Every worker of the cluster benchmark has a core of its own, as on separate machines: horovodrun's worker r runs
 # under `taskset -c r` (the cluster launcher's --cores-per-worker 1 does the same on namespaced hosts).
-PINNED_HOROVODRUN := $(HOROVODRUN) sh -c 'exec taskset -c $$HOROVOD_RANK "$$0" "$$@"'
 bench-cluster-runs: build
 	$(PINNED_HOROVODRUN) $(PY) -m tf_fusedrec.cluster.probe --out $(CLUSTER_OUT)/loopback-n2
 	$(PINNED_HOROVODRUN) $(PY) -m tf_fusedrec.bench $(BENCH_CLUSTER_ARGS) --out $(CLUSTER_OUT)/loopback-n2

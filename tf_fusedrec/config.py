@@ -297,7 +297,9 @@ TABLE_BACKENDS = ("native", "tfra")
 
 @dataclasses.dataclass
 class EmbeddingConfig:
-    table_backend: str = "tfra"  # FusedEmbedding's tables: native | tfra (the per-feature baseline is always tfra)
+    # FusedEmbedding's tables: native (the default of the train app and the bench: the same training, measured faster,
+    # README "Table backends") | tfra. The per-feature baseline is always TFRA.
+    table_backend: str = "native"
 
 
 @dataclasses.dataclass
