@@ -213,9 +213,8 @@ class TypedStore : public TableStore {
           float* out = rows + i * dim_;
           if (index >= 0) {
             LoadRow(index, out);
-          } else {  // what a training lookup would insert, so float16 rounding included
-            init_->Fill(ids[i], config_.salts[categories[i]], dim_, out);
-            for (int64_t d = 0; d < dim_; ++d) out[d] = Rows::Load(Rows::Store(out[d]));
+          } else {  // the float32 initial row, unrounded: what the TFRA backend and the embedding servers give
+            init_->Fill(ids[i], config_.salts[categories[i]], dim_, out);  // an id never trained (export, serving)
           }
         });
   }

@@ -16,7 +16,7 @@ from tf_fusedrec import config as cfg
 
 MODULE = "tf_fusedrec.bench"
 MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused", "fused_dbp", "fused_fwp",
-         "fused_hot", "fused_hot_dbp")
+         "fused_hot", "fused_hot_dbp", "fused_tfra")  # the default --modes
 HOT_ROWS = 20
 SWEEP_MODES = ("fused", "per_feature", "tfra_hand_fused")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -81,7 +81,8 @@ def test_bench_alltoall_counts(bench):
     dims = len({f.dim for f in config.features})
     modes = report["modes"]
     assert modes["per_feature"]["alltoall_calls_per_step"] > modes["fused"]["alltoall_calls_per_step"], modes
-    for mode in ("fused", "fused_nodedup", "fused_source_hash", "fused_dbp", "fused_hot", "fused_hot_dbp"):
+    for mode in ("fused", "fused_nodedup", "fused_source_hash", "fused_dbp", "fused_hot", "fused_hot_dbp",
+                 "fused_tfra"):
         assert modes[mode]["alltoall_ops_in_step_graph"] == 3 * groups, (mode, modes[mode])
     # Hot pairs never enter an all-to-all: replicating R pairs per group moves fewer bytes on the same batches.
     for mode in ("fused_hot", "fused_hot_dbp"):
@@ -128,6 +129,20 @@ def test_bench_prints_the_table(bench):
     # rank 0 prints the table, rank 1 does not
     assert "[1]<stdout>:| fused |" not in run.stdout, run.describe()
     assert str(bench["out"]) in run.stderr and "bench.json" in run.stderr, run.describe()
+
+
+def test_bench_table_backends_and_dense_only_on_one_worker(apps, tiny_yaml, tmp_path):
+    """fused_native and fused_tfra (fused on each table backend) and dense_only (constant embeddings: no lookup, no
+    all-to-all) are measured; on 1 worker nothing is sent."""
+    out = tmp_path / "out"
+    run = apps.run_app(MODULE, ["--config", tiny_yaml(), "--modes", "fused_native,fused_tfra,dense_only", "--steps", 2,
+                                "--repeats", 1, "--warmup", 1, "--batches", 2, "--sweep", "", "--out", out])
+    run.expect_ok()
+    with open(out / "bench.json") as f:
+        modes = json.load(f)["modes"]
+    assert list(modes) == ["fused_native", "fused_tfra", "dense_only"], list(modes)
+    for mode, entry in modes.items():
+        assert entry["samples_per_s"] > 0 and entry["alltoall_ops_in_step_graph"] == 0, (mode, entry)
 
 
 def test_bench_unknown_mode_exits_2(apps, tiny_yaml, tmp_path):

@@ -148,6 +148,21 @@ def test_initial_row_depends_on_category_and_id_only(fro):
     assert not np.array_equal(a[0], a[1])
 
 
+def test_float16_lookup_without_insert_gives_the_float32_initial_row(fro, mode):
+    """A missing key read without insert (inference) gets the unrounded initial row, as the TFRA backend and the
+    embedding servers (hashed_rows_numpy) give it for an id never trained; inserted rows are stored as float16."""
+    table = fro.NativeTableResource("h16_infer", 5, storage="float16", salts=SALTS, init="hashed", seed=4, stddev=0.3)
+    keys = np.arange(30, dtype=np.int64)
+    categories, ids = feed(keys)
+    lookup = lambda insert: lambda k, c, i: fro.native_table_lookup_or_init(table, k, c, i, insert=insert)  # noqa
+    want = Hashed(4, 0.3).rows(tf.constant(ids), tf.gather(tf.constant(SALTS, tf.int64), categories),
+                                            5).numpy()
+    np.testing.assert_array_equal(mode(lookup(False), keys, categories, ids), want)
+    assert int(fro.native_table_size(table)) == 0
+    inserted = mode(lookup(True), keys, categories, ids)
+    np.testing.assert_array_equal(inserted, want.astype(np.float16).astype(np.float32))
+
+
 def test_insert_false_leaves_the_table_unchanged(fro, mode):
     table, want = make_pair(fro, "no_insert", dim=4, optimizer="adagrad", track_access=True)
     rng = np.random.default_rng(2)

@@ -41,6 +41,10 @@ MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_han
          "fused_hot", "fused_hot_dbp", "fused_native", "fused_tfra", "dense_only")
 # fused with each table backend, whatever the config's embedding.table_backend says.
 BACKENDS = {"fused_native": "native", "fused_tfra": "tfra"}
+# What runs without --modes: fused (on the config's table backend, native by default) beside fused on TFRA tables;
+# fused_native and dense_only (1 worker: the model's dense floor) on request.
+DEFAULT_MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused", "fused_dbp",
+                 "fused_fwp", "fused_hot", "fused_hot_dbp", "fused_tfra")
 PIPELINED = {"fused_dbp": "dbp", "fused_fwp": "fwp", "fused_hot_dbp": "dbp"}
 HOT = ("fused_hot", "fused_hot_dbp")
 BASELINE = "per_feature"
@@ -49,7 +53,7 @@ BASELINE = "per_feature"
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m tf_fusedrec.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=experiment.DEFAULT_CONFIG)
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--batch-size", type=int, help="per worker (default: the config's)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per mode and repeat")
     p.add_argument("--warmup", type=int, default=3)

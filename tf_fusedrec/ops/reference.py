@@ -261,11 +261,12 @@ class NativeTableReference:
                              f"[0, {self.salts.shape[0]})")
         return categories
 
-    def initial_rows(self, categories, ids):
-        """What a new key gets: float32 [n, dim] (rounded to float16 for float16 storage)."""
+    def initial_rows(self, categories, ids, stored=True):
+        """What a new key gets: float32 [n, dim], rounded to float16 for float16 storage when `stored` (inserted);
+        unrounded otherwise (what a lookup without insert returns for a missing key)."""
         categories = self._check_categories(categories)
         rows = native_table_initial_rows(ids=ids, salts=self.salts[categories], dim=self.dim, **self.init_args)
-        return self._round(rows)
+        return self._round(rows) if stored else rows
 
     def _insert(self, key, row):
         self.rows[key] = row
@@ -274,7 +275,7 @@ class NativeTableReference:
 
     def lookup_or_init(self, keys, categories, ids, insert=True):
         keys = np.asarray(keys, np.int64)
-        initial = self.initial_rows(categories, ids)
+        initial = self.initial_rows(categories, ids, stored=insert)
         out = np.zeros((keys.shape[0], self.dim), np.float32)
         if insert:
             self.clock += 1
