@@ -30,8 +30,9 @@ passed into the next."""
 class FusedEmbedding(tf.keras.layers.Layer):
     """Embeds a dict of sparse features with one all-to-all pair per spec group (FusedRec, Algorithm 1).
 
-    Features with equal (dim, optimizer, initializer) form a group, ordered by name; each group has one TFRA
-    dynamic_embedding table, sharded by owner_of so each worker holds only the keys it owns. A training step does,
+    Features with equal (dim, optimizer, initializer) form a group, ordered by name; each group has one table (a
+    TFRA dynamic_embedding variable, or tf_fusedrec's native table: table_backend), sharded by owner_of so each
+    worker holds only the keys it owns. A training step does,
     per group, one keys all-to-all (ids and categories together) and one embeddings all-to-all, where per-feature
     TFRA layers do two per feature. Results equal the per-feature layers' (lossless) and, with the default Hashed
     initializer, do not depend on the number of workers.
