@@ -117,7 +117,6 @@ class NativeEmbeddingTable:
         self.ops = native_table_ops
         self.name, self.dim, self.initializer = name, dim, initializer
         self.storage = check_storage(storage, f"table {name}")
-        self.hashed = initializers.is_hashed(initializer)
         check_native_spec(optimizer, initializer, f"table {name}")
         self.optimizer = optimizer
         config = dict(optimizer.config)
@@ -132,8 +131,7 @@ class NativeEmbeddingTable:
         # The trainable handle: its gradient is IndexedSlices(rows' gradients, table keys) (module docstring).
         self.anchor = tf.Variable(tf.zeros([1]), trainable=True, name=f"{prefix}_native_anchor")
         self.rows = NativeRows(self, 0, name)
-        self.store = None
-        self.params = self.rows
+        self.params = self.rows  # what ShardedTable / ReplicatedTable hand to checkpoints and the summary
         if track_access:
             self.evicted = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{prefix}_evicted")
 
@@ -182,17 +180,15 @@ class NativeEmbeddingTable:
         """Applies `optimizer` (the group's Keras legacy optimizer: its hyperparameters, and its step count for
         Adam, which the caller advances once per step for all of the group's tables) to the rows of grad
         (IndexedSlices from the anchor: values [U, dim], indices the keys) in place; -> the update op."""
-        grad = tf.convert_to_tensor(grad.values, tf.float32), tf.convert_to_tensor(grad.indices, tf.int64)
-        values, keys = grad
+        values = tf.convert_to_tensor(grad.values, tf.float32)
+        keys = tf.convert_to_tensor(grad.indices, tf.int64)
         lr = tf.cast(optimizer._decayed_lr(tf.float32), tf.float32)  # noqa: SLF001  (Keras' own schedule hook)
         beta_1 = beta_2 = tf.constant(0.0)
         epsilon = tf.constant(float(getattr(optimizer, "epsilon", 0.0) or 0.0), tf.float32)
-        if self.optimizer.name == "adam":
-            # Keras legacy Adam's bias correction, computed as it computes it (_prepare_local).
-            step = tf.cast(optimizer.iterations + 1, tf.float32)
-            beta_1 = tf.identity(optimizer._get_hyper("beta_1", tf.float32))  # noqa: SLF001
-            beta_2 = tf.identity(optimizer._get_hyper("beta_2", tf.float32))  # noqa: SLF001
-            lr = lr * (tf.sqrt(1 - tf.pow(beta_2, step)) / (1 - tf.pow(beta_1, step)))
+        if self.optimizer.name == "adam":  # Keras legacy Adam's bias correction (its _prepare_local)
+            beta_1 = optimizer._get_hyper("beta_1", tf.float32)  # noqa: SLF001
+            beta_2 = optimizer._get_hyper("beta_2", tf.float32)  # noqa: SLF001
+            lr = self.ops.adam_bias_corrected_lr(lr, beta_1, beta_2, optimizer.iterations + 1)
         # Keys the step's lookup inserted: categories and ids only matter for a key missing here, which is none.
         return self.ops.native_table_apply_sparse(self.resource, keys, values, tf.zeros_like(keys, tf.int32), keys,
                                                   lr, beta_1, beta_2, epsilon)
