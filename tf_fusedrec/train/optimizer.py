@@ -88,11 +88,15 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
                 grad = scale_gradient(grad, 1.0 / self.comm.size)
             per_optimizer.setdefault(index, []).append((grad, var))
         if self.comm.size > 1 and (dense or replicated):
-            grads = [g for g, _ in dense] + [g for _, g, _ in replicated]
-            reduced = self.comm.allreduce([_reducible(g) for g in grads], name="FusedRec/dense_gradients",
-                                          op="average")
+            # A native hot table's gradient averages its values and keeps its keys (the step's replicated hot keys,
+            # equal on every worker and in the same order); the rest averages densely (a TFRA shadow's gradient is
+            # dense over the step's rows).
+            grads = [tf.convert_to_tensor(g) for g, _ in dense] + [
+                g.values if str(id(v)) in self._native else tf.convert_to_tensor(g) for _, g, v in replicated]
+            reduced = self.comm.allreduce(grads, name="FusedRec/dense_gradients", op="average")
             dense = list(zip(reduced[:len(dense)], [v for _, v in dense]))
-            replicated = [(i, _like(g, r), v) for (i, g, v), r in zip(replicated, reduced[len(dense):])]
+            replicated = [(i, tf.IndexedSlices(r, g.indices, g.dense_shape) if str(id(v)) in self._native else r, v)
+                          for (i, g, v), r in zip(replicated, reduced[len(dense):])]
         for index, grad, var in replicated:
             per_optimizer.setdefault(index, []).append((grad, var))
         ops = []
@@ -141,21 +145,6 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
             raise ValueError("GroupedOptimizer.minimize needs the GradientTape that recorded the loss")
         grads = tape.gradient(loss, var_list)
         return self.apply_gradients(zip(grads, var_list))
-
-
-def _reducible(grad):
-    """What the allreduce averages: a native table's IndexedSlices keep their keys (the replicated hot keys of the
-    step, equal on every worker and in the same order) and average their values; everything else densely (a TFRA
-    shadow's gradient is dense over the step's rows)."""
-    if isinstance(grad, tf.IndexedSlices) and grad.indices.dtype == tf.int64:
-        return grad.values
-    return tf.convert_to_tensor(grad)
-
-
-def _like(grad, reduced):
-    if isinstance(grad, tf.IndexedSlices) and grad.indices.dtype == tf.int64:
-        return tf.IndexedSlices(reduced, grad.indices, grad.dense_shape)
-    return reduced
 
 
 def scale_gradient(grad, factor):
