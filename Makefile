@@ -10,7 +10,7 @@ PINNED_HOROVODRUN := $(HOROVODRUN) scripts/pin_worker.sh
 DEMO_STEPS ?= 100
 
 .PHONY: install build bazel wheel demo test test-ops test-bazel bench bench-ops bench-cluster bench-cluster-runs bench-serve \
-	cuda-harness cuda-check cuda-bench clean
+	docs-tables cuda-harness cuda-check cuda-bench clean
 
 install:
 	scripts/install.sh
@@ -77,6 +77,12 @@ bench-cluster-runs: build
 
 bench-cluster: bench-cluster-runs
 	$(PY) -m tf_fusedrec.cluster.model --runs $(CLUSTER_OUT) --out $(CLUSTER_OUT)
+
+# The README's result tables, rewritten in place from the committed result files under docs/ (standard library only;
+# tests/test_docs_tables.py checks the README against a fresh rendering).
+docs-tables:
+	$(PY) scripts/docs_tables.py
+
 # The CUDA kernels' standalone harness (tests/cuda/README.md). nvcc from PATH, else $$CUDA_HOME/bin; one arch
 # (sm_90 code + compute_90 PTX) keeps the compile under a minute; CUDA_GENCODE overrides it.
 NVCC ?= $(or $(shell command -v nvcc 2>/dev/null),$(if $(CUDA_HOME),$(CUDA_HOME)/bin/nvcc,nvcc))

@@ -39,7 +39,8 @@ For mode m (fused, per_feature, ...) on network X with N workers, W per host, on
 
 Checks: every run on namespaced hosts with N = 2 (each mode at each link rate). The loopback run is the anchor
 (L_m), equal by construction, and the 1-worker run is shown for what the distributed path costs over it. Runs are
-compared only when their workers were pinned alike (bench.json's cpus_per_worker).
+compared only when their workers were pinned alike (bench.json's cpus_per_worker). Each check is also scored for a
+null model that ignores the network, t_m(X, N) = L_m: what the model's terms add is what it scores above that.
 
 Reads RUNS/*/bench.json (python -m tf_fusedrec.bench) and RUNS/*/probe.json (python -m tf_fusedrec.cluster.probe)
 as `make bench-cluster` writes them, and writes OUT/model.json, OUT/model.md and OUT/model.png.
@@ -58,6 +59,8 @@ PROJECT_N = (8, 16, 32, 64, 128)
 # The projection's links: shaped as the checked ones (token bucket), and a wire without the bucket's allowance.
 LINKS = ("shaped", "wire")
 LOOPBACK = "loopback"
+# What the checks score: the model's error, and the null model's (t = L_m, the network ignored) beside it.
+SCORED = {"model": "error", "null": "null_error"}
 
 
 def load_runs(root):
@@ -190,6 +193,8 @@ def build(runs):
             elif kind == "check":
                 row["model_s"], row["parts"] = predict(local[m], counts[m], net, lo, n, w)
                 row["error"] = row["model_s"] / row["measured_s"] - 1
+                row["null_s"] = local[m]  # the null model: the loopback step, whatever the network
+                row["null_error"] = row["null_s"] / row["measured_s"] - 1
             checks.append(row)
 
     projection = []
@@ -201,15 +206,20 @@ def build(runs):
                     projection.append({"network": net.name, "link": link, "mode": m, "workers": n,
                                        "model_s": model, "parts": parts,
                                        "samples_per_s": anchor["batch_size_per_worker"] * n / model})
-    return {"formula": "\n\n".join(__doc__.split("\n\n")[1:3]), "anchor": anchor_name, "cpus_per_worker": pin,
-            "local_s": local, "traffic": {m: dict(zip(("K", "T", "J", "D"), c)) for m, c in counts.items()},
-            "networks": {k: v.coefficients() for k, v in networks.items()}, "checks": checks,
-            "projection": projection}
+    result = {"formula": "\n\n".join(__doc__.split("\n\n")[1:3]), "anchor": anchor_name, "cpus_per_worker": pin,
+              "local_s": local, "traffic": {m: dict(zip(("K", "T", "J", "D"), c)) for m, c in counts.items()},
+              "networks": {k: v.coefficients() for k, v in networks.items()}, "checks": checks,
+              "projection": projection}
+    result["scores"] = {name: dict(zip(("checked", "mean_abs_error", "max_abs_error", "within_25_percent"),
+                                       summary(result, error)))
+                        for name, error in SCORED.items()}
+    return result
 
 
-def summary(result):
-    """(checked points, mean |error|, max |error|, within 25%)."""
-    errors = [abs(c["error"]) for c in result["checks"] if c["kind"] == "check"]
+def summary(result, error="error"):
+    """(checked points, mean |error|, max |error|, within 25%) of the model, or with error="null_error" of the null
+    model."""
+    errors = [abs(c[error]) for c in result["checks"] if c["kind"] == "check"]
     if not errors:
         return 0, 0.0, 0.0, 0
     return len(errors), sum(errors) / len(errors), max(errors), sum(e <= 0.25 for e in errors)
@@ -266,8 +276,10 @@ def markdown(result, runs=()):
                      f"{c['mode']} | {c['measured_s']:.3f} | {model} | {err} |")
     checked, mean, worst, within = summary(result)
     if checked:
+        _, null_mean, null_worst, null_within = summary(result, "null_error")
         lines += ["", f"Checked points: {checked}, mean |error| {mean:.0%}, max {worst:.0%}; "
-                      f"within 25%: {within} of {checked}."]
+                      f"within 25%: {within} of {checked}. A null model that ignores the network (t = L_m): "
+                      f"mean |error| {null_mean:.0%}, max {null_worst:.0%}; within 25%: {null_within} of {checked}."]
     for net in sorted({p["network"] for p in result["projection"]}, key=parse_rate):
         for link in LINKS:
             rows = [p for p in result["projection"] if p["network"] == net and p["link"] == link]

@@ -1,0 +1,480 @@
+"""Renders the README's result tables from the committed result files under docs/ (`make docs-tables`).
+
+    .venv/bin/python scripts/docs_tables.py            # rewrites the generated tables in README.md in place
+    .venv/bin/python scripts/docs_tables.py --check    # exits 1 naming each table that differs from its data
+
+A generated table sits between two markers in README.md, the first naming the table and the files it is read from:
+
+    <!-- table:bench-modes from docs/bench.json -->
+    | mode | samples/s | ...
+    <!-- /table -->
+
+Everything between the markers is rewritten: a blank line, the table (indented like the opening marker, so a table
+may sit in a list item), a blank line. The opening marker is rewritten too, so the files it names are always the
+ones read. Figures keep the rounding of the command that wrote the file (tf_fusedrec/bench, tf_fusedrec/serve/bench.py, tf_fusedrec/cluster/model.py,
+scripts/bench_grm_*.sh). Only the standard library: the README can be checked without TensorFlow
+(tests/test_docs_tables.py).
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = os.path.join(ROOT, "README.md")
+BEGIN = re.compile(r"^(?P<indent>[ \t]*)<!-- table:(?P<name>[a-z0-9-]+)(?: from (?P<sources>[^>]*?))? -->[ \t]*$")
+END = re.compile(r"^[ \t]*<!-- /table -->[ \t]*$")
+
+
+# --- reading ---------------------------------------------------------------------------------------------------------
+
+
+def _path(name):
+    return os.path.join(ROOT, name)
+
+
+def _json(name):
+    with open(_path(name)) as f:
+        return json.load(f)
+
+
+def _run_dirs(pattern):
+    """Sorted run directories (relative to the root) matched by `pattern`/bench.json or probe.json."""
+    return sorted(os.path.relpath(os.path.dirname(p), ROOT) for p in glob.glob(_path(pattern)))
+
+
+def _rates():
+    """Network name -> link bytes/s (None for loopback), as the cost model recorded them."""
+    return {k: v["rate_bytes_per_s"] for k, v in _json("docs/cluster/model.json")["networks"].items()}
+
+
+def _by_rate(networks):
+    """Networks in the order a reader compares them: loopback first, then by link rate."""
+    rates = _rates()
+    return sorted(networks, key=lambda n: (rates[n] is not None, rates[n] or 0))
+
+
+def _table(header, aligns, rows):
+    """A Markdown table: `aligns` is one of "l" or "r" per column."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if a == "l" else "---:" for a in aligns) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# --- the tables ------------------------------------------------------------------------------------------------------
+
+
+def grm_storage():
+    """scripts/bench_grm_storage.sh's table: per mode, rows, bytes and AUC against float32, for each data seed."""
+    d = _json("docs/grm/storage_bench.json")
+    seeds = sorted({r["seed"] for r in d["runs"]})
+    seed_list = ", ".join(map(str, seeds))
+
+    def label(mode):
+        runs = [r for r in d["runs"] if r["mode"] == mode]
+        if mode == "mixed":
+            hot = "; ".join(f"{', '.join(map(str, r['hot_rows']))} (seed {r['seed']})" for r in runs)
+            return f"float16 + `--hot 2000` rows per group in float32 (R = {hot} after the byte cap)"
+        if mode == "evict":
+            e = runs[0]["eviction"]
+            return (f"float32, `--evict-capacity {e['capacity']} --evict-interval {e['interval']}` "
+                    f"({e['policy'].upper()})")
+        return mode
+
+    def delta(x):
+        return "0" if x == 0 else f"{x:+.4f}"
+
+    rows = []
+    for mode, s in d["summary"].items():
+        rows.append([label(mode), ", ".join(f"{n:,}" for n in s["rows_at_end"]), f"{s['row_bytes_vs_float32']:.2f}",
+                     f"{s['all_bytes_vs_float32']:.2f}",
+                     ", ".join(delta(x) for x in s["auc_minus_float32"]["click"]),
+                     ", ".join(delta(x) for x in s["auc_minus_float32"]["conversion"])])
+    return _table(["mode", f"rows at the end (2 workers; seed {seed_list})", "row bytes vs float32",
+                   "rows + slots vs float32", f"AUC click - float32 (seed {seed_list})",
+                   f"AUC conversion - float32 (seed {seed_list})"], "lrrrll", rows)
+
+
+def grm_storage_seeds():
+    """float16 against float32 over more data seeds (docs/grm/storage_bench_float16_seeds.json)."""
+    d = _json("docs/grm/storage_bench_float16_seeds.json")
+    base = {r["seed"]: r for r in d["runs"] if r["mode"] == "float32"}
+    rows = []
+    for task in ("click", "conversion"):
+        deltas = [r["auc"][task] - base[r["seed"]]["auc"][task] for r in d["runs"] if r["mode"] == "float16"]
+        rows.append([task, ", ".join(f"{base[s]['auc'][task]:.4f}" for s in sorted(base)),
+                     ", ".join(f"{x:+.4f}" for x in deltas), f"{sum(deltas) / len(deltas):+.4f}",
+                     f"{sum(abs(x) <= 0.002 for x in deltas)} of {len(deltas)}"])
+    seeds = ", ".join(map(str, sorted(base)))
+    return _table(["task", f"float32 AUC (seed {seeds})", f"float16 - float32 (seed {seeds})", "mean",
+                   "within 0.002"], "llllr", rows)
+
+
+def bench_modes():
+    """`python -m tf_fusedrec.bench`'s mode table (docs/bench.json), the columns this run recorded."""
+    d = _json("docs/bench.json")
+    modes = d["modes"]
+    base, fused = modes["per_feature"]["samples_per_s"], modes["fused"]["samples_per_s"]
+    rows = [[m, f"{r['samples_per_s']:,.0f}", f"{r['samples_per_s'] / base:.2f}x", f"{r['samples_per_s'] / fused:.2f}x",
+             f"{r['alltoall_calls_per_step']:.0f}", f"{r['alltoall_mean_message_bytes']:,.0f}",
+             f"{r['step_seconds']:.4f}", f"{r['alltoall_busy_seconds_per_step']:.4f}",
+             f"{r['exposed_alltoall_seconds_per_step']:.4f}", f"{r['forward_alltoall_seconds_per_step']:.4f}"]
+            for m, r in modes.items()]
+    return _table(["mode", "samples/s (all workers)", "vs per_feature", "vs fused", "all-to-alls / step",
+                   "mean bytes / all-to-all", "step s", "all-to-all in flight s / step",
+                   "exposed all-to-all s / step", "forward all-to-all calls' durations, summed, s / step"],
+                  "lrrrrrrrrr", rows)
+
+
+def bench_sweep():
+    """The same run's sweep over the number of features M."""
+    sweep = _json("docs/bench.json")["sweep"]
+    modes = list(next(iter(sweep.values())))
+    rows = [[m] + [f"{r[x]['samples_per_s']:,.0f}" for x in modes]
+            + [f"{r['fused']['samples_per_s'] / r['per_feature']['samples_per_s']:.2f}x"]
+            for m, r in sorted(sweep.items(), key=lambda kv: int(kv[0]))]
+    return _table(["features M"] + [f"{m} samples/s" for m in modes] + ["fused vs per_feature"],
+                  "r" * (len(modes) + 2), rows)
+
+
+def pipeline_cpu():
+    """The pipelines' CPU profile run (docs/pipeline/cpu_profile.json): step and rank 0's CPU seconds per step."""
+    modes = _json("docs/pipeline/cpu_profile.json")["modes"]
+    rows = [[m, f"{r['samples_per_s']:,.0f}", f"{r['step_seconds']:.3f}", f"{r['cpu_seconds_per_step']:.3f}",
+             f"{r['cpu_seconds_per_step'] / r['step_seconds']:.0%}"] for m, r in modes.items()]
+    return _table(["mode", "samples/s (all workers)", "step s", "CPU s / step (rank 0)", "CPU / step"], "lrrrr", rows)
+
+
+def pipeline_clustering():
+    """`python -m tf_fusedrec.bench.clustering`'s table (docs/pipeline/clustering.json), with clustered / naive."""
+    d = _json("docs/pipeline/clustering.json")
+    rows = [[k, f"{r['whole']:,.0f}", f"{r['naive']:,.0f}", f"{r['naive'] / r['whole']:.2f}x", f"{r['clustered']:,.0f}",
+             f"{r['clustered'] / r['whole']:.2f}x", f"{r['clustered'] / r['naive'] - 1:+.2%}"]
+            for k, r in sorted(d["micro_batches"].items(), key=lambda kv: int(kv[0]))]
+    return _table(["k", "whole batch", "naive split", "naive / whole", "clustered", "clustered / whole",
+                   "clustered vs naive"], "rrrrrrr", rows)
+
+
+TABLE_ROWS = (("floor", "plain C++ loop over the native table's hash map (the floor: one fused probe, no TensorFlow)"),
+              ("native", "native (`lookup_or_init` then `apply_sparse`, in a `tf.function`)"),
+              ("tfra", "TFRA (2 lookups + 2 upserts, as `fr.train` did)"))
+
+
+def table_keys():
+    """`python -m tf_fusedrec.bench.table`: keys/s of one thread per table (the median run)."""
+    d = _json("docs/table/table.json")
+    return _table(["table", "keys/s, one thread"], "lr",
+                  [[label, f"{d[k]['keys_per_s'] / 1e6:.2f}M"] for k, label in TABLE_ROWS])
+
+
+def bench_table_backend():
+    d = _json("docs/bench/table_backend/bench.json")
+    base = d["modes"]["per_feature"]["samples_per_s"]
+    rows = [[m, f"{r['samples_per_s']:,.0f}", f"{r['samples_per_s'] / base:.2f}x",
+             f"{r['alltoall_calls_per_step']:.0f}", f"{r['step_seconds']:.4f}", f"{r['cpu_seconds_per_step']:.4f}"]
+            for m, r in d["modes"].items()]
+    return _table(["mode", "samples/s (all workers)", "vs per_feature", "all-to-alls / step", "step s",
+                   "CPU s / step (rank 0)"], "lrrrrr", rows)
+
+
+def bench_pinning():
+    """docs/bench/pinning/{pinned,unpinned}-N: the run number, then pinned before unpinned."""
+    rows = []
+    runs = sorted(_run_dirs("docs/bench/pinning/*/bench.json"),
+                  key=lambda p: (int(p.rsplit("-", 1)[1]), not os.path.basename(p).startswith("pinned")))
+    for path in runs:
+        d = _json(os.path.join(path, "bench.json"))
+        cpus = d["cpus_per_worker"]
+        placement = f"{'pinned' if cpus == 1 else 'unpinned'} ({cpus} CPU{'s' if cpus > 1 else ''} per worker)"
+        rows.append([path.rsplit("-", 1)[1], placement] + [f"{d['modes'][m]['samples_per_s']:,.0f}"
+                                                           for m in ("fused_tfra", "fused_native")])
+    return _table(["run", "placement", "fused_tfra samples/s", "fused_native samples/s"], "llrr", rows)
+
+
+PERF_MODES = ("fused_tfra", "fused_native")
+# (row label, shared objects summed) of perf's --sort dso report.
+PERF_ROWS = (("kernel (Gloo's transport, scheduling, and the idle loop)", ("[kernel.kallsyms]",)),
+             ("libpython (the step's Python, tf.data)", ("libpython3.11.so.1.0",)),
+             ("libtensorflow_cc + libtensorflow_framework (op glue, the dense model)",
+              ("libtensorflow_cc.so.2", "libtensorflow_framework.so.2")),
+             ("TFRA's cuckoo hash table (`_cuckoo_hashtable_ops.so`)", ("_cuckoo_hashtable_ops.so",)),
+             ("tf_fusedrec's ops (`_fusedrec_ops.so`: unique, partition, and the native table)", ("_fusedrec_ops.so",)),
+             ("libc (memmove, malloc)", ("libc.so.6",)))
+STEP_LINE = re.compile(r"rank (\d+) \S+: ([\d.]+) ms/step, cpu ([\d.]+) ms/step")
+
+
+def perf_breakdown():
+    """docs/perf: the step lines of prof_step.py and perf's share of all samples per shared object."""
+    steps, shares = {}, {}
+    for mode in PERF_MODES:
+        with open(_path(f"docs/perf/{mode}-step.txt")) as f:
+            steps[mode] = {int(m[1]): (m[2], m[3]) for m in STEP_LINE.finditer(f.read())}
+        shares[mode] = {}
+        with open(_path(f"docs/perf/{mode}-dso.txt")) as f:
+            for line in f:
+                percent, dso = line.strip().split(None, 1)
+                shares[mode][dso.strip()] = float(percent.rstrip("%"))
+    rows = [["step (rank 0), ms"] + [steps[m][0][0] for m in PERF_MODES],
+            ["CPU per step (rank 0 / rank 1), ms"] + [f"{steps[m][0][1]} / {steps[m][1][1]}" for m in PERF_MODES]]
+    for label, dsos in PERF_ROWS:
+        cells = []
+        for m in PERF_MODES:
+            found = [shares[m][d] for d in dsos if d in shares[m]]
+            cells.append(f"{sum(found):.2f}%" if found else "-")
+        rows.append([label] + cells)
+    return _table(["share of all samples"] + list(PERF_MODES), "lrr", rows)
+
+
+MODEL_CHOICE = " (model's choice)"
+
+
+def _hot_sweep(name):
+    d = _json(name)
+    base = next(e for e in d["results"] if e["rows"] == 0)
+    rows = [[f"{e['rows']}{MODEL_CHOICE if e['rows'] == d['model_rows'] else ''}",
+             f"{e['samples_per_s']:,.0f}", f"{1e3 * e['step_seconds']:.1f}", f"{e['alltoall_bytes_per_step']:,.0f}",
+             f"{e['alltoall_bytes_per_step'] / base['alltoall_bytes_per_step']:.2f}",
+             f"{1e3 * e['alltoall_busy_seconds_per_step']:.1f}", f"{1e3 * e['predicted_seconds']:.2f}"]
+            for e in d["results"]]
+    return _table(["R (rows per group)", "samples/s", "step ms", "all-to-all bytes / step", "bytes vs R=0",
+                   "all-to-all in flight ms / step", "model L(R) ms"], "rrrrrrr", rows)
+
+
+def hot_sweep_loopback():
+    return _hot_sweep("docs/hot/hot_sweep.json")
+
+
+def hot_sweep_1gbit():
+    return _hot_sweep("docs/hot/1gbit-n2/hot_sweep.json")
+
+
+def _num(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def serve_bench():
+    """tf_fusedrec/serve/bench.py's table (docs/serve/serve_bench.md shows the same)."""
+    rows = []
+    for r in _json("docs/serve/serve_bench.json")["runs"]:
+        kb = [_num(None if r[k] is None else r[k] / 1e3, ".1f")
+              for k in ("bytes_from_servers_per_request", "bytes_to_servers_per_request")]
+        rows.append(["on" if r["pooling"] else "off", f"{r['cache_mb']:g} MiB" if r["cache_mb"] else "off", r["load"],
+                     f"{r['offered_qps']:g}", f"{r['requests_per_s']:.1f}", _num(r["p50_ms"], ".1f"),
+                     _num(r["p99_ms"], ".1f"), r["errors"], r["dropped"], _num(r["cache_hit_rate"], ".3f"), *kb,
+                     _num(r["ranker_mean_batch"], ".0f")])
+    return _table(["pooling", "cache", "load", "offered q/s", "achieved req/s", "p50 ms", "p99 ms", "errors", "dropped",
+                   "cache hit rate", "KB from servers / req", "KB to servers / req", "mean batch"], "l" * 13, rows)
+
+
+def _probes():
+    """{network: (run dir, probe.json)} of the 2-worker probes, loopback first, then by rate."""
+    probes = {}
+    for path in _run_dirs("docs/cluster/*-n2/probe.json"):
+        p = _json(os.path.join(path, "probe.json"))
+        probes[p["network"]] = (os.path.basename(path), p)
+    return {n: probes[n] for n in _by_rate(probes)}
+
+
+def cluster_probe():
+    """`python -m tf_fusedrec.cluster.probe`'s fits per network: latency in ms, MB/s = 1 / seconds per byte."""
+    rates = _rates()
+    rows = []
+    for net, (run, p) in _probes().items():
+        a2a, ar = p["alltoall"], p["allreduce"]
+        linked = a2a.get("seconds_per_link_byte") is not None
+        shape = f"{p['hosts']} x {p['workers_per_host']}" if p["hosts"] > 1 else f"{p['hosts']} host"
+        link = f"{1e-6 / a2a['seconds_per_link_byte']:.0f} ({rates[net] / 1e6:g})" if linked else "-"
+        rows.append([run, net, f"{p['workers']} ({shape})", f"{a2a['latency_s'] * 1e3:.1f} ms",
+                     f"{1e-6 / a2a['seconds_per_byte']:.0f}", link, f"{a2a['batched']['latency_s'] * 1e3:.1f} ms",
+                     f"{ar['latency_s'] * 1e3:.1f} ms", f"{1e-6 / ar['seconds_per_byte']:.0f}"])
+    return _table(["run", "network", "N (hosts x W)", "all-to-all latency", "all-to-all MB/s per message byte",
+                   "MB/s per link byte (nominal)", "batched all-to-all latency", "allreduce latency",
+                   "allreduce MB/s"], "lllrrrrrr", rows)
+
+
+def cluster_bench():
+    """The 2-worker cluster runs side by side (docs/cluster/*-n2/bench.json), as in the cost model's model.md; the
+    traffic columns are the loopback run's (fused_hot's hot set, and so its bytes, differ between runs)."""
+    runs = {}
+    for path in _run_dirs("docs/cluster/*-n2/bench.json"):
+        b = _json(os.path.join(path, "bench.json"))
+        runs[b["network"]] = b
+    nets = _by_rate(runs)
+    first = runs[nets[0]]
+    rows = []
+    for m in first["modes"]:
+        r = first["modes"][m]
+        rows.append([m] + [f"{runs[n]['modes'][m]['samples_per_s']:,.0f}" for n in nets]
+                    + [f"{r['alltoall_calls_per_step']:.0f}", f"{r['alltoall_bytes_per_step']:,.0f}"])
+    for base in ("per_feature", "tfra_hand_fused"):
+        rows.append([f"**fused vs {base}**"] + [
+            f"**{runs[n]['modes']['fused']['samples_per_s'] / runs[n]['modes'][base]['samples_per_s']:.2f}x**"
+            for n in nets] + ["", ""])
+    header = ["mode"] + [f"{n} samples/s" for n in nets] + ["all-to-alls / step",
+                                                             f"bytes / step (one worker, {nets[0]})"]
+    return _table(header, "l" + "r" * (len(nets) + 2), rows)
+
+
+CHECKED_MODES = ("fused", "per_feature", "fused_nodedup", "tfra_hand_fused", "fused_dbp", "fused_hot")
+
+
+def model_checks():
+    """The cost model's checks (docs/cluster/model.json): measured / model ms per step, and the model's error."""
+    d = _json("docs/cluster/model.json")
+    checks = [c for c in d["checks"] if c["kind"] == "check"]
+    rows = []
+    for net in _by_rate(dict.fromkeys(c["network"] for c in checks)):
+        by_mode = {c["mode"]: c for c in checks if c["network"] == net}
+        c = next(iter(by_mode.values()))
+        label = f"{net}, N = {c['workers']} ({c['workers'] // c['workers_per_host']} x {c['workers_per_host']})"
+        rows.append([label] + [f"{by_mode[m]['measured_s'] * 1e3:.0f} / {by_mode[m]['model_s'] * 1e3:.0f} "
+                               f"({by_mode[m]['error']:+.0%})" for m in CHECKED_MODES])
+    return _table(["run"] + list(CHECKED_MODES), "l" + "r" * len(CHECKED_MODES), rows)
+
+
+SCORE_LABELS = {"model": "the cost model (tf_fusedrec/cluster/model.py)",
+                "null": "a null model that ignores the network (t = L_m, the loopback step)"}
+
+
+def model_scores():
+    """The cost model's score beside the null model's, as `python -m tf_fusedrec.cluster.model` computed them
+    (model.json's scores), for the run set and its rerun."""
+    rows = []
+    for name in ("docs/cluster/model.json", "docs/cluster/rerun/model.json"):
+        for model, s in _json(name)["scores"].items():
+            rows.append([f"`{os.path.dirname(name)}`", SCORE_LABELS[model], f"{s['within_25_percent']} of {s['checked']}",
+                         f"{s['mean_abs_error']:.0%}", f"{s['max_abs_error']:.0%}"])
+    return _table(["runs", "model", "within 25%", "mean abs error", "max abs error"], "llrrr", rows)
+
+
+# (network, link, mode) per column: the links as checked at 1 Gbit/s, and wires without the token bucket.
+PROJECTION_COLUMNS = (("1gbit", "shaped", "fused"), ("1gbit", "shaped", "per_feature"),
+                      ("1gbit", "shaped", "tfra_hand_fused"), ("1gbit", "wire", "fused"),
+                      ("1gbit", "wire", "per_feature"), ("100mbit", "wire", "fused"),
+                      ("100mbit", "wire", "per_feature"))
+PROJECTION_N = (8, 32, 128)
+
+
+def model_projection():
+    """The model's projection: ms per step (thousands of samples/s over all workers)."""
+    by = {(p["network"], p["link"], p["mode"], p["workers"]): p for p in _json("docs/cluster/model.json")["projection"]}
+    header = ["N"] + [f"{net}{' wire' if link == 'wire' else ''} {mode}" for net, link, mode in PROJECTION_COLUMNS]
+    rows = [[n] + [f"{by[c + (n,)]['model_s'] * 1e3:.0f} ({by[c + (n,)]['samples_per_s'] / 1e3:,.0f}k)"
+                   for c in PROJECTION_COLUMNS] for n in PROJECTION_N]
+    return _table(header, "r" * len(header), rows)
+
+
+# name -> (the files it is read from, as the marker names them; the renderer)
+TABLES = {
+    "grm-storage": (("docs/grm/storage_bench.json",), grm_storage),
+    "grm-storage-seeds": (("docs/grm/storage_bench_float16_seeds.json",), grm_storage_seeds),
+    "bench-modes": (("docs/bench.json",), bench_modes),
+    "bench-sweep": (("docs/bench.json",), bench_sweep),
+    "pipeline-cpu": (("docs/pipeline/cpu_profile.json",), pipeline_cpu),
+    "pipeline-clustering": (("docs/pipeline/clustering.json",), pipeline_clustering),
+    "table-keys": (("docs/table/table.json",), table_keys),
+    "bench-table-backend": (("docs/bench/table_backend/bench.json",), bench_table_backend),
+    "bench-pinning": (("docs/bench/pinning/*/bench.json",), bench_pinning),
+    "perf-breakdown": (("docs/perf/*-step.txt", "docs/perf/*-dso.txt"), perf_breakdown),
+    "hot-sweep": (("docs/hot/hot_sweep.json",), hot_sweep_loopback),
+    "hot-sweep-1gbit": (("docs/hot/1gbit-n2/hot_sweep.json",), hot_sweep_1gbit),
+    "serve-bench": (("docs/serve/serve_bench.json",), serve_bench),
+    "cluster-probe": (("docs/cluster/*-n2/probe.json", "docs/cluster/model.json"), cluster_probe),
+    "cluster-bench": (("docs/cluster/*-n2/bench.json", "docs/cluster/model.json"), cluster_bench),
+    "model-checks": (("docs/cluster/model.json",), model_checks),
+    "model-scores": (("docs/cluster/model.json", "docs/cluster/rerun/model.json"), model_scores),
+    "model-projection": (("docs/cluster/model.json",), model_projection),
+}
+
+
+def render(name):
+    """The table `name` as Markdown, freshly read from its files."""
+    return TABLES[name][1]()
+
+
+def begin_marker(name, indent=""):
+    return f"{indent}<!-- table:{name} from {', '.join(TABLES[name][0])} -->"
+
+
+# --- the README ------------------------------------------------------------------------------------------------------
+
+
+def blocks(text):
+    """[(name, indent, first line, end line, the lines between)] of the generated tables in `text` (0-based line
+    numbers of the markers). Raises ValueError on an unknown name, a table marked twice or a marker left open."""
+    lines = text.split("\n")
+    found, seen, i = [], set(), 0
+    while i < len(lines):
+        m = BEGIN.match(lines[i])
+        if m:
+            name = m["name"]
+            if name not in TABLES:
+                raise ValueError(f"README line {i + 1}: unknown table {name!r}; known: {', '.join(TABLES)}")
+            if name in seen:
+                raise ValueError(f"README line {i + 1}: table {name!r} is marked twice")
+            seen.add(name)
+            end = next((j for j in range(i + 1, len(lines)) if END.match(lines[j]) or BEGIN.match(lines[j])), None)
+            if end is None or not END.match(lines[end]):
+                raise ValueError(f"README line {i + 1}: table {name!r} has no <!-- /table --> before the next table")
+            found.append((name, m["indent"], i, end, lines[i + 1:end]))
+            i = end
+        i += 1
+    return found
+
+
+def rewrite(text):
+    """(text with every generated table rendered afresh, the names of the tables that changed)."""
+    lines = text.split("\n")
+    changed = []
+    for name, indent, first, end, body in reversed(blocks(text)):
+        # Blank lines around the table: Markdown then never reads a marker as a row of it.
+        fresh = [""] + [indent + line for line in render(name).split("\n")] + [""]
+        marker = begin_marker(name, indent)
+        if fresh != body or marker != lines[first]:
+            changed.append(name)
+        lines[first:end] = [marker] + fresh
+    return "\n".join(lines), changed[::-1]
+
+
+def stale(text):
+    """Names of the generated tables in `text` that differ from their data, and of the tables `text` lacks."""
+    _, changed = rewrite(text)
+    present = {b[0] for b in blocks(text)}
+    return changed + [f"{name} (not in the README)" for name in TABLES if name not in present]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 naming the tables that differ")
+    p.add_argument("--readme", default=README)
+    args = p.parse_args(argv)
+    with open(args.readme) as f:
+        text = f.read()
+    try:
+        if args.check:
+            names = stale(text)
+            if names:
+                print("README tables that differ from their data (run `make docs-tables`): " + ", ".join(names),
+                      file=sys.stderr)
+                return 1
+            return 0
+        new, changed = rewrite(text)
+        missing = [name for name in TABLES if name not in {b[0] for b in blocks(text)}]
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if new != text:
+        with open(args.readme, "w") as f:
+            f.write(new)
+    print(f"{len(TABLES) - len(missing)} tables rendered; changed: {', '.join(changed) or 'none'}")
+    if missing:
+        print(f"error: no markers in {args.readme} for: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

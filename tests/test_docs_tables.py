@@ -1,0 +1,85 @@
+"""README.md's result tables equal a fresh rendering of the committed result files (scripts/docs_tables.py).
+
+Each table marked `<!-- table:NAME from FILES -->` ... `<!-- /table -->` in the README is checked on its own, so a
+failure names the table; `make docs-tables` rewrites them. The script uses only the standard library and reads
+JSON and text files: no TensorFlow, well under a second.
+"""
+
+import ast
+import difflib
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "docs_tables.py"
+
+
+def load_script():
+    """scripts/docs_tables.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("docs_tables", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+docs_tables = load_script()
+README = (ROOT / "README.md").read_text()
+BLOCKS = {name: (indent, first, body) for name, indent, first, _, body in docs_tables.blocks(README)}
+
+
+@pytest.mark.parametrize("name", list(docs_tables.TABLES))
+def test_readme_table_equals_its_data(name):
+    assert name in BLOCKS, f"README.md has no <!-- table:{name} --> ... <!-- /table --> block"
+    indent, first, body = BLOCKS[name]
+    fresh = [""] + [indent + line for line in docs_tables.render(name).split("\n")] + [""]
+    if body != fresh:
+        diff = "\n".join(difflib.unified_diff(body, fresh, "README.md", "rendered from the data", lineterm=""))
+        pytest.fail(f"README table {name!r} (line {first + 1}) differs from its data; run `make docs-tables`:\n{diff}")
+    assert README.split("\n")[first] == docs_tables.begin_marker(name, indent), (
+        f"README table {name!r}: its opening marker does not name the files it is read from; run `make docs-tables`")
+
+
+@pytest.mark.parametrize("name", list(docs_tables.TABLES))
+def test_each_table_reads_committed_files(name):
+    for pattern in docs_tables.TABLES[name][0]:
+        assert sorted(ROOT.glob(pattern)), f"table {name!r}: no committed file matches {pattern}"
+
+
+def test_every_marked_table_is_known():
+    assert set(BLOCKS) == set(docs_tables.TABLES)
+
+
+def test_a_changed_figure_is_named_and_rewritten(tmp_path, capsys):
+    indent, first, body = BLOCKS["bench-table-backend"]
+    lines = README.split("\n")
+    row = next(i for i in range(first + 1, first + 1 + len(body)) if lines[i].startswith("| fused_native |"))
+    lines[row] = lines[row].replace("71,913", "71,914")
+    stale_text = "\n".join(lines)
+    assert docs_tables.stale(stale_text) == ["bench-table-backend"]
+    readme = tmp_path / "README.md"
+    readme.write_text(stale_text)
+    assert docs_tables.main(["--check", "--readme", str(readme)]) == 1
+    assert "bench-table-backend" in capsys.readouterr().err
+    assert docs_tables.main(["--readme", str(readme)]) == 0
+    assert readme.read_text() == README
+
+
+def test_marker_errors_name_the_table():
+    with pytest.raises(ValueError, match="unknown table 'no-such-table'"):
+        docs_tables.blocks("<!-- table:no-such-table -->\n<!-- /table -->\n")
+    with pytest.raises(ValueError, match="table 'bench-modes' has no <!-- /table -->"):
+        docs_tables.blocks("<!-- table:bench-modes -->\n| a |\n")
+    twice = "<!-- table:bench-modes -->\n<!-- /table -->\n"
+    with pytest.raises(ValueError, match="table 'bench-modes' is marked twice"):
+        docs_tables.blocks(twice + twice)
+
+
+def test_the_script_imports_only_the_standard_library():
+    tree = ast.parse(SCRIPT.read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported <= set(sys.stdlib_module_names), f"non-standard imports: {imported - set(sys.stdlib_module_names)}"
