@@ -5,9 +5,20 @@ Two groups, both with the Hashed initializer (so rows of ids never trained are r
   "hashed": features c, d, e (dim 8), hashed table keys.
 Each holds `keys_per_feature` trained random ids per feature with random rows, written as `parts` route-range parts.
 The manifest's features and dense entries are placeholders: the embedding servers read only the groups.
+
+Also, for the tests that serve a real model: trained_export (the scenario DLRM of export_scenario.py, trained briefly
+and exported once per test process), RankerThread (the ranker built from its command-line flags, serving from a
+thread of the test process on loopback), and HTTP helpers (post, get, raw_http).
 """
 
+import json
 import os
+import re
+import socket
+import sys
+import threading
+import urllib.error
+import urllib.request
 
 import numpy as np
 
@@ -39,7 +50,7 @@ def fake_tables(keys_per_feature=700, seed=0):
     return tables
 
 
-def write_fake_export(export_dir, keys_per_feature=700, parts=3, seed=0):
+def write_fake_export(export_dir, keys_per_feature=700, parts=3, seed=0, source=None):
     """Writes the fake export into export_dir (created); -> export_dir.
 
     Args:
@@ -47,6 +58,7 @@ def write_fake_export(export_dir, keys_per_feature=700, parts=3, seed=0):
       keys_per_feature: trained ids per feature.
       parts: route-range parts per group.
       seed: of the random ids and rows (fake_tables(keys_per_feature, seed) gives the same tables).
+      source: the manifest's "source" (default: this file and the seed).
     """
     os.makedirs(export_dir, exist_ok=True)
     groups, features = [], []
@@ -54,6 +66,124 @@ def write_fake_export(export_dir, keys_per_feature=700, parts=3, seed=0):
         groups.append(fmt.write_group(export_dir, spec, keys, rows, parts))
         features += [{"name": f, "dim": spec["dim"], "combiner": "sum", "group": spec["name"], "category": c}
                      for c, f in enumerate(spec["features"])]
-    fmt.write_manifest(export_dir, {"features": features, "groups": groups, "dense": {},
-                                    "source": {"fixture": "tests/serve/serve_fixtures.py", "seed": seed}})
+    source = source if source is not None else {"fixture": "tests/serve/serve_fixtures.py", "seed": seed}
+    fmt.write_manifest(export_dir, {"features": features, "groups": groups, "dense": {}, "source": source})
     return export_dir
+
+
+# --- a trained export and the ranker in this process -------------------------------------------------------------
+
+_TRAINED = {}
+
+
+def trained_export(tmp_path_factory):
+    """The export of the scenario DLRM of tests/serve/export_scenario.py trained for 3 steps on one worker; made once
+    per test process (the modules that serve it share it), under pytest's session temporary directory."""
+    if "export" not in _TRAINED:
+        import tensorflow as tf  # noqa: PLC0415
+
+        import tf_fusedrec as fr  # noqa: PLC0415
+        from tf_fusedrec.distributed import comm as comm_lib  # noqa: PLC0415
+
+        sc = scenario()
+        tf.keras.backend.clear_session()
+        model, opt, _, _ = sc.build("fused", comm_lib.get_comm("single"))
+        for s in range(3):
+            batch = sc.local_slice(sc.make_batch(s), 0, 1)
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(sc.inputs_of(batch), training=True) - batch["label"]))
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        export_dir = str(tmp_path_factory.mktemp("trained") / "export")
+        fr.export.export_model(model, export_dir, example=sc.inputs_of(sc.local_slice(sc.make_batch(0), 0, 1)))
+        _TRAINED["export"] = export_dir
+    return _TRAINED["export"]
+
+
+def scenario():
+    """tests/serve/export_scenario.py (the model, its features and its batches), imported as the ranker tests do."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import export_scenario  # noqa: PLC0415
+
+    return export_scenario
+
+
+def instances_of(batch):
+    """A scenario batch (global, NumPy) -> TF Serving instances: one object per instance, padding dropped."""
+    values, lengths = batch["tags"]
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    out = []
+    for i in range(len(lengths)):
+        out.append({
+            "dense": batch["dense"][i].tolist(),
+            "user_id": int(batch["user_id"][i]), "item_id": int(batch["item_id"][i]),
+            "country": int(batch["country"][i]),
+            "tags": values[starts[i]:starts[i + 1]].tolist(),
+            "genres": [int(x) for x in batch["genres"][i] if x >= 0],
+            "history": [int(x) for x in batch["history"][i] if x >= 0],
+        })
+    return out
+
+
+class RankerThread:
+    """The ranker built from command-line flags (ranker.parse_args, build, make_server: what `python -m
+    tf_fusedrec.serve.ranker` runs) serving on a free loopback port from a thread of this process.
+
+    Attributes: ranker (the Ranker), server (its BoundedHTTPServer), port, url (http://127.0.0.1:PORT/v1/models/NAME).
+    """
+
+    def __init__(self, flags):
+        from tf_fusedrec.serve import ranker as ranker_lib  # noqa: PLC0415
+
+        args = ranker_lib.parse_args(["--port", "0", "--host", "127.0.0.1", *flags])
+        self.ranker = ranker_lib.build(args)
+        self.server = ranker_lib.make_server(self.ranker, args)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}/v1/models/{args.name}"
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="test_ranker_http", daemon=True)
+        self._thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(5)
+        self.ranker.close()
+
+
+def post(url, payload, timeout=30):
+    """POST a JSON payload (or raw bytes) -> (status, decoded JSON answer)."""
+    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def get(url):
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def raw_http(port, data, timeout=10.0):
+    """Bytes sent as they are on a new loopback connection -> (status, decoded JSON body), reading until the server
+    closes the connection or the answer's Content-Length is in."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        received = b""
+        while True:
+            head, sep, body = received.partition(b"\r\n\r\n")
+            if sep:
+                match = re.search(rb"(?i)content-length:\s*(\d+)", head)
+                if match and len(body) >= int(match.group(1)):
+                    break
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/") else None
+    return status, json.loads(body) if body else None

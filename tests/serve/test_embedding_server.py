@@ -2,9 +2,12 @@
 
 Servers run in this process (EmbeddingServer) where the test only needs the protocol, and as subprocesses (the CLI)
 where it needs the command line, SIGKILL or SIGTERM. The subprocesses are started when the module starts, so their
-TensorFlow import overlaps the in-process tests; every wait is bounded.
+TensorFlow import overlaps the in-process tests; every wait is bounded. Hardening: the response cap is checked before
+any row is gathered, the Credits client table is bounded (length and count; the others share one pool), Info names no
+absolute path, and malformed requests of every kind get INVALID_ARGUMENT naming the field.
 """
 
+import json
 import os
 import signal
 import socket
@@ -468,6 +471,11 @@ def test_malformed_requests_get_invalid_argument(clusters):
         # The second entry is the bad one: the message says which.
         ([entry("packed", ok_ids, ok_categories), entry("hashed", ok_ids, [0, 0, 9])], ["'hashed' (entry 1)"]),
         (b"\xff\xff\xff", ["not a LookupRequest"]),
+        (b"", ["field groups: the request holds no entry"]),
+        ([entry("packed", [1, 2**62, 3], [0, 1, 0])],
+         ["'packed'", "field ids: 1 ids do not fit the group's packed keys", "ids must be < 2**62"]),
+        ([entry("packed", [], [])] * (embedding_server.MAX_ENTRIES + 1),
+         [f"field groups: {embedding_server.MAX_ENTRIES + 1} entries, at most {embedding_server.MAX_ENTRIES}"]),
     ]
     base = server.credits_state().invalid
     for request, expected in cases:
@@ -509,6 +517,121 @@ def test_request_size_is_bounded_and_the_client_chunks(export, local):
             assert remote.stats()["servers"][address]["requests"] >= 3
     finally:
         server.stop(grace=0)
+
+
+def counting_lookups(server):
+    """Wraps every group's GroupRows.lookup of an in-process server; -> {group: number of calls}."""
+    calls = {name: 0 for name in server.groups}
+    for name, rows_of in server.groups.items():
+        def counted(ids, categories, name=name, lookup=rows_of.lookup):
+            calls[name] += 1
+            return lookup(ids, categories)
+        rows_of.lookup = counted
+    return calls
+
+
+def test_response_cap_is_checked_before_any_row_is_gathered(export, local):
+    """--max-response-mb 1: a Lookup whose answer would pass 1 MiB is refused naming the entry that crosses it, before
+    any row is gathered (the size is known from the request), group by group; one just below is answered, and
+    RemoteBackend splits its lookups to fit."""
+    server = embedding_server.EmbeddingServer(export, max_response_mb=1)
+    server.start(0)
+    address = f"127.0.0.1:{server.port}"
+    calls = counting_lookups(server)
+    rng = np.random.default_rng(4)
+    try:
+        fits = 32000  # 32000 rows of dim 8: 1,024,000 bytes and framing, below 1 MiB
+        ids, categories = rng.integers(0, 2 * serve_fixtures.ID_SPACE, 40000), rng.integers(0, 3, 40000)
+        oversized = [
+            [entry("hashed", ids[:33000], categories[:33000])],  # 1,056,000 bytes of rows alone
+            [entry("packed", ids[:3000], categories[:3000] % 2), entry("hashed", ids[:fits], categories[:fits])],
+            [entry("hashed", ids, categories, pool=True, segments=np.arange(40000, dtype="<i4").tobytes(),
+                   num_segments=40000)],  # 40000 segments present: 1.6 MB of sums, segments and counts
+        ]
+        for request in oversized:
+            with pytest.raises(grpc.RpcError) as raised:
+                raw_lookup(address, request)
+            assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            last = len(request) - 1
+            assert f"'hashed' (entry {last}): the response would exceed 1048576 bytes (--max-response-mb)" in \
+                raised.value.details(), raised.value.details()
+        assert calls == {"packed": 0, "hashed": 0}, "rows were gathered for a refused lookup"
+
+        segments = np.arange(40000, dtype=np.int64) % 10
+        answered = [[entry("hashed", ids[:fits], categories[:fits])],
+                    [entry("hashed", ids, categories, pool=True, segments=segments.astype("<i4").tobytes(),
+                           num_segments=10)]]
+        for request in answered:
+            payload = pb.LookupRequest(groups=request).SerializeToString()
+            with grpc.insecure_channel(address) as channel:
+                answer = channel.unary_unary(embedding_server.LOOKUP_METHOD)(payload, timeout=30)
+            # The bound the server checks is never below the answer's true size.
+            assert len(answer) <= server._decode(0, request[0]).response_bytes <= server.max_response_bytes
+        result = pb.LookupResponse.FromString(answer).groups[0]
+        want_sums, want_counts = local.pooled("hashed", ids, categories, segments, 10)
+        np.testing.assert_allclose(np.frombuffer(result.sums, "<f4").reshape(10, 8), want_sums, rtol=1e-6, atol=1e-6)
+        assert np.array_equal(np.frombuffer(result.counts, "<i4"), want_counts)
+
+        with RemoteBackend(export, [address]) as remote:
+            assert np.array_equal(remote.rows("hashed", ids, categories), local.rows("hashed", ids, categories))
+            assert remote.stats()["servers"][address]["requests"] >= 2
+    finally:
+        server.stop(grace=0)
+
+
+def test_credits_client_table_is_bounded(export):
+    """At most --max-clients client ids are registered; a flood of made-up ids joins one pool that counts as one
+    client (credit 1 each), so registered clients keep max_inflight // (registered + 1); an id longer than
+    MAX_CLIENT_ID_CHARS, or bytes that are no CreditsRequest, get INVALID_ARGUMENT naming the field."""
+    server = embedding_server.EmbeddingServer(export, max_inflight=12, max_clients=2)
+    server.start(0)
+    try:
+        assert server.credits_state("ranker-a").credits == 12
+        answer = server.credits_state("ranker-b")
+        assert (answer.credits, answer.clients) == (6, 2)
+        for i in range(500):
+            flood = server.credits_state(f"made-up-{i}")
+        assert (flood.credits, flood.clients) == (1, 3)
+        answer = server.credits_state("ranker-a")
+        assert (answer.credits, answer.clients) == (4, 3)  # 12 // 3, not 12 // 502
+        assert set(server._clients) == {"ranker-a", "ranker-b"}
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            credits = channel.unary_unary(embedding_server.CREDITS_METHOD)
+            limit = embedding_server.MAX_CLIENT_ID_CHARS
+            cases = [(pb.CreditsRequest(client_id="x" * (limit + 1)).SerializeToString(),
+                      f"field client_id has {limit + 1} characters, at most {limit}"),
+                     (b"\xff\xff", "not a CreditsRequest")]
+            for payload, message in cases:
+                with pytest.raises(grpc.RpcError) as raised:
+                    credits(payload, timeout=10)
+                assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in raised.value.details()
+            answer = pb.CreditsResponse.FromString(
+                credits(pb.CreditsRequest(client_id="x" * limit).SerializeToString(), timeout=10))
+            assert answer.credits == 1 and len(server._clients) == 2
+    finally:
+        server.stop(grace=0)
+
+
+def test_info_names_no_absolute_path(tmp_path):
+    """Info carries the export directory's base name, and the manifest's source with every absolute path cut to its
+    base name: the server's file layout stays on the server."""
+    source = {"model_dir": str(tmp_path / "runs" / "demo-1"), "parts": ["/data/ckpt-3/", "relative/x"], "step": 3}
+    export_dir = serve_fixtures.write_fake_export(str(tmp_path / "the-export"), keys_per_feature=20, source=source)
+    server = embedding_server.EmbeddingServer(export_dir)
+    server.start(0)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            info_call = channel.unary_unary(embedding_server.INFO_METHOD)
+            info = pb.InfoResponse.FromString(info_call(b"", timeout=10))
+            with pytest.raises(grpc.RpcError) as raised:
+                info_call(b"\xff\xff", timeout=10)
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not an InfoRequest" in raised.value.details()
+    finally:
+        server.stop(grace=0)
+    assert info.export_dir == "the-export"
+    assert json.loads(info.source_json) == {"model_dir": "demo-1", "parts": ["ckpt-3", "relative/x"], "step": 3}
+    assert str(tmp_path) not in str(info) and "/data" not in info.source_json
 
 
 def test_unknown_group_and_bad_arguments_client_side(export, clusters):
@@ -607,6 +730,8 @@ def test_killed_server_fails_fast_and_recovers(export, local, processes):
 def test_command_line_arguments(capsys):
     args = embedding_server.parse_args(["--export", "e", "--port", "1", "--shard", "1", "--num-shards", "4"])
     assert (args.start, args.end) == fmt.even_ranges(4)[1]
+    assert args.max_clients == 64
+    assert embedding_server.parse_args(["--export", "e", "--port", "1", "--max-clients", "3"]).max_clients == 3
     args = embedding_server.parse_args(["--export", "e", "--port", "1", "--start", "0x10", "--end",
                                         "10000000000000000"])
     assert (args.start, args.end) == (16, 2**64)

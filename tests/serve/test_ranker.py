@@ -3,9 +3,13 @@
 * Predictions through POST /v1/models/NAME:predict ("instances" and "inputs" shapes) equal the in-process model's
   (fr.export.load_model) to 1e-6, with pooling on the servers and the cache, and without either.
 * Concurrent requests are batched into shared model calls and each gets its own answer.
-* Bad requests (unknown or missing feature, wrong type, negative id, malformed JSON, wrong model) get HTTP 400/404
-  naming the field; the ranker keeps serving.
+* Bad requests (unknown or missing feature, wrong type, negative or out-of-int64 id, oversized integer literal, deeply
+  nested JSON, malformed JSON, wrong model) get HTTP 400/404 naming the field or the problem; the ranker keeps serving.
 * A SIGKILLed embedding server gives HTTP 503 naming it, fast; restarted on its port, the ranker uses it again.
+* Limits, against a ranker built from its flags in this process (rows in-process: --servers local) with small limits:
+  411 without Content-Length, 413 beyond --max-body-mb, --max-instances and --max-ids, 503 beyond --max-queue; idle
+  connections are closed (--idle-timeout-s, or at once for a new client at --max-connections), slow requests get 408
+  (--read-timeout-s), and a well-formed client is served throughout.
 """
 
 import json
@@ -16,21 +20,18 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.serve import serve_fixtures
+from tests.serve.serve_fixtures import get, instances_of, post, raw_http
 from tests.subprocess_runner import ROOT, child_env
 
-import tensorflow as tf  # noqa: E402
-
 import tf_fusedrec as fr  # noqa: E402
+from tf_fusedrec.serve import ranker as ranker_lib  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import export_scenario as sc  # noqa: E402
+sc = serve_fixtures.scenario()
 
 START_TIMEOUT_S = 90
 
@@ -64,54 +65,17 @@ def stop(proc, sig=signal.SIGTERM):
             proc.wait()
 
 
-def post(url, payload, timeout=30):
-    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
-def get(url):
-    with urllib.request.urlopen(url, timeout=30) as r:
-        return json.loads(r.read())
-
-
-def instances_of(batch):
-    """A scenario batch (global, NumPy) -> TF Serving instances: one object per instance, padding dropped."""
-    values, lengths = batch["tags"]
-    starts = np.concatenate([[0], np.cumsum(lengths)])
-    out = []
-    for i in range(len(lengths)):
-        out.append({
-            "dense": batch["dense"][i].tolist(),
-            "user_id": int(batch["user_id"][i]), "item_id": int(batch["item_id"][i]),
-            "country": int(batch["country"][i]),
-            "tags": values[starts[i]:starts[i + 1]].tolist(),
-            "genres": [int(x) for x in batch["genres"][i] if x >= 0],
-            "history": [int(x) for x in batch["history"][i] if x >= 0],
-        })
-    return out
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The trained scenario model's export and its in-process model."""
+    export_dir = serve_fixtures.trained_export(tmp_path_factory)
+    return export_dir, fr.export.load_model(export_dir)
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """An export of a briefly trained model, 2 embedding servers and 2 rankers (pooling + cache; neither)."""
-    where = tmp_path_factory.mktemp("serve")
-    tf.keras.backend.clear_session()
-    from tf_fusedrec.distributed import comm as comm_lib  # noqa: PLC0415
-
-    model, opt, _, _ = sc.build("fused", comm_lib.get_comm("single"))
-    for s in range(3):
-        batch = sc.local_slice(sc.make_batch(s), 0, 1)
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(model(sc.inputs_of(batch), training=True) - batch["label"]))
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-    export_dir = str(where / "export")
-    fr.export.export_model(model, export_dir, example=sc.inputs_of(sc.local_slice(sc.make_batch(0), 0, 1)))
-    local = fr.export.load_model(export_dir)
+def cluster(trained):
+    """2 embedding servers and 2 rankers (pooling + cache; neither) of the trained export, as subprocesses."""
+    export_dir, local = trained
     ports = [free_port(), free_port()]
     servers = [start(["tf_fusedrec.serve.embedding_server", "--export", export_dir, "--shard", str(i), "--num-shards",
                       "2", "--port", str(p)]) for i, p in enumerate(ports)]
@@ -189,10 +153,33 @@ def test_concurrent_requests_are_batched(cluster):
     ("one_id", "feature 'country': takes one id per instance"),
     ("dense", "input 'dense': values must be float32 of shape [2, 3]"),
     ("uneven", "feature 'tags' is given in some instances but not all"),
+    ("id_2_63", "feature 'user_id': ids must be integers, got 9223372036854775808 (outside int64"),
+    ("id_2_64_in_lists", "feature 'tags': ids must be integers, got 18446744073709551616 (outside int64"),
+    ("id_below_int64", "feature 'item_id': ids must be integers, got -9223372036854775809 (outside int64"),
+    ("negative_in_lists", "feature 'genres': ids must be >= 0; found -2"),
+    ("literal_5000_digits", "feature 'history': ids must be integers, got an integer literal of 5000 digits"),
+    ("dense_5000_digits", "input 'dense': values must be finite"),
+    ("nested_body", "the request body nests JSON arrays or objects too deeply"),
+    ("nested_ids", "the request body nests JSON arrays or objects too deeply"),
+    ("nested_200", "feature 'tags': ids must be integers, got [[["),
 ])
 def test_bad_requests_get_400_naming_the_field(cluster, payload, message):
     url = cluster["urls"]["pooled_cached"]
-    if isinstance(payload, str):
+    big = "9" * 5000  # beyond Python's 4300-digit limit on int(str): once a 500
+    raw = {  # a feature's value as JSON text
+        "literal_5000_digits": ("history", f"[{big}]"),
+        "dense_5000_digits": ("dense", f"[{big}, 1.0, 2.0]"),
+        "nested_ids": ("tags", "[" * 5000 + "]" * 5000),
+        "nested_200": ("tags", "[" + "[" * 200 + "]" * 200 + "]"),
+    }
+    if payload == "nested_body":
+        payload = ("[" * 5000 + "]" * 5000).encode()
+    elif isinstance(payload, str) and payload in raw:
+        feature, text = raw[payload]
+        instances = instances_of(sc.make_batch(1000))[:2]
+        instances[0][feature] = "PLACEHOLDER"
+        payload = json.dumps({"instances": instances}).replace('"PLACEHOLDER"', text).encode()
+    elif isinstance(payload, str):
         instances = instances_of(sc.make_batch(1000))[:2]
         change = {
             "colour": lambda i: i[0].update(colour=1) or i[1].update(colour=2),
@@ -204,11 +191,16 @@ def test_bad_requests_get_400_naming_the_field(cluster, payload, message):
             "one_id": lambda i: i[0].update(country=[1, 2]),
             "dense": lambda i: i[0].update(dense=[1.0]),
             "uneven": lambda i: i[1].pop("tags"),
+            "id_2_63": lambda i: i[1].update(user_id=2**63),
+            "id_2_64_in_lists": lambda i: i[0].update(tags=[1, 2**64]),
+            "id_below_int64": lambda i: i[0].update(item_id=-(2**63) - 1),
+            "negative_in_lists": lambda i: i[1].update(genres=[3, -2]),
         }[payload]
         change(instances)
         payload = {"instances": instances}
     status, answer = post(f"{url}:predict", payload)
     assert status == 400 and message in answer["error"], (status, answer)
+    assert len(answer["error"]) <= ranker_lib.MAX_ERROR_CHARS + 10
     status, _ = post(f"{url}:predict", {"instances": instances_of(sc.make_batch(1000))[:2]})
     assert status == 200
 
@@ -244,45 +236,183 @@ def test_a_killed_server_gives_503_naming_it_and_recovers(cluster):
     np.testing.assert_allclose(answer["predictions"], expected(cluster["local"], instances), rtol=1e-6, atol=1e-7)
 
 
-def test_connections_beyond_the_cap_get_503():
-    """BoundedHTTPServer: with 1 connection open (and idle), the next one is answered 503 and closed; once the first
-    closes, connections are served again."""
-    from http.server import BaseHTTPRequestHandler  # noqa: PLC0415
+# --- limits, against the ranker built from its flags in this process --------------------------------------------
 
-    from tf_fusedrec.serve.ranker import BoundedHTTPServer  # noqa: PLC0415
+TIGHT = {"max_connections": 3, "idle_timeout_s": 0.5, "read_timeout_s": 0.5, "max_instances": 8, "max_ids": 100,
+         "max_body_bytes": 30_000, "max_queue": 1}
 
-    class Hello(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
 
-        def log_message(self, *args):
+@pytest.fixture(scope="module")
+def tight(trained):
+    """The ranker with small limits (TIGHT), its rows in this process (--servers local), serving from a thread."""
+    export_dir, _ = trained
+    served = serve_fixtures.RankerThread([
+        "--export", export_dir, "--servers", "local", "--cache-mb", "0", "--name", "tight",
+        "--max-connections", str(TIGHT["max_connections"]), "--idle-timeout-s", str(TIGHT["idle_timeout_s"]),
+        "--read-timeout-s", str(TIGHT["read_timeout_s"]), "--max-instances", str(TIGHT["max_instances"]),
+        "--max-ids", str(TIGHT["max_ids"]), "--max-body-mb", str(TIGHT["max_body_bytes"] / ranker_lib.MB),
+        "--max-queue", str(TIGHT["max_queue"])])
+    yield served
+    served.close()
+
+
+def well_formed(tight, local, step=1000):
+    """A well-formed request of 3 instances is answered 200 with the in-process model's scores."""
+    instances = instances_of(sc.make_batch(step))[:3]
+    status, answer = post(f"{tight.url}:predict", {"instances": instances}, timeout=10)
+    assert status == 200, answer
+    np.testing.assert_allclose(answer["predictions"], expected(local, instances), rtol=1e-6, atol=1e-7)
+
+
+def wait_for(condition, what, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout} s"
+        time.sleep(0.01)
+
+
+def test_request_size_limits(tight, trained):
+    path = "/v1/models/tight:predict"
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    cases = [  # raw requests: no Content-Length, a chunked body, a body too large (its bytes never sent), no number
+        (head + "\r\n", 411, "Content-Length header is required"),
+        (head + "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", 411, "Transfer-Encoding"),
+        (head + "Content-Length: 10000000\r\n\r\n", 413, f"exceeds --max-body-mb ({TIGHT['max_body_bytes']} bytes)"),
+        (head + "Content-Length: 9" + "9" * 5000 + "\r\n\r\n", 413, "--max-body-mb"),
+        (head + "Content-Length: 12abc\r\n\r\n", 400, "Content-Length header '12abc' is not a byte count"),
+        (head + "Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}", 400, "2 different Content-Length headers"),
+        ("GET / HTTP/1.1\r\nHost: x\r\n" + "X: y\r\n" * 200 + "\r\n", 431, "Too many headers"),
+        ("BREW /pot HTTP/1.1\r\nHost: x\r\n\r\n", 501, "Unsupported method ('BREW')"),
+        ("POST /x HTTP/9.9\r\n\r\n", 505, "Invalid HTTP version"),
+    ]
+    for request, status, message in cases:
+        answer_status, answer = raw_http(tight.port, request.encode())
+        assert answer_status == status and message in answer["error"], (request[:80], answer_status, answer)
+
+    instances = instances_of(sc.make_batch(1000))
+    nine = (instances * 2)[:TIGHT["max_instances"] + 1]
+    many_ids = [dict(instances[i], tags=list(range(40))) for i in range(3)]  # 120 ids > --max-ids 100
+    bodies = [
+        ({"instances": nine}, "holds 9 instances, at most 8 are accepted (--max-instances)"),
+        ({"inputs": {name: [inst[name] for inst in nine] for name in nine[0]}},
+         "9 instances, at most 8 are accepted (--max-instances)"),
+        ({"instances": many_ids}, "more than 100 ids (--max-ids)"),
+        (b'{"instances": [' + b",".join([b"[]"] * 5000) + b"]}", "JSON values, more than --max-ids (100 ids)"),
+        (b"[" + b"1," * 200 + b"1]", "more than 100 ids (--max-ids)"),  # stops the parse at id 101
+        (b" " * (TIGHT["max_body_bytes"] + 1), "--max-body-mb"),  # sent whole: the answer must reach the client
+    ]
+    for payload, message in bodies:
+        status, answer = post(f"{tight.url}:predict", payload, timeout=10)
+        assert status == 413 and message in answer["error"], (status, answer)
+    stats = get(f"{tight.url}/stats")
+    assert stats["errors_413"] >= len(bodies) + 2 and stats["errors_411"] >= 2 and stats["errors_500"] == 0, stats
+    well_formed(tight, trained[1])
+
+
+def test_idle_connections_are_dropped_and_a_client_is_served(tight, trained):
+    """Idle sockets at the connection cap: a new client takes the slot of the longest idle one at once, and every idle
+    one is closed within --idle-timeout-s (the test this replaces showed 64 idle sockets locking everyone out)."""
+    before, refused = get(f"{tight.url}/stats")["idle_closed"], tight.server.refused
+    idle = [socket.create_connection(("127.0.0.1", tight.port), timeout=10) for _ in range(TIGHT["max_connections"])]
+    try:
+        wait_for(lambda: sum(r.idle_since is not None for r in list(tight.server._readers)) == len(idle),
+                 "the idle connections accepted")
+        began = time.monotonic()
+        well_formed(tight, trained[1])  # at the cap, with every connection idle
+        assert tight.server.evicted >= 1 and tight.server.refused == refused
+        for sock in idle:
+            assert sock.recv(1) == b"", "an idle connection was answered instead of closed"
+        assert time.monotonic() - began < TIGHT["idle_timeout_s"] + 2.0
+    finally:
+        for sock in idle:
+            sock.close()
+    wait_for(lambda: get(f"{tight.url}/stats")["idle_closed"] - before >= len(idle), "every idle connection counted")
+    well_formed(tight, trained[1], step=1001)
+
+
+def test_slow_clients_get_408_and_busy_connections_beyond_the_cap_get_503(tight, trained):
+    """Connections that are sending a request are not idle: beyond the cap a new one gets 503 naming
+    --max-connections; each slow request gets 408 naming --read-timeout-s (a body sent half, headers a byte at a time),
+    which frees the slots, and a well-formed client is served again."""
+    head = b"POST /v1/models/tight:predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n"
+    slow = [socket.create_connection(("127.0.0.1", tight.port), timeout=10) for _ in range(TIGHT["max_connections"])]
+    answers = [b""] * len(slow)
+    stop = threading.Event()
+
+    def trickle(sock, i):  # the headers one byte every 50 ms: would take 4 s, far beyond --read-timeout-s
+        for byte in head:
+            if stop.is_set():
+                return
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                return
+            time.sleep(0.05)
+
+    def read(sock, i):
+        try:
+            while chunk := sock.recv(65536):
+                answers[i] += chunk
+        except OSError:
             pass
 
-        def do_GET(self):  # noqa: N802
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-    server = BoundedHTTPServer(("127.0.0.1", 0), Hello, max_connections=1)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    began = time.monotonic()
+    slow[0].sendall(head + b'{"instances": ')  # a body sent in part
+    threads = [threading.Thread(target=trickle, args=(sock, i), daemon=True) for i, sock in enumerate(slow[1:], 1)]
+    threads += [threading.Thread(target=read, args=(sock, i), daemon=True) for i, sock in enumerate(slow)]
+    for t in threads:
+        t.start()
     try:
-        holder = socket.create_connection(server.server_address, timeout=10)
-        time.sleep(0.3)  # accepted: its thread waits for a request line
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(url, timeout=10)
-        assert refused.value.code == 503 and b"--max-connections" in refused.value.read()
-        assert server.refused == 1
-        holder.close()
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with urllib.request.urlopen(url, timeout=10) as r:
-                    assert r.read() == b"ok"
-                break
-            except urllib.error.HTTPError:
-                assert time.monotonic() < deadline, "the slot of the closed connection was not released"
-                time.sleep(0.1)
+        wait_for(lambda: len(tight.server._readers) == len(slow) and all(
+            r.idle_since is None for r in list(tight.server._readers)), "the slow requests under way")
+        status, answer = raw_http(tight.port, b"GET /v1/models/tight HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status == 503 and "--max-connections" in answer["error"], (status, answer)
+        for t in threads[len(slow) - 1:]:
+            t.join(TIGHT["read_timeout_s"] + 5)
+        assert time.monotonic() - began < TIGHT["read_timeout_s"] + 3.0
     finally:
-        server.shutdown()
-        server.server_close()
+        stop.set()
+        for sock in slow:
+            sock.close()
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 408 ") and b"--read-timeout-s (0.5 s)" in answer, answer
+    assert get(f"{tight.url}/stats")["errors_408"] >= len(slow)
+    well_formed(tight, trained[1])
+
+
+def test_queue_overflow_gets_503(tight, trained):
+    """With the model busy (its lock held here), one request waits in the batcher and --max-queue (1) more in the
+    queue; the next is answered 503 naming --max-queue at once, and the waiting two are answered once the model is
+    free."""
+    local = trained[1]
+    batches = [instances_of(sc.make_batch(4000 + i))[:2] for i in range(3)]
+    answers = [None] * 3
+
+    def ask(i):
+        answers[i] = post(f"{tight.url}:predict", {"instances": batches[i]}, timeout=30)
+
+    ranker = tight.ranker
+    before = ranker.stats()["requests"]
+    threads = [threading.Thread(target=ask, args=(i,), daemon=True) for i in range(2)]
+    with ranker.model._lock:  # noqa: SLF001  (the dense model's lock: the batcher's call waits for it)
+        threads[0].start()
+        wait_for(lambda: ranker.stats()["requests"] == before + 1 and ranker.stats()["queue_depth"] == 0,
+                 "the first request taken by the batcher")
+        threads[1].start()
+        wait_for(lambda: ranker.stats()["queue_depth"] == 1, "the second request queued")
+        ask(2)
+        status, answer = answers[2]
+        assert status == 503 and "1 requests are already waiting (--max-queue)" in answer["error"], answers[2]
+    for t in threads:
+        t.join(30)
+    for i in range(2):
+        status, answer = answers[i]
+        assert status == 200, answer
+        np.testing.assert_allclose(answer["predictions"], expected(local, batches[i]), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("flag", ["--max-ids", "--idle-timeout-s", "--read-timeout-s", "--max-connections"])
+def test_limit_flags_are_checked(flag, capsys):
+    with pytest.raises(SystemExit):
+        ranker_lib.parse_args(["--export", "e", "--servers", "local", "--port", "0", flag, "0"])
+    assert flag in capsys.readouterr().err

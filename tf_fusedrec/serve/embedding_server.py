@@ -2,7 +2,7 @@
 
     python -m tf_fusedrec.serve.embedding_server --export EXPORT --shard i --num-shards n --port P
         [--host 127.0.0.1] [--start S --end E] [--max-inflight K] [--threads T] [--max-request-mb M]
-        [--max-response-mb R]
+        [--max-response-mb R] [--max-clients C]
 
 The server holds, for every group of the export, the rows whose route (format.route of the table key) lies in its
 range [start, end): range i of n even ranges (format.even_ranges), or the explicit hex range --start/--end (how a
@@ -14,10 +14,15 @@ range is split to add a server: RangeTable.split in client.py). It answers
   Credits  its flow-control state: the credits it grants each client (--max-inflight divided among the clients that
            polled recently), its Lookups in flight and queued, the high-water mark (FlexEMR section 3.2, credit-based
            flow control; clients poll it on a connection of its own, so Lookup traffic never delays it);
-  Info     the export's identity, the range held, the groups and the server's limits.
+  Info     the export's identity (the export directory's base name, never its absolute path), the range held, the
+           groups and the server's limits.
 
 Bounds: requests larger than --max-request-mb are refused by gRPC; more than --max-inflight Lookups at once get
-RESOURCE_EXHAUSTED; at most --threads Lookups compute at once (the others wait in flight). A malformed request gets
+RESOURCE_EXHAUSTED; at most --threads Lookups compute at once (the others wait in flight); a Lookup whose answer would
+exceed --max-response-mb is refused before any row is gathered (its size is known from the decoded request, group by
+group). Clients are told apart by their Credits client_id (at most MAX_CLIENT_ID_CHARS characters): at most
+--max-clients are registered, each taking a share of --max-inflight; ids beyond that share one pool that counts as one
+client, so a flood of made-up ids cannot shrink the registered clients' shares. A malformed request gets
 INVALID_ARGUMENT naming the group and the field. Requests are decoded from protobuf and numpy buffers only; nothing
 from the wire is ever unpickled.
 
@@ -26,8 +31,10 @@ gracefully on SIGTERM or SIGINT. EmbeddingServer is the same server in-process (
 """
 
 import argparse
+import collections
 import hashlib
 import json
+import math
 import os
 import signal
 import sys
@@ -39,6 +46,7 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from tf_fusedrec import hashing
 from tf_fusedrec.export import format as fmt
 from tf_fusedrec.serve import embedding_pb2 as pb
 
@@ -54,6 +62,13 @@ BUSY_METADATA = ("tf-fusedrec-busy", "1")
 CONTROL_THREADS = 4
 # A client that has not polled Credits for this long no longer takes a share of the in-flight limit.
 CLIENT_TTL_S = 5.0
+# The longest Credits client_id accepted (a RemoteBackend's is "<pid>-<12 hex digits>").
+MAX_CLIENT_ID_CHARS = 128
+# The most entries in one LookupRequest (RemoteBackend sends one per request; a group may repeat).
+MAX_ENTRIES = 1024
+# Bytes of a GroupResult beyond its arrays and group name, at most: field tags, length and int varints, and the
+# result's own tag and length within the LookupResponse.
+_RESULT_FRAMING_BYTES = 96
 MB = 1 << 20
 
 
@@ -109,6 +124,18 @@ class _Invalid(Exception):
     """A malformed Lookup entry; the message names the group and the field."""
 
 
+def _without_absolute_paths(value):
+    """A manifest's JSON value with every absolute path replaced by its base name (the server's file layout is none
+    of its clients' business)."""
+    if isinstance(value, dict):
+        return {k: _without_absolute_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_absolute_paths(v) for v in value]
+    if isinstance(value, str) and os.path.isabs(value):
+        return os.path.basename(value.rstrip("/\\")) or "."
+    return value
+
+
 class EmbeddingServer:
     """The rows of one routing range of an export, served over gRPC.
 
@@ -120,19 +147,20 @@ class EmbeddingServer:
       threads: most Lookups computing at once (the others admitted wait for a slot).
       max_request_mb / max_response_mb: the largest request accepted and response sent, in MiB.
       host: the interface to bind (127.0.0.1: only this machine; "0.0.0.0" or "[::]" to serve others).
+      max_clients: most clients (Credits client_ids) registered at once; the others share one pool.
     """
 
     def __init__(self, export_dir, start=0, end=fmt.HASH_SPACE, max_inflight=32, threads=4, max_request_mb=64,
-                 max_response_mb=512, host="127.0.0.1"):
+                 max_response_mb=512, host="127.0.0.1", max_clients=64):
         if not 0 <= start < end <= fmt.HASH_SPACE:
             raise ValueError(f"the range [{start:#x}, {end:#x}) must be non-empty and within [0, 2**64)")
         for name, value in (("max_inflight", max_inflight), ("threads", threads), ("max_request_mb", max_request_mb),
-                            ("max_response_mb", max_response_mb)):
+                            ("max_response_mb", max_response_mb), ("max_clients", max_clients)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         self.export_dir = os.path.abspath(export_dir)
         self.range_start, self.range_end = start, end
-        self.max_inflight, self.threads, self.host = max_inflight, threads, host
+        self.max_inflight, self.threads, self.host, self.max_clients = max_inflight, threads, host, max_clients
         self.max_request_bytes, self.max_response_bytes = max_request_mb * MB, max_response_mb * MB
         self.manifest = fmt.read_manifest(self.export_dir)
         self.manifest_sha256 = fmt.sha256_of(os.path.join(self.export_dir, "manifest.json"))
@@ -143,7 +171,8 @@ class EmbeddingServer:
         self._compute = threading.Semaphore(threads)
         self._inflight = self._queued = self._high_water = 0
         self._lookups = self._rejected = self._invalid = 0
-        self._clients = {}  # client_id -> time of its last Credits poll
+        self._clients = {}  # client_id -> time of its last Credits poll (at most max_clients of them)
+        self._pool_seen = -math.inf  # the last Credits poll of a client beyond max_clients
         self._server = None
         self._port = None
 
@@ -218,29 +247,42 @@ class EmbeddingServer:
     # --- state ---------------------------------------------------------------------------------------------------
 
     def credits_state(self, client_id=""):
-        """The Credits answer as a message (also for in-process callers); polling with a client_id registers it."""
+        """The Credits answer as a message (also for in-process callers); polling with a client_id registers it.
+
+        Up to max_clients ids are registered, each granted max_inflight divided by the number of clients; an id
+        beyond them joins the pool, which counts as one client and whose members are granted one credit each (the
+        server cannot tell how many they are). ValueError for a client_id longer than MAX_CLIENT_ID_CHARS."""
+        if len(client_id) > MAX_CLIENT_ID_CHARS:
+            raise ValueError(f"field client_id has {len(client_id)} characters, at most {MAX_CLIENT_ID_CHARS}")
         now = time.monotonic()
         with self._lock:
-            if client_id:
-                self._clients[client_id] = now
             for stale in [c for c, seen in self._clients.items() if now - seen > CLIENT_TTL_S]:
                 del self._clients[stale]
-            clients = len(self._clients)
+            pooled = False
+            if client_id:
+                if client_id in self._clients or len(self._clients) < self.max_clients:
+                    self._clients[client_id] = now
+                else:
+                    self._pool_seen, pooled = now, True
+            clients = len(self._clients) + (now - self._pool_seen <= CLIENT_TTL_S)
+            share = max(1, self.max_inflight // max(1, clients))
             return pb.CreditsResponse(
-                credits=max(1, self.max_inflight // max(1, clients)), max_inflight=self.max_inflight,
-                inflight=self._inflight, queued=self._queued, high_water=self._high_water, clients=clients,
-                lookups=self._lookups, rejected=self._rejected, invalid=self._invalid)
+                credits=1 if pooled else share, max_inflight=self.max_inflight, inflight=self._inflight,
+                queued=self._queued, high_water=self._high_water, clients=clients, lookups=self._lookups,
+                rejected=self._rejected, invalid=self._invalid)
 
     def info(self):
         groups = [pb.GroupInfo(name=name, dim=g.dim, encoding=g.group["encoding"],
                                num_categories=len(g.group["features"]), rows_held=len(g), rows_total=g.group["rows"],
                                bytes_held=g.nbytes)
                   for name, g in self.groups.items()]
+        source = _without_absolute_paths(self.manifest.get("source", {}))
         return pb.InfoResponse(
-            export_dir=self.export_dir, manifest_sha256=self.manifest_sha256, fingerprint=self.fingerprint,
-            source_json=json.dumps(self.manifest.get("source", {}), sort_keys=True), range_start=self.range_start,
-            range_last=self.range_end - 1, groups=groups, max_inflight=self.max_inflight, threads=self.threads,
-            max_request_bytes=self.max_request_bytes, max_response_bytes=self.max_response_bytes)
+            export_dir=os.path.basename(self.export_dir), manifest_sha256=self.manifest_sha256,
+            fingerprint=self.fingerprint, source_json=json.dumps(source, sort_keys=True),
+            range_start=self.range_start, range_last=self.range_end - 1, groups=groups,
+            max_inflight=self.max_inflight, threads=self.threads, max_request_bytes=self.max_request_bytes,
+            max_response_bytes=self.max_response_bytes)
 
     # --- handlers ------------------------------------------------------------------------------------------------
 
@@ -249,9 +291,16 @@ class EmbeddingServer:
             request = pb.CreditsRequest.FromString(payload)
         except DecodeError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a CreditsRequest: {e}")
-        return self.credits_state(request.client_id).SerializeToString()
+        try:
+            return self.credits_state(request.client_id).SerializeToString()
+        except ValueError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
     def _info(self, payload, context):
+        try:
+            pb.InfoRequest.FromString(payload)
+        except DecodeError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not an InfoRequest: {e}")
         return self.info().SerializeToString()
 
     def _lookup(self, payload, context):
@@ -290,40 +339,44 @@ class EmbeddingServer:
             request = pb.LookupRequest.FromString(payload)
         except DecodeError as e:
             raise _Invalid(f"the request is not a LookupRequest: {e}") from None
-        results = []
-        response_bytes = 0
+        if not request.groups:
+            raise _Invalid("field groups: the request holds no entry")
+        if len(request.groups) > MAX_ENTRIES:
+            raise _Invalid(f"field groups: {len(request.groups)} entries, at most {MAX_ENTRIES}")
+        # Every entry is decoded and its answer's size added up before any row is gathered: a request whose answer
+        # would exceed the limit costs its decoding only, and names the entry that crossed it.
+        decoded, response_bytes = [], 0
         for index, entry in enumerate(request.groups):
-            result = self._answer_group(index, entry)
-            response_bytes += result.ByteSize()
+            part = self._decode(index, entry)
+            response_bytes += part.response_bytes
             if response_bytes > self.max_response_bytes:
-                # Checked here so the client learns which entry overflowed, not gRPC's bare "message too large".
                 raise _Invalid(f"group {entry.group!r} (entry {index}): the response would exceed "
                                f"{self.max_response_bytes} bytes (--max-response-mb); send fewer ids per request")
-            results.append(result)
-        return pb.LookupResponse(groups=results).SerializeToString()
+            decoded.append(part)
+        return pb.LookupResponse(groups=[self._answer_group(part) for part in decoded]).SerializeToString()
 
-    def _answer_group(self, index, entry):
-        rows_of, ids, categories, segments = self._decode(index, entry)
-        dim = rows_of.dim
-        if not entry.pool:
+    @staticmethod
+    def _answer_group(part):
+        rows_of, ids, categories, dim = part.rows_of, part.ids, part.categories, part.rows_of.dim
+        if part.segments is None:
             rows, not_trained = rows_of.lookup(ids, categories)
-            return pb.GroupResult(group=entry.group, dim=dim, rows=rows.astype("<f4").tobytes(),
+            return pb.GroupResult(group=part.group, dim=dim, rows=rows.astype("<f4").tobytes(),
                                   not_trained=not_trained)
         # Each distinct pair once: bags repeat ids, and an untrained id's initializer row costs a hash per element.
         first, inverse = unique_pairs(ids, categories)
         distinct_rows, not_trained = rows_of.lookup(ids[first], categories[first])
-        present, slot = np.unique(segments, return_inverse=True)
+        present, slot = part.present, part.slot
         sums = np.zeros((len(present), dim), np.float32)
         # In the order of the ids, as LocalBackend's pool (and training's unsorted_segment_sum) adds them.
         np.add.at(sums, slot, distinct_rows[inverse])
         counts = np.bincount(slot, minlength=len(present))
-        return pb.GroupResult(group=entry.group, dim=dim, segments=present.astype("<i4").tobytes(),
+        return pb.GroupResult(group=part.group, dim=dim, segments=present.astype("<i4").tobytes(),
                               sums=sums.astype("<f4").tobytes(), counts=counts.astype("<i4").tobytes(),
                               not_trained=not_trained)
 
     def _decode(self, index, entry):
-        """(GroupRows, ids int64 [n], categories int64 [n], segments int64 [n] or None) of a valid entry; _Invalid
-        naming the group and the field otherwise."""
+        """A valid entry as a _Decoded (its arrays, and the size of its answer); _Invalid naming the group and the
+        field otherwise."""
         where = f"group {entry.group!r} (entry {index})"
         rows_of = self.groups.get(entry.group)
         if rows_of is None:
@@ -335,12 +388,18 @@ class EmbeddingServer:
         if len(ids) and ids.min() < 0:
             raise _Invalid(f"{where}: field ids: {int((ids < 0).sum())} negative ids (first {int(ids[ids < 0][0])})")
         num_categories = len(rows_of.group["features"])
+        if rows_of.group["encoding"] == "packed" and len(ids):
+            # Larger ids would spill into the category bits of the key: another feature's row, silently.
+            limit = 1 << (63 - hashing.packed_bits(num_categories))
+            if ids.max() >= limit:
+                raise _Invalid(f"{where}: field ids: {int((ids >= limit).sum())} ids do not fit the group's packed "
+                               f"keys (ids must be < 2**{limit.bit_length() - 1}; first {int(ids[ids >= limit][0])})")
         bad = (categories < 0) | (categories >= num_categories)
         if bad.any():
             raise _Invalid(f"{where}: field categories: {int(categories[bad][0])} is out of range "
                            f"[0, {num_categories}) ({int(bad.sum())} such values)")
         categories = categories.astype(np.int64)
-        segments = None
+        segments = present = slot = None
         if entry.pool:
             segments = _array(where, "segments", entry.segments, "<i4", "int32")
             if len(segments) != len(ids):
@@ -352,6 +411,7 @@ class EmbeddingServer:
                 raise _Invalid(f"{where}: field segments: {int(segments[bad][0])} is out of range "
                                f"[0, num_segments={entry.num_segments}) ({int(bad.sum())} such values)")
             segments = segments.astype(np.int64)
+            present, slot = np.unique(segments, return_inverse=True)
         elif entry.segments or entry.num_segments:
             raise _Invalid(f"{where}: fields segments / num_segments are given but field pool is false")
         routes = fmt.route(rows_of.keys_of(ids, categories))
@@ -362,7 +422,19 @@ class EmbeddingServer:
             raise _Invalid(f"{where}: field ids: {int(outside.sum())} of {len(ids)} (id, category) pairs route "
                            f"outside this server's range [{self.range_start:#x}, {self.range_end:#x}) (first: id "
                            f"{int(ids[outside][0])}); the client's routing table disagrees with the server's")
-        return rows_of, ids, categories, segments
+        dim = rows_of.dim
+        if segments is None:
+            arrays = 4 * dim * len(ids)
+        else:
+            arrays = (4 * dim + 8) * len(present)  # sums, segments and counts of the segments present
+        return _Decoded(entry.group, rows_of, ids, categories, segments, present, slot,
+                        arrays + len(entry.group.encode()) + _RESULT_FRAMING_BYTES)
+
+
+_Decoded = collections.namedtuple("_Decoded", ["group", "rows_of", "ids", "categories", "segments", "present", "slot",
+                                               "response_bytes"])
+_Decoded.__doc__ = """A valid Lookup entry: its group's name and GroupRows, ids, categories and (pooling) segments int64
+[n], the segments present and the slot of each id among them (else None), and the bytes of its answer at most."""
 
 
 def _array(where, field, data, dtype, name):
@@ -390,7 +462,11 @@ def parse_args(argv=None):
     parser.add_argument("--max-inflight", type=int, default=32, help="most lookups in flight (default 32)")
     parser.add_argument("--threads", type=int, default=4, help="most lookups computing at once (default 4)")
     parser.add_argument("--max-request-mb", type=int, default=64, help="largest request accepted (default 64)")
-    parser.add_argument("--max-response-mb", type=int, default=512, help="largest response sent (default 512)")
+    parser.add_argument("--max-response-mb", type=int, default=512,
+                        help="largest response sent; a lookup whose answer would be larger is refused before it is "
+                             "computed (default 512)")
+    parser.add_argument("--max-clients", type=int, default=64,
+                        help="most clients registered for credits; the others share one pool (default 64)")
     args = parser.parse_args(argv)
     if (args.start is None) != (args.end is None):
         parser.error("--start and --end go together")
@@ -408,7 +484,7 @@ def main(argv=None):
     try:
         server = EmbeddingServer(args.export, args.start, args.end, max_inflight=args.max_inflight,
                                  threads=args.threads, max_request_mb=args.max_request_mb,
-                                 max_response_mb=args.max_response_mb, host=args.host)
+                                 max_response_mb=args.max_response_mb, host=args.host, max_clients=args.max_clients)
         server.start(args.port)
     except (fmt.ExportError, ValueError, RuntimeError) as e:
         print(f"embedding_server: {e}", file=sys.stderr, flush=True)

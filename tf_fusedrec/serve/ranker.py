@@ -10,18 +10,28 @@ Endpoints (NAME: --name, default "model"):
   GET  /v1/models/NAME/metadata  the inputs the model takes (features: layout, dim, combiner, key dtype)
   GET  /v1/models/NAME/stats     requests, batches, errors, bytes to and from the servers, cache, per-server queues
 
-A request is checked in its own handler thread (unknown feature, wrong type, negative id, malformed JSON: HTTP 400
-naming the field), then queued for the batcher, which merges the requests waiting (up to --max-batch instances, or
-what arrived within --batch-wait-ms) into one embedding lookup per group and one call of the dense SavedModel. A
-server that is down or saturated answers HTTP 503 naming it; the ranker stays up and uses it again once it is back.
-Binds to 127.0.0.1 unless --host says otherwise; request bodies, instances per request and queued requests are
-bounded.
+A request is checked in its own handler thread (unknown feature, wrong type, negative or out-of-range id, malformed
+or too deeply nested JSON: HTTP 400 naming the field), then queued for the batcher, which merges the requests waiting
+(up to --max-batch instances, or what arrived within --batch-wait-ms) into one embedding lookup per group and one call
+of the dense SavedModel. A server that is down or saturated answers HTTP 503 naming it; the ranker stays up and uses
+it again once it is back.
+
+Bounds (each answered with a status naming the flag): the body (--max-body-mb, 413; no Content-Length: 411), the
+instances and ids of a request (--max-instances, --max-ids: 413, counted while the body is parsed, so an oversized
+request never becomes a large Python structure), queued requests (--max-queue, 503) and open connections
+(--max-connections: at the cap the longest idle connection is closed for the new one, else 503). A connection idle
+for --idle-timeout-s is closed; a request not received within --read-timeout-s of its first byte gets 408 and its
+connection is closed, so slow or idle clients cannot hold the ranker's threads. Binds to 127.0.0.1 unless --host says
+otherwise.
 """
 
 import argparse
+import io
 import json
+import math
 import queue
 import re
+import socket
 import sys
 import threading
 import time
@@ -34,20 +44,82 @@ from tf_fusedrec.serve.model import FlatIds, InputError
 
 MB = 1 << 20
 _PATH = re.compile(r"^/v1/models/([^/:]+)(?:/versions/\d+)?(:predict|/metadata|/stats)?/?$")
+# int64's range: decimal literals of more digits are outside it whatever they hold.
+_INT64_DIGITS = 19
+# Error messages echo parts of the request; this keeps an answer small whatever the request held.
+MAX_ERROR_CHARS = 1000
+# How long a new connection at the --max-connections cap waits for the idle connection it closed to free its slot.
+_EVICTION_WAIT_S = 1.0
+# How long a connection refused before its body was read goes on reading (and dropping) what the client still sends:
+# closing a socket with unread bytes resets the connection, and the client could lose the answer that says why.
+_LINGER_S = 1.0
 
 
 class Overloaded(RuntimeError):
     """The ranker's request queue is full."""
 
 
-def parse_body(body, max_instances):
-    """A predict request's JSON -> (columnar inputs {name: [value per instance]}, "instances" or "inputs").
+class TooLarge(InputError):
+    """A request beyond one of the ranker's size limits (HTTP 413); the message names the flag."""
 
-    InputError naming what is wrong (TF Serving's two request shapes: row "instances" or columnar "inputs")."""
+
+class _OutOfInt64(float):
+    """An integer literal outside int64, parsed as its float value: a dense input may take it, an id may not (ids must
+    be ints), and the message that rejects it shows this repr, which says why."""
+
+    def __new__(cls, text):
+        self = super().__new__(cls, float(text))  # inf beyond float's range, never an error
+        self.text = text
+        return self
+
+    def __repr__(self):
+        digits = len(self.text.lstrip("-"))
+        shown = self.text if digits <= 30 else f"an integer literal of {digits} digits"
+        return f"{shown} (outside int64: ids must be in [0, 2**63))"
+
+
+class _IdCounter:
+    """json.loads' parse_int: counts the integer literals of a body, stopping the parse at the limit, and keeps those
+    outside int64 from becoming (arbitrarily large) Python ints."""
+
+    def __init__(self, max_ids):
+        self.max_ids, self.count = max_ids, 0
+
+    def __call__(self, text):
+        self.count += 1
+        if self.count > self.max_ids:
+            raise TooLarge(f"the request holds more than {self.max_ids} ids (--max-ids)")
+        digits = len(text) - (text[0] == "-")
+        if digits < _INT64_DIGITS:
+            return int(text)
+        if digits == _INT64_DIGITS and -(1 << 63) <= int(text) < (1 << 63):
+            return int(text)
+        return _OutOfInt64(text)
+
+
+def parse_body(body, max_instances, max_ids=1 << 18, values_per_instance=64):
+    """A predict request's JSON body (bytes) -> (columnar inputs {name: [value per instance]}, "instances" or "inputs").
+
+    InputError naming what is wrong (TF Serving's two request shapes: row "instances" or columnar "inputs"); TooLarge
+    (an InputError) naming the flag beyond --max-instances or --max-ids. Sizes are checked before and while the body is
+    parsed: a body with more JSON values (counted by their separators, before parsing) than max_ids and max_instances
+    instances of values_per_instance other values each allow is refused unparsed, and the parse stops at the
+    (max_ids + 1)-th integer.
+    """
+    if isinstance(body, str):
+        body = body.encode("utf-8", "surrogatepass")
+    values = body.count(b",") + body.count(b"[") + body.count(b"{")  # every JSON value but the first follows one
+    allowed = max_ids + max_instances * values_per_instance + 64
+    if values > allowed:
+        raise TooLarge(f"the request holds about {values} JSON values, more than --max-ids ({max_ids} ids) and "
+                       f"--max-instances ({max_instances} instances of up to {values_per_instance} other values) "
+                       f"allow")
     try:
-        request = json.loads(body)
+        request = json.loads(body, parse_int=_IdCounter(max_ids))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InputError(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise InputError("the request body nests JSON arrays or objects too deeply") from None
     if not isinstance(request, dict) or len({"instances", "inputs"} & set(request)) != 1:
         raise InputError('the request must be a JSON object with exactly one of "instances" or "inputs"')
     if "instances" in request:
@@ -55,7 +127,8 @@ def parse_body(body, max_instances):
         if not isinstance(instances, list) or not instances:
             raise InputError('"instances" must be a non-empty list of objects (one per instance)')
         if len(instances) > max_instances:
-            raise InputError(f'"instances" holds {len(instances)} instances, at most {max_instances} are accepted')
+            raise TooLarge(f'"instances" holds {len(instances)} instances, at most {max_instances} are accepted '
+                           f'(--max-instances)')
         names = None
         for i, instance in enumerate(instances):
             if not isinstance(instance, dict):
@@ -73,8 +146,19 @@ def parse_body(body, max_instances):
         if not isinstance(values, list):
             raise InputError(f"input '{name}': must be a list with one value per instance")
         if len(values) > max_instances:
-            raise InputError(f"input '{name}': {len(values)} instances, at most {max_instances} are accepted")
+            raise TooLarge(f"input '{name}': {len(values)} instances, at most {max_instances} are accepted "
+                           f"(--max-instances)")
     return inputs, "inputs"
+
+
+def _values_per_instance(model):
+    """JSON values one instance of a well-formed request holds besides its ids: a key and a list per feature, and a
+    key, its lists and its values per dense input (with room to spare: the bound only refuses absurd bodies)."""
+    dense = 0
+    for spec in model.dense_inputs.values():
+        inner = [int(d) for d in spec["shape"][1:]]
+        dense += 2 + math.prod(inner) + math.prod(inner[:-1])
+    return 2 * (2 + 2 * len(model.features) + dense)
 
 
 def merge(parts):
@@ -108,16 +192,22 @@ class Ranker:
       max_batch: most instances merged into one model call.
       batch_wait_s: how long the batcher waits for more requests once one is queued.
       max_queue: most requests waiting for the batcher; beyond, Overloaded (HTTP 503).
-      max_instances: most instances in one request.
+      max_instances: most instances in one request (beyond: TooLarge, HTTP 413).
+      max_ids: most ids (integer literals) in one request body, counted while it is parsed (beyond: TooLarge).
+      answer_timeout_s: how long a request waits for the batcher's answer (beyond: HTTP 503).
     """
 
-    def __init__(self, model, cache=None, max_batch=1024, batch_wait_s=0.002, max_queue=256, max_instances=4096):
+    def __init__(self, model, cache=None, max_batch=1024, batch_wait_s=0.002, max_queue=256, max_instances=4096,
+                 max_ids=1 << 18, answer_timeout_s=30.0):
         self.model, self.cache = model, cache
         self.max_batch, self.batch_wait_s, self.max_instances = max_batch, batch_wait_s, max_instances
+        self.max_ids, self.answer_timeout_s = max_ids, answer_timeout_s
+        self.values_per_instance = _values_per_instance(model)
         self._queue = queue.Queue(maxsize=max_queue)
         self._lock = threading.Lock()
         self._counts = {"requests": 0, "instances": 0, "batches": 0, "batched_instances": 0, "errors_400": 0,
-                        "errors_503": 0, "errors_500": 0}
+                        "errors_408": 0, "errors_411": 0, "errors_413": 0, "errors_503": 0, "errors_500": 0,
+                        "idle_closed": 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._batch_loop, name="ranker_batcher", daemon=True)
         self._thread.start()
@@ -126,6 +216,10 @@ class Ranker:
         with self._lock:
             self._counts[key] += n
 
+    def parse(self, body):
+        """A predict request's body (bytes) -> (columnar inputs, "instances" or "inputs"); InputError or TooLarge."""
+        return parse_body(body, self.max_instances, self.max_ids, self.values_per_instance)
+
     def prepare(self, inputs):
         """Checks a request's columnar inputs -> (flats, dense, batch); InputError naming the field."""
         flats, batch = self.model.flatten(inputs, allow_padding=False)
@@ -133,19 +227,25 @@ class Ranker:
                  for name in self.model.dense_inputs}
         return flats, dense, batch
 
-    def predict(self, inputs, timeout_s=30.0):
+    def predict(self, inputs):
         """Scores (list of float) of a request's columnar inputs, through the batcher."""
-        flats, dense, batch = self.prepare(inputs)
+        return self.submit(self.prepare(inputs))
+
+    def submit(self, prepared):
+        """Scores (list of float) of a prepared request (prepare's answer), through the batcher; Overloaded when the
+        queue is full, TimeoutError when no answer came within answer_timeout_s."""
+        flats, dense, batch = prepared
         if self.cache is not None:
             self.cache.observe(batch)
         done = futures.Future()
         try:
             self._queue.put_nowait((flats, dense, batch, done))
         except queue.Full:
-            raise Overloaded(f"the ranker is overloaded: {self._queue.maxsize} requests are already waiting") from None
+            raise Overloaded(f"the ranker is overloaded: {self._queue.maxsize} requests are already waiting "
+                             f"(--max-queue)") from None
         self.count("requests")
         self.count("instances", batch)
-        return done.result(timeout=timeout_s)
+        return done.result(timeout=self.answer_timeout_s)
 
     def _batch_loop(self):
         while not self._stop.is_set():
@@ -204,24 +304,118 @@ class Ranker:
         self.model.close()
 
 
+class _Late(Exception):  # noqa: N818  (not an error of the ranker's: a client's deadline passed)
+    """A connection's deadline passed: idle too long (started False), or a request not received in time."""
+
+    def __init__(self, started):
+        super().__init__()
+        self.started = started
+
+
+class _ConnectionReader(io.RawIOBase):
+    """A connection's bytes, every read bounded by the time left to the connection's deadline: idle_timeout_s from
+    when the ranker waits for a request, read_timeout_s from the request's first byte. A socket timeout alone bounds
+    one recv, so a client sending a byte at a time would hold its thread forever."""
+
+    def __init__(self, sock):
+        super().__init__()
+        self._sock = sock
+        self._lock = threading.Lock()
+        self._deadline = math.inf
+        self._read_timeout_s = math.inf
+        self.idle_since = None  # monotonic time the connection began to wait for a request; None while one arrives
+        self.evicted = False
+
+    def readable(self):
+        return True
+
+    def await_request(self, idle_timeout_s, read_timeout_s):
+        with self._lock:
+            self.idle_since = time.monotonic()
+            self._deadline = self.idle_since + idle_timeout_s
+            self._read_timeout_s = read_timeout_s
+
+    def readinto(self, buffer):
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise _Late(self.idle_since is None)
+        self._sock.settimeout(remaining)
+        try:
+            n = self._sock.recv_into(buffer)
+        except TimeoutError:
+            raise _Late(self.idle_since is None) from None
+        with self._lock:
+            if self.evicted:
+                return 0  # closed for another connection while this read waited
+            if n and self.idle_since is not None:
+                self.idle_since = None
+                self._deadline = time.monotonic() + self._read_timeout_s
+        return n
+
+    def begin_request(self):
+        """A request line was read (perhaps from bytes already buffered): the connection is busy, not idle."""
+        with self._lock:
+            if self.idle_since is not None:
+                self.idle_since = None
+                self._deadline = time.monotonic() + self._read_timeout_s
+
+    def evict(self):
+        """Closes the connection if it is idle (between requests); -> whether it was."""
+        with self._lock:
+            if self.idle_since is None or self.evicted:
+                return False
+            self.evicted = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes its thread's recv, which then sees the end of the stream
+        except OSError:
+            pass
+        return True
+
+
 class BoundedHTTPServer(ThreadingHTTPServer):
-    """A thread per connection, at most `max_connections` at once: one more is answered HTTP 503 and closed, so a
-    flood of connections cannot start threads without bound."""
+    """A thread per connection, at most `max_connections` at once, so a flood of connections cannot start threads
+    without bound. At the cap a new connection takes the slot of the longest idle one (closed: idle keep-alive
+    connections may be closed at any time in HTTP/1.1); when none is idle it is answered HTTP 503 and closed. The
+    handler (make_handler's) registers each connection's _ConnectionReader here."""
 
     daemon_threads = True
+    # The listen backlog (socketserver's default is 5): a burst of connections beyond it may be reset by the kernel
+    # before the cap above can answer them.
+    request_queue_size = 128
 
     def __init__(self, address, handler, max_connections=64):
         super().__init__(address, handler)
         self._slots = threading.BoundedSemaphore(max_connections)
+        self._readers = set()
+        self._readers_lock = threading.Lock()
         self.max_connections = max_connections
-        self.refused = 0
+        self.refused = self.evicted = 0
+
+    def register(self, reader):
+        with self._readers_lock:
+            self._readers.add(reader)
+
+    def unregister(self, reader):
+        with self._readers_lock:
+            self._readers.discard(reader)
+
+    def _evict_idle(self):
+        with self._readers_lock:
+            idle = sorted((r for r in self._readers if r.idle_since is not None), key=lambda r: r.idle_since)
+        for reader in idle:
+            if reader.evict():
+                self.evicted += 1
+                return True
+        return False
 
     def process_request(self, request, client_address):
-        if not self._slots.acquire(blocking=False):
+        if not self._slots.acquire(blocking=False) and not (
+                self._evict_idle() and self._slots.acquire(timeout=_EVICTION_WAIT_S)):
             self.refused += 1
             body = json.dumps({"error": f"the ranker is overloaded: {self.max_connections} connections are open "
-                                        f"(--max-connections)"}).encode()
+                                        f"and busy (--max-connections)"}).encode()
             try:
+                request.settimeout(1.0)
                 request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                                 b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
             except OSError:
@@ -236,34 +430,132 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         finally:
             self._slots.release()
 
+    def handle_error(self, request, client_address):
+        if isinstance(sys.exc_info()[1], OSError):
+            return  # the client went away (reset, broken pipe): nothing to report
+        super().handle_error(request, client_address)
 
-def make_handler(ranker, name, max_body_bytes):
+
+def _content_length(headers, max_body_bytes):
+    """(the body's length, None) or (None, (status, message)) from a request's headers."""
+    if "Transfer-Encoding" in headers:
+        return None, (411, "a Content-Length header is required (Transfer-Encoding is not accepted)")
+    given = headers.get_all("Content-Length") or []
+    if not given:
+        return None, (411, "a Content-Length header is required")
+    if len(set(given)) > 1:
+        return None, (400, f"the request has {len(given)} different Content-Length headers")
+    text = given[0].strip()
+    if not re.fullmatch(r"[0-9]+", text):
+        return None, (400, f"the Content-Length header {text[:40]!r} is not a byte count")
+    if len(text) > 15 or int(text) > max_body_bytes:
+        return None, (413, f"the request body ({text[:40]} bytes) exceeds --max-body-mb ({max_body_bytes} bytes)")
+    return int(text), None
+
+
+def make_handler(ranker, name, max_body_bytes, idle_timeout_s=30.0, read_timeout_s=30.0):
+    """The request handler class of a BoundedHTTPServer serving `ranker` as model `name`.
+
+    Args:
+      max_body_bytes: the largest request body (--max-body-mb).
+      idle_timeout_s: a connection waiting longer than this for its next request is closed (--idle-timeout-s).
+      read_timeout_s: a request not received within this of its first byte gets 408 and its connection is closed;
+        also the time an answer may take to send (--read-timeout-s).
+    """
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "tf_fusedrec-ranker"
+        # An answer goes out as two writes (headers, body): with Nagle's algorithm the body waits for the client's
+        # delayed ACK of the headers, 40 ms on Linux, on every keep-alive request.
+        disable_nagle_algorithm = True
 
         def log_message(self, fmt, *args):  # noqa: A002  (no line per request on stderr)
             pass
 
+        def setup(self):
+            super().setup()
+            self.rfile.close()  # the socket's own file; reads go through the reader, which keeps the deadlines
+            self.reader = _ConnectionReader(self.connection)
+            self.rfile = io.BufferedReader(self.reader, 1 << 16)
+            self.server.register(self.reader)
+
+        def finish(self):
+            try:
+                super().finish()
+            finally:
+                self.server.unregister(self.reader)
+                if self.reader.evicted:
+                    ranker.count("idle_closed")
+
+        def handle_one_request(self):
+            self.reader.await_request(idle_timeout_s, read_timeout_s)
+            # What an answer needs should the request line itself come too late (parse_request sets them otherwise).
+            self.command, self.requestline, self.request_version = None, "", "HTTP/1.1"
+            try:
+                super().handle_one_request()
+            except _Late as late:
+                self.close_connection = True
+                if late.started:
+                    self._error(408, f"the request was not received within --read-timeout-s ({read_timeout_s:g} s)")
+                else:
+                    ranker.count("idle_closed")
+
+        def parse_request(self):
+            self.reader.begin_request()
+            if not super().parse_request():
+                return False
+            if self.request_version == "HTTP/0.9":  # its answers carry no status line: a client could not tell errors
+                self.send_error(400, "HTTP/0.9 requests are not served")
+                return False
+            return True
+
         def _send(self, status, payload):
             body = json.dumps(payload).encode()
+            self.connection.settimeout(read_timeout_s)  # a client that does not read its answer is dropped too
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(body)
 
         def _error(self, status, message):
-            ranker.count(f"errors_{status}" if status in (400, 503, 500) else "errors_400")
+            ranker.count(f"errors_{status}" if status in (400, 408, 411, 413, 503, 500) else "errors_400")
+            if len(message) > MAX_ERROR_CHARS:
+                message = message[:MAX_ERROR_CHARS] + " [...]"
             self._send(status, {"error": message})
+
+        def _linger(self):
+            """After an answer sent without reading the body: no more to send, and what the client still sends is
+            read and dropped for up to _LINGER_S, so that the close does not reset the connection under the answer."""
+            try:
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_WR)
+                deadline = time.monotonic() + _LINGER_S
+                while (remaining := deadline - time.monotonic()) > 0:
+                    self.connection.settimeout(remaining)
+                    if not self.connection.recv(1 << 16):
+                        break
+            except OSError:
+                pass
+
+        def send_error(self, code, message=None, explain=None):
+            """The standard library's errors (malformed request line or headers, unknown method) as JSON too."""
+            short, long = self.responses.get(code, ("error", ""))
+            self.close_connection = True
+            if self.request_version == "HTTP/0.9":  # the default until a request line is parsed
+                self.request_version = "HTTP/1.0"  # so that the answer has a status line
+            self._error(code, f"{message or short}: {explain or long}" if (explain or long) else (message or short))
 
         def _route(self):
             match = _PATH.match(self.path.split("?", 1)[0])
             if match is None:
-                self._send(404, {"error": f"no such endpoint: {self.path} (try /v1/models/{name}:predict)"})
+                self._send(404, {"error": f"no such endpoint: {self.path[:200]} (try /v1/models/{name}:predict)"})
                 return None
             if match.group(1) != name:
-                self._send(404, {"error": f"no model named '{match.group(1)}' (this ranker serves '{name}')"})
+                self._send(404, {"error": f"no model named '{match.group(1)[:200]}' (this ranker serves '{name}')"})
                 return None
             return match.group(2) or ""
 
@@ -285,17 +577,16 @@ def make_handler(ranker, name, max_body_bytes):
                     {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]})
 
         def do_POST(self):  # noqa: N802
-            try:
-                length = int(self.headers.get("Content-Length", ""))
-            except ValueError:
-                self.close_connection = True
-                self._error(411, "a Content-Length header is required")
-                return
-            if length < 0 or length > max_body_bytes:
-                self.close_connection = True
-                self._error(413, f"the request body ({length} bytes) exceeds --max-body-mb ({max_body_bytes} bytes)")
+            length, refusal = _content_length(self.headers, max_body_bytes)
+            if refusal is not None:
+                self.close_connection = True  # the body, if any, is not read: what follows it cannot be parsed
+                self._error(*refusal)
+                self._linger()
                 return
             body = self.rfile.read(length)
+            if len(body) < length:
+                self.close_connection = True  # the client closed its end before sending the whole body
+                return
             what = self._route()
             if what is None:
                 return
@@ -303,13 +594,25 @@ def make_handler(ranker, name, max_body_bytes):
                 self._send(405, {"error": f"POST is for /v1/models/{name}:predict"})
                 return
             try:
-                inputs, shape = parse_body(body, ranker.max_instances)
-                scores = ranker.predict(inputs)
+                inputs, shape = ranker.parse(body)
+                del body
+                prepared = ranker.prepare(inputs)
+                del inputs  # the parsed JSON: only the prepared arrays wait for the batcher
+                scores = ranker.submit(prepared)
+            except TooLarge as e:
+                self._error(413, str(e))
+                return
             except InputError as e:
                 self._error(400, str(e))
                 return
+            except RecursionError:  # a check of deeply nested values (json.loads' own is an InputError)
+                self._error(400, "the request nests JSON arrays or objects too deeply")
+                return
             except Overloaded as e:
                 self._error(503, str(e))
+                return
+            except TimeoutError:
+                self._error(503, f"the ranker is overloaded: no answer within {ranker.answer_timeout_s:g} s")
                 return
             except RuntimeError as e:  # an embedding server down or saturated (client.RemoteError names it)
                 self._error(503, str(e))
@@ -340,17 +643,28 @@ def parse_args(argv=None):
     p.add_argument("--max-batch", type=int, default=1024, help="most instances in one model call")
     p.add_argument("--batch-wait-ms", type=float, default=2.0, help="how long a batch waits for more requests")
     p.add_argument("--max-queue", type=int, default=256, help="most requests waiting; beyond, HTTP 503")
-    p.add_argument("--max-instances", type=int, default=4096, help="most instances in one request")
-    p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body")
-    p.add_argument("--max-connections", type=int, default=64, help="most open connections; beyond, HTTP 503")
+    p.add_argument("--max-instances", type=int, default=4096, help="most instances in one request; beyond, HTTP 413")
+    p.add_argument("--max-ids", type=int, default=1 << 18,
+                   help="most ids (integers) in one request, counted while it is parsed; beyond, HTTP 413")
+    p.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body; beyond, HTTP 413")
+    p.add_argument("--max-connections", type=int, default=64,
+                   help="most open connections; beyond, the longest idle one is closed, else HTTP 503")
+    p.add_argument("--idle-timeout-s", type=float, default=30.0,
+                   help="a connection waiting longer for its next request is closed")
+    p.add_argument("--read-timeout-s", type=float, default=30.0,
+                   help="a request not received this long after its first byte gets HTTP 408 (and an answer not "
+                        "taken within it drops the connection)")
     p.add_argument("--io-threads", type=int, default=8, help="threads sending lookups to the servers")
     p.add_argument("--timeout-s", type=float, default=5.0, help="a lookup's deadline (credit wait included)")
     args = p.parse_args(argv)
-    for flag in ("max_batch", "max_queue", "max_instances", "io_threads", "max_connections"):
+    for flag in ("max_batch", "max_queue", "max_instances", "max_ids", "io_threads", "max_connections"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
-    if args.cache_mb < 0 or args.max_body_mb <= 0 or args.timeout_s <= 0 or args.batch_wait_ms < 0:
-        p.error("--cache-mb, --batch-wait-ms must be >= 0 and --max-body-mb, --timeout-s > 0")
+    for flag in ("max_body_mb", "timeout_s", "idle_timeout_s", "read_timeout_s"):
+        if not getattr(args, flag) > 0:
+            p.error(f"--{flag.replace('_', '-')} must be > 0")
+    if args.cache_mb < 0 or args.batch_wait_ms < 0:
+        p.error("--cache-mb, --batch-wait-ms must be >= 0")
     return args
 
 
@@ -377,7 +691,14 @@ def build(args):
         backend = cache_lib.CachedBackend(backend, cache)
     model = ServingModel(args.export, backend=backend, pooling=pooling)
     return Ranker(model, cache, max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1000,
-                  max_queue=args.max_queue, max_instances=args.max_instances)
+                  max_queue=args.max_queue, max_instances=args.max_instances, max_ids=args.max_ids)
+
+
+def make_server(ranker, args):
+    """The HTTP server of a Ranker from the parsed flags (bound, not yet serving: serve_forever)."""
+    handler = make_handler(ranker, args.name, int(args.max_body_mb * MB), idle_timeout_s=args.idle_timeout_s,
+                           read_timeout_s=args.read_timeout_s)
+    return BoundedHTTPServer((args.host, args.port), handler, max_connections=args.max_connections)
 
 
 def main(argv=None):
@@ -386,8 +707,7 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         ranker = build(args)
-        server = BoundedHTTPServer((args.host, args.port), make_handler(ranker, args.name, int(args.max_body_mb * MB)),
-                                   max_connections=args.max_connections)
+        server = make_server(ranker, args)
     except (ValueError, OSError) as e:
         print(f"ranker: {e}", file=sys.stderr, flush=True)
         return 2
