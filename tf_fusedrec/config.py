@@ -71,6 +71,14 @@ def optimizer_spec(optimizer, what="optimizer"):
     return OptimizerSpec(name, tuple(sorted(config.items())))
 
 
+def default_initializer():
+    """The initializer of features and layers that name none: Hashed rows, reproducible and independent of worker
+    count and batch order."""
+    from tf_fusedrec import initializers  # noqa: PLC0415  (initializers imports config)
+
+    return initializers.Hashed(seed=0, stddev=0.05)
+
+
 def initializer_key(initializer):
     """A comparable description of an initializer: equal keys mean equal initial-row distributions."""
     if hasattr(initializer, "spec_key"):
@@ -92,6 +100,10 @@ class Feature:
       key_dtype: dtype of the ids fed for this feature, tf.int64 or tf.int32.
       max_id_bits: ids are known to lie in [0, 2**max_id_bits); when every feature of a group declares it and it
         fits next to the category bits, the group uses the lossless packed encoding.
+      shares: None, or the name of another feature whose rows this one reads and trains (one category of one table
+        for both, e.g. a candidate item and the item history). Declared, never implied: the two must have the same
+        spec (dim, optimizer, initializer) and key_dtype, and the shared feature must not share another's rows. The
+        feature keeps its own input and combiner.
     """
 
     name: str
@@ -101,6 +113,7 @@ class Feature:
     optimizer: Any = None
     key_dtype: tf.DType = tf.int64
     max_id_bits: Optional[int] = None
+    shares: Optional[str] = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -118,6 +131,12 @@ class Feature:
             raise ValueError(f"{where}: max_id_bits must be an int in [1, 63], got {self.max_id_bits!r}")
         if self.optimizer is not None:
             object.__setattr__(self, "optimizer", optimizer_spec(self.optimizer, where))
+        if self.shares is not None:
+            if not isinstance(self.shares, str) or not self.shares:
+                raise ValueError(f"{where}: shares must be None or the name of another feature, got {self.shares!r}")
+            if self.shares == self.name:
+                raise ValueError(f"{where} shares the rows of feature '{self.shares}', itself: name another feature "
+                                 f"(or leave shares None)")
 
     def get_config(self):
         from tf_fusedrec import initializers  # noqa: PLC0415  (initializers imports config)
@@ -130,6 +149,7 @@ class Feature:
             "optimizer": None if self.optimizer is None else {"name": self.optimizer.name, **dict(self.optimizer.config)},
             "key_dtype": self.key_dtype.name,
             "max_id_bits": self.max_id_bits,
+            "shares": self.shares,
         }
 
     @classmethod
@@ -156,14 +176,17 @@ class Spec:
 
 @dataclasses.dataclass(frozen=True)
 class SpecGroup:
-    """Features of one spec, ordered by name; a feature's category index is its position here.
+    """Features of one spec, ordered by name. Each feature that owns rows is a category of the group's table, its
+    category index its position among them (`categories`); a feature that shares another's rows (Feature.shares) is
+    not a category of its own: its ids are pairs of the shared feature's category.
 
     Attributes:
       spec: the shared Spec.
-      feature_names: tuple of names, sorted.
+      feature_names: tuple of names, sorted: every feature of the group (the inputs).
       index: position of the group in the layer's group list.
       encoding: "packed" (lossless, every feature declares max_id_bits and they fit) or "hashed".
       max_id_bits: the bound the packed encoding relies on (None for hashed).
+      shares: ((feature, the feature whose rows it reads), ...), sorted; () when no feature of the group shares.
     """
 
     spec: Spec
@@ -171,6 +194,7 @@ class SpecGroup:
     index: int = 0
     encoding: str = "hashed"
     max_id_bits: Optional[int] = None
+    shares: Tuple[Tuple[str, str], ...] = ()
 
     @property
     def name(self):
@@ -178,8 +202,65 @@ class SpecGroup:
         return f"group{self.index}_d{self.spec.dim}_{self.spec.optimizer.name}"
 
     @property
+    def categories(self):
+        """The features that own rows, sorted: category c of the table is categories[c] (with no sharing, every
+        feature: feature_names)."""
+        sharing = dict(self.shares)
+        return tuple(n for n in self.feature_names if n not in sharing)
+
+    @property
     def num_categories(self):
-        return len(self.feature_names)
+        return len(self.categories)
+
+    def category_of(self, feature_name):
+        """The category whose rows a feature of the group reads: its own, or the one of the feature it shares."""
+        return self.categories.index(dict(self.shares).get(feature_name, feature_name))
+
+    @property
+    def feature_categories(self):
+        """The category of each feature_names entry (what the fused ids are segmented by)."""
+        return tuple(self.category_of(n) for n in self.feature_names)
+
+
+def feature_spec(feature, default_optimizer, default_initializer):
+    """(Spec, resolved initializer) of a feature; the defaults fill what it leaves None."""
+    optimizer = feature.optimizer if feature.optimizer is not None else default_optimizer
+    initializer = feature.initializer if feature.initializer is not None else default_initializer
+    return Spec(feature.dim, optimizer, initializer_key(initializer)), initializer
+
+
+def shared_rows(features, default_optimizer, default_initializer):
+    """{feature: the feature whose rows it reads} of the features that declare `shares`, checked.
+
+    Raises:
+      ValueError naming both features when the shared feature does not exist, itself shares another's rows (chains
+      are refused, not followed), or differs in anything that decides the table: dim, optimizer, initializer (after
+      the defaults) or key_dtype.
+    """
+    by_name = {f.name: f for f in features}
+    shares = {}
+    for f in sorted(features, key=lambda f: f.name):
+        if f.shares is None:
+            continue
+        where = f"feature '{f.name}' shares the rows of feature '{f.shares}'"
+        owner = by_name.get(f.shares)
+        if owner is None:
+            raise ValueError(f"{where}, which does not exist (features: {sorted(by_name)})")
+        if owner.shares is not None:
+            raise ValueError(f"{where}, which itself shares the rows of feature '{owner.shares}': chains are not "
+                             f"followed; let '{f.name}' share '{owner.shares}' directly")
+        (spec, _), (owner_spec, _) = (feature_spec(x, default_optimizer, default_initializer) for x in (f, owner))
+        differences = [(what, mine, theirs) for what, mine, theirs in (
+            ("dim", spec.dim, owner_spec.dim),
+            ("optimizer", spec.optimizer, owner_spec.optimizer),
+            ("initializer", spec.initializer_key, owner_spec.initializer_key),
+            ("key_dtype", f.key_dtype.name, owner.key_dtype.name)) if mine != theirs]
+        if differences:
+            what, mine, theirs = differences[0]
+            raise ValueError(f"{where}, but their {what} differs ({mine} for '{f.name}', {theirs} for '{owner.name}'):"
+                             f" features that share rows need the same dim, optimizer, initializer and key_dtype")
+        shares[f.name] = owner.name
+    return shares
 
 
 def group_features(features, default_optimizer, default_initializer):
@@ -191,25 +272,27 @@ def group_features(features, default_optimizer, default_initializer):
 
     Returns:
       (list of SpecGroup, dict feature name -> resolved initializer).
+
+    Raises:
+      ValueError naming both features of a `shares` that cannot be honoured (shared_rows).
     """
     from tf_fusedrec.ops import packed_key_bits  # noqa: PLC0415  (keeps config importable without the op library)
 
+    shares = shared_rows(features, default_optimizer, default_initializer)
     by_spec = {}
     resolved_initializers = {}
     for feature in sorted(features, key=lambda f: f.name):
-        optimizer = feature.optimizer if feature.optimizer is not None else default_optimizer
-        initializer = feature.initializer if feature.initializer is not None else default_initializer
-        resolved_initializers[feature.name] = initializer
-        spec = Spec(feature.dim, optimizer, initializer_key(initializer))
+        spec, resolved_initializers[feature.name] = feature_spec(feature, default_optimizer, default_initializer)
         by_spec.setdefault(spec, []).append(feature)
     groups = []
     for index, (spec, members) in enumerate(sorted(by_spec.items(), key=lambda item: item[1][0].name)):
         names = tuple(f.name for f in members)
+        sharing = tuple((n, shares[n]) for n in names if n in shares)  # same spec: the shared feature is a member
         bits = [f.max_id_bits for f in members]
         encoding, max_bits = "hashed", None
-        if all(b is not None for b in bits) and max(bits) <= packed_key_bits(len(names)):
+        if all(b is not None for b in bits) and max(bits) <= packed_key_bits(len(names) - len(sharing)):
             encoding, max_bits = "packed", max(bits)
-        groups.append(SpecGroup(spec, names, index, encoding, max_bits))
+        groups.append(SpecGroup(spec, names, index, encoding, max_bits, sharing))
     return groups, resolved_initializers
 
 
@@ -227,8 +310,9 @@ PIPELINES = ("sync", "dbp", "fwp")
 
 @dataclasses.dataclass
 class FeatureConfig:
-    """A sparse feature: its embedding (dim, combiner, optimizer, initializer, max_id_bits) and, for synthetic data,
-    its id distribution (vocab, zipf exponent, hotness: an int or [lo, hi] for variable length)."""
+    """A sparse feature: its embedding (dim, combiner, optimizer, initializer, max_id_bits, shares: the feature whose
+    rows it reads, see Feature) and, for synthetic data, its id distribution (vocab, zipf exponent, hotness: an int or
+    [lo, hi] for variable length)."""
 
     name: str
     dim: int
@@ -239,6 +323,7 @@ class FeatureConfig:
     optimizer: Any = None
     initializer: Any = None
     max_id_bits: Optional[int] = None
+    shares: Optional[str] = None
 
     def to_feature(self):
         from tf_fusedrec import initializers  # noqa: PLC0415
@@ -247,7 +332,8 @@ class FeatureConfig:
         if combiner is None and self.hotness != 1:
             combiner = "sum"
         return Feature(self.name, self.dim, combiner=combiner, optimizer=self.optimizer,
-                       initializer=initializers.get(self.initializer), max_id_bits=self.max_id_bits)
+                       initializer=initializers.get(self.initializer), max_id_bits=self.max_id_bits,
+                       shares=self.shares)
 
 
 @dataclasses.dataclass
@@ -421,6 +507,12 @@ def parse_config(raw, where="config"):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{where}.train.{key}: must be a positive int, got {value!r}")
     features = _expand_features(raw["features"], raw.get("feature_defaults") or {}, where)
+    try:  # as the train app's layer will resolve them: train.sparse_optimizer and the default initializer
+        shared_rows([f.to_feature() for f in features], optimizer_spec(train.sparse_optimizer,
+                                                                       f"{where}.train.sparse_optimizer"),
+                    default_initializer())
+    except ValueError as e:
+        raise ValueError(f"{where}.features: {e}") from None
     config = ExperimentConfig(name=raw.get("name", where), features=features, data=data, model=model, train=train,
                               embedding=embedding)
     if data.source in SEQUENCE_SOURCES:

@@ -40,12 +40,12 @@ GroupDist = collections.namedtuple(
         "gather_index",  # int32 [m]: received position -> position in keys (I_l)
         "received_splits",  # int32 [N]: pairs received from each rank (= rows sent back to it)
         "recover_index",  # int32 [n]: fused position -> position in the send buffer (I_r)
-        "feature_sizes",  # int32 [M]: valid ids per feature, in group order
-        "unique_sent",  # int64 [M]: pairs this worker sent per category
-        "unique_looked_up",  # int64 [M]: unique pairs per category looked up here (-1: categories unknown)
+        "feature_sizes",  # int32 [M]: valid ids per feature, in group order (group.feature_names)
+        "unique_sent",  # int64 [C]: pairs this worker sent per category (group.categories)
+        "unique_looked_up",  # int64 [C]: unique pairs per category looked up here (-1: categories unknown)
         "hot_keys",  # int64 [T]: the replicated keys some worker's batch touches (equal on every worker; [0]: none)
         "hot_index",  # int32 [h]: each local hot pair's position in hot_keys
-        "hot_hits",  # int64 [M]: ids per category served from the replicated table
+        "hot_hits",  # int64 [M]: ids per feature served from the replicated table
     ],
 )
 GroupDist.__doc__ = "What input_dist hands to lookup and output_dist: tensors only, so it can cross tf.function calls."
@@ -147,12 +147,15 @@ def _gather_rows(rows, index):
     return tf.gather(rows, index), grad
 
 
-def fuse(ids_per_feature, num_categories):
-    """Concatenates a group's ids; -> (keys int64 [n], segments int32 [n], feature_sizes int32 [M])."""
+def fuse(ids_per_feature, categories):
+    """Concatenates a group's ids; -> (keys int64 [n], segments int32 [n], feature_sizes int32 [M]).
+
+    categories: the category of each feature (group.feature_categories): its position in the group, or the shared
+    feature's for a feature that shares another's rows, whose ids thus become pairs of that category."""
     with tf.name_scope("fuse"):
         keys = tf.concat(ids_per_feature, axis=0)
         feature_sizes = tf.stack([tf.size(ids, out_type=tf.int32) for ids in ids_per_feature])
-        segments = tf.repeat(tf.range(num_categories, dtype=tf.int32), feature_sizes)
+        segments = tf.repeat(tf.constant(categories, tf.int32), feature_sizes)
     return keys, segments, feature_sizes
 
 
@@ -203,12 +206,12 @@ class GroupLookup:
         """Rows in received order -> list of float32 [n_f, dim], one per feature in group order."""
         rows = self._route.send_rows(rows, dist.received_splits, slot_name(self.prefix, "embeddings", slot))
         fused = tf.gather(rows, dist.recover_index)
-        return tf.split(fused, dist.feature_sizes, num=self.group.num_categories, axis=0)
+        return tf.split(fused, dist.feature_sizes, num=len(self.group.feature_names), axis=0)
 
     def _no_hot(self):
         """The hot fields of a GroupDist without replication."""
         return (tf.zeros([0], tf.int64), tf.zeros([0], tf.int32),
-                tf.zeros([self.group.num_categories], tf.int64))
+                tf.zeros([len(self.group.feature_names)], tf.int64))
 
 
 class FusedGroupLookup(GroupLookup):
@@ -228,7 +231,7 @@ class FusedGroupLookup(GroupLookup):
 
     def input_dist(self, ids_per_feature, slot=0, send_after=()):
         num_categories = self.group.num_categories
-        keys, segments, feature_sizes = fuse(ids_per_feature, num_categories)
+        keys, segments, feature_sizes = fuse(ids_per_feature, self.group.feature_categories)
         keys, segments, inverse = self._dedup(keys, segments)
         ids, received_segments, splits, recover_index = self._route.send_keys(
             keys, segments, inverse, slot_name(self.prefix, "keys", slot), send_after)
@@ -291,9 +294,9 @@ class HotGroupLookup(FusedGroupLookup):
         self.hot_set, self.hot_table = hot_set, hot_table
 
     def input_dist(self, ids_per_feature, slot=0, send_after=()):
-        num_categories = self.group.num_categories
-        keys, segments, feature_sizes = fuse(ids_per_feature, num_categories)
-        fused_segments = segments
+        num_categories, num_features = self.group.num_categories, len(self.group.feature_names)
+        keys, segments, feature_sizes = fuse(ids_per_feature, self.group.feature_categories)
+        fused_features = tf.repeat(tf.range(num_features, dtype=tf.int32), feature_sizes)
         keys, segments, inverse = self._dedup(keys, segments)
         with tf.name_scope("hot_split"):
             hot_keys = self.hot_set.keys.read_value()
@@ -324,7 +327,7 @@ class HotGroupLookup(FusedGroupLookup):
                 [tf.cast(tf.where(is_cold)[:, 0], tf.int32), tf.cast(tf.where(is_hot)[:, 0], tf.int32)],
                 [recover_cold, num_cold + tf.range(tf.size(hot_position))])
             recover_index = tf.gather(buffer_position, inverse)
-            hot_hits = _count(tf.boolean_mask(fused_segments, tf.gather(is_hot, inverse)), num_categories)
+            hot_hits = _count(tf.boolean_mask(fused_features, tf.gather(is_hot, inverse)), num_features)
         owner = self._owner_unique(ids, received_segments)
         sent = owner[-1] if self._sent_are_looked_up else _count(cold_segments, num_categories)
         return GroupDist(*owner[:4], splits, recover_index, feature_sizes, sent, owner[-1], touched_keys, hot_index,
@@ -351,7 +354,7 @@ class HotGroupLookup(FusedGroupLookup):
         cold, hot = rows
         received = self._route.send_rows(cold, dist.received_splits, slot_name(self.prefix, "embeddings", slot))
         fused = tf.gather(tf.concat([received, hot], axis=0), dist.recover_index)
-        return tf.split(fused, dist.feature_sizes, num=self.group.num_categories, axis=0)
+        return tf.split(fused, dist.feature_sizes, num=len(self.group.feature_names), axis=0)
 
 
 class SourceHashGroupLookup(GroupLookup):
@@ -367,7 +370,7 @@ class SourceHashGroupLookup(GroupLookup):
 
     def input_dist(self, ids_per_feature, slot=0, send_after=()):
         num_categories = self.group.num_categories
-        keys, segments, feature_sizes = fuse(ids_per_feature, num_categories)
+        keys, segments, feature_sizes = fuse(ids_per_feature, self.group.feature_categories)
         fused = ops.category_unique(keys, segments, num_categories, self.group.encoding, name="source_hash_unique")
         received, _, splits, recover_index = self._route.send_keys(
             fused.unified_keys, None, fused.inverse, slot_name(self.prefix, "keys", slot), send_after)

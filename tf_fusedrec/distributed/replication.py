@@ -177,7 +177,7 @@ def count_pairs(layer, batches):
         num += 1
         flats, _ = layer.flatten(inputs)
         for g, group in enumerate(layer.groups):
-            keys, segments, _ = fuse([flats[n].ids for n in group.feature_names], group.num_categories)
+            keys, segments, _ = fuse([flats[n].ids for n in group.feature_names], group.feature_categories)
             unified = unified_keys(keys, segments, group.num_categories, group.encoding)
             unified = unified.numpy()
             parts[g].append((unified, keys.numpy(), segments.numpy(), np.unique(unified)))

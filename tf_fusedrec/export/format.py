@@ -9,7 +9,8 @@ An export directory (written by fr.export.export_model) holds:
     EXPORT/tables/{group}/part-{i}-of-{P}.npz     keys int64 [K] (sorted), rows float32 [K, dim]
 
 A group's rows are keyed by its table key (the training table's unified key): for a feature of category c (its
-position in the group's sorted feature list) and an id x,
+position in the group's sorted "features": the features that own rows; a feature that shares another's rows, manifest
+feature "shares", reads that feature's category: its entry's "group" and "category" say so) and an id x,
   - packed encoding:  key = (c << (63 - b)) | x, b = max(1, ceil(log2(num_categories)))
   - hashed encoding:  key = mix64(uint64(x) XOR mix64(c + 0x9E3779B97F4A7C15))
   - identity (a per-feature table): key = x
@@ -51,7 +52,7 @@ def table_keys(ids, categories, num_categories, encoding):
     Args:
       ids: int64 [n], ids >= 0.
       categories: int [n], each in [0, num_categories).
-      num_categories: the group's number of features.
+      num_categories: the group's number of categories (len of its manifest "features").
       encoding: "packed", "hashed" or "identity".
 
     Returns:

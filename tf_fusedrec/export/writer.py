@@ -75,12 +75,12 @@ def _group_tables(layer):
                 cold = ~np.isin(keys, hot_keys)
                 keys, rows = np.concatenate([keys[cold], hot_keys]), np.concatenate([rows[cold], hot_rows])
             initializer = layer._initializers[group.feature_names[0]]  # noqa: SLF001  (resolved per group)
-            out.append((_group_dict(group.name, group.spec.dim, group.encoding, group.feature_names, initializer),
+            out.append((_group_dict(group.name, group.spec.dim, group.encoding, group.categories, initializer),
                         keys, rows))
         return out
     if isinstance(layer, PerFeatureEmbedding):
         for group, table in zip(layer.groups, layer.sharded_tables()):
-            (name,) = group.feature_names
+            (name,) = group.categories
             feature = next(f for f in layer.features if f.name == name)
             initializer = feature.initializer if feature.initializer is not None else layer.default_initializer
             keys, rows = (x.numpy() for x in table.params.export())
@@ -89,10 +89,12 @@ def _group_tables(layer):
     raise ValueError(f"export_model: unsupported embedding layer {type(layer).__name__}")
 
 
-def _group_dict(name, dim, encoding, feature_names, initializer):
+def _group_dict(name, dim, encoding, categories, initializer):
+    """"features": the group's categories (the features that own rows), each with its salt; a feature that shares
+    another's rows is not one of them (the manifest's feature entry names the group and category it reads)."""
     seed = initializer.seed if initializers.is_hashed(initializer) else 0
-    return {"name": name, "dim": int(dim), "encoding": encoding, "features": list(feature_names),
-            "salts": [initializers.feature_salt(seed, n) for n in feature_names],
+    return {"name": name, "dim": int(dim), "encoding": encoding, "features": list(categories),
+            "salts": [initializers.feature_salt(seed, n) for n in categories],
             "initializer": initializers.serialize(initializer)}
 
 
@@ -192,10 +194,12 @@ def export_model(model, out, example=None, parts=4, overwrite=False, source=None
         input_names = _input_names(layer, layouts)
         _save_dense(model, layer, dense_specs, layouts, input_names, os.path.join(staging, "dense"))
         groups = [fmt.write_group(staging, g, keys, rows, parts) for g, keys, rows in _group_tables(layer)]
+        # A feature that shares another's rows reads that feature's group and category.
         category = {n: (g["name"], c) for g in groups for c, n in enumerate(g["features"])}
         features = [{"name": f.name, "dim": f.dim, "combiner": f.combiner, "key_dtype": f.key_dtype.name,
-                     "max_id_bits": f.max_id_bits, "layout": layouts[f.name], "group": category[f.name][0],
-                     "category": category[f.name][1], "inputs": input_names[f.name]}
+                     "max_id_bits": f.max_id_bits, "layout": layouts[f.name],
+                     "group": category[f.shares or f.name][0], "category": category[f.shares or f.name][1],
+                     "shares": f.shares, "inputs": input_names[f.name]}
                     for f in sorted(layer.features, key=lambda f: f.name)]
         dense_files = []
         for root, _, files in os.walk(os.path.join(staging, "dense")):

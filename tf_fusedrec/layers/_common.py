@@ -12,8 +12,8 @@ DEFAULT_OPTIMIZER = "adagrad"
 
 
 def default_initializer():
-    """Hashed rows: reproducible, and independent of worker count and batch order."""
-    return initializers.Hashed(seed=0, stddev=0.05)
+    """Hashed rows: reproducible, and independent of worker count and batch order (config.default_initializer)."""
+    return cfg.default_initializer()
 
 
 def parse_features(features, layer_name):
@@ -31,6 +31,14 @@ def parse_features(features, layer_name):
         seen.add(f.name)
         parsed.append(f)
     return tuple(parsed)
+
+
+def group_features(features, optimizer, initializer, layer_name):
+    """cfg.group_features, its errors (a `shares` that cannot be honoured) prefixed with the layer's name."""
+    try:
+        return cfg.group_features(features, optimizer, initializer)
+    except ValueError as e:
+        raise ValueError(f"{layer_name}: {e}") from None
 
 
 def flatten_inputs(features, inputs, layer_name, local_checks=True):

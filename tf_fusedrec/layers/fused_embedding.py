@@ -32,7 +32,9 @@ class FusedEmbedding(tf.keras.layers.Layer):
 
     Features with equal (dim, optimizer, initializer) form a group, ordered by name; each group has one table (a
     TFRA dynamic_embedding variable, or tf_fusedrec's native table: table_backend), sharded by owner_of so each
-    worker holds only the keys it owns. A training step does,
+    worker holds only the keys it owns. Each feature is a category of its group's table, except a feature declared
+    with `shares` (fr.Feature("target", dim=32, shares="items")): its ids are pairs of the shared feature's
+    category, so it reads and trains the same rows, with its own input and combiner. A training step does,
     per group, one keys all-to-all (ids and categories together) and one embeddings all-to-all, where per-feature
     TFRA layers do two per feature. Results equal the per-feature layers' (lossless) and, with the default Hashed
     initializer, do not depend on the number of workers.
@@ -87,8 +89,8 @@ class FusedEmbedding(tf.keras.layers.Layer):
         self.default_optimizer = cfg.optimizer_spec(optimizer, f"{self.name}: optimizer")
         self.default_initializer = initializers.get(initializer) or _common.default_initializer()
         self._feature = {f.name: f for f in self.features}
-        self._groups, self._initializers = cfg.group_features(
-            self.features, self.default_optimizer, self.default_initializer
+        self._groups, self._initializers = _common.group_features(
+            self.features, self.default_optimizer, self.default_initializer, self.name
         )
         self.comm = comm_lib.get_comm(comm)
         self.tables, self.group_lookups, self.hot_tables = [], [], []
@@ -98,7 +100,8 @@ class FusedEmbedding(tf.keras.layers.Layer):
         for group in self._groups:
             initializer = self._initializers[group.feature_names[0]]
             seed = initializer.seed if initializers.is_hashed(initializer) else 0
-            salts = [initializers.feature_salt(seed, n) for n in group.feature_names]
+            # One salt per category: a feature that shares another's rows has no rows, so no salt, of its own.
+            salts = [initializers.feature_salt(seed, n) for n in group.categories]
             capacity = self.eviction.capacity_of(group, self.name) if self.eviction is not None else None
             table = make_table(self.table_backend, f"{self.name}/{group.name}", group.spec.dim, initializer, salts,
                                group.spec.optimizer, self.storage, track_access=capacity is not None)
@@ -281,8 +284,8 @@ class FusedEmbedding(tf.keras.layers.Layer):
                     outputs[i][name] = _inputs.unflatten_rows(self._feature[name], feature_rows, flat[name].layout)
             stat_rows.append(tf.stack([
                 tf.cast(tf.add_n([d.feature_sizes for d in group_dists]), tf.int64),
-                tf.add_n([d.unique_sent for d in group_dists]),
-                _sum_counts([d.unique_looked_up for d in group_dists]),
+                _per_feature(tf.add_n([d.unique_sent for d in group_dists]), group),
+                _per_feature(_sum_counts([d.unique_looked_up for d in group_dists]), group),
                 tf.add_n([d.hot_hits for d in group_dists]),
             ], axis=1))
         update = self._statistics.assign(tf.concat(stat_rows, axis=0))
@@ -300,6 +303,9 @@ class FusedEmbedding(tf.keras.layers.Layer):
         "unique_sent": unique ids this worker sent, "unique_looked_up": unique ids of the feature this worker
         looked up in its table as owner (from category_unique's per-category counts; -1 with fusion="source_hash"),
         "hot_hits": ids served from the replicated hot rows (0 without replication)}.
+        The unique counts are per category: a feature that shares another's rows (Feature.shares) has its unique ids
+        counted with the shared feature's (an id of both is one pair, sent and looked up once), and 0 (-1 where
+        unknown) of its own, so that no pair is counted twice.
         Values are int64 scalars (tensors in graph mode)."""
         values = self._statistics.read_value()
         return {
@@ -320,6 +326,17 @@ class FusedEmbedding(tf.keras.layers.Layer):
 
 class _Untracked:
     """Holds what Keras must not track."""
+
+
+def _per_feature(counts, group):
+    """Per-category counts [C] -> per-feature [M]: a feature's category count, 0 for a feature that shares another's
+    rows (its pairs are counted under the shared feature), or -1 where the counts are unknown (-1)."""
+    if not group.shares:
+        return counts
+    padded = tf.concat([counts, tf.minimum(tf.reduce_min(counts), 0)[None]], axis=0)  # -1 stays -1, else 0
+    sharing = dict(group.shares)
+    return tf.gather(padded, [group.num_categories if n in sharing else group.category_of(n)
+                              for n in group.feature_names])
 
 
 def _sum_counts(counts):

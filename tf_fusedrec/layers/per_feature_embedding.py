@@ -96,7 +96,10 @@ def make_tfra_layer(name, dim, initializer, salt_key, comm):
 
 @tf.keras.utils.register_keras_serializable(package="FusedRec")
 class PerFeatureEmbedding(tf.keras.layers.Layer):
-    """One TFRA HvdAllToAllEmbedding per feature (the baseline). Same arguments and call as FusedEmbedding."""
+    """One TFRA HvdAllToAllEmbedding per feature (the baseline). Same arguments and call as FusedEmbedding.
+
+    A feature declared with `shares` has no table of its own: its ids are looked up in the shared feature's table, in
+    the same call as that feature's (one lookup per table and step, so the table's trainable handle sees both)."""
 
     def __init__(self, features, optimizer=_common.DEFAULT_OPTIMIZER, initializer=None, comm=None, name=None,
                  **kwargs):
@@ -106,8 +109,18 @@ class PerFeatureEmbedding(tf.keras.layers.Layer):
         self.default_initializer = initializers.get(initializer) or _common.default_initializer()
         self.comm = comm_lib.get_comm(comm)
         self._feature = {f.name: f for f in self.features}
+        fused_groups, _ = _common.group_features(self.features, self.default_optimizer, self.default_initializer,
+                                                 self.name)  # checks the shares
+        self._shares = {n: owner for g in fused_groups for n, owner in g.shares}
+        # Per table (the feature that owns it): the features it serves, itself first.
+        self._served = {f.name: [f.name] for f in sorted(self.features, key=lambda f: f.name)
+                        if f.name not in self._shares}
+        for n in sorted(self._shares):
+            self._served[self._shares[n]].append(n)
         self._layers, self._optimizers, self._fresh_rows = {}, {}, {}
         for f in sorted(self.features, key=lambda f: f.name):
+            if f.name in self._shares:
+                continue
             initializer = f.initializer if f.initializer is not None else self.default_initializer
             self._optimizers[f.name] = f.optimizer if f.optimizer is not None else self.default_optimizer
             self._layers[f.name], self._fresh_rows[f.name] = make_tfra_layer(
@@ -119,11 +132,14 @@ class PerFeatureEmbedding(tf.keras.layers.Layer):
 
     @property
     def groups(self):
-        """One group per feature: the baseline fuses nothing."""
+        """One group per table: per feature, the baseline fuses nothing (a feature that shares another's rows is in
+        that feature's group, as in FusedEmbedding)."""
         groups, _ = cfg.group_features(self.features, self.default_optimizer, self.default_initializer)
+        spec_of = {n: g for g in groups for n in g.feature_names}
         return [
-            cfg.SpecGroup(g.spec, (n,), i, g.encoding)
-            for i, (g, n) in enumerate(sorted(((g, n) for g in groups for n in g.feature_names), key=lambda x: x[1]))
+            cfg.SpecGroup(spec_of[n].spec, tuple(sorted(self._served[n])), i, spec_of[n].encoding,
+                          shares=tuple(sorted((s, n) for s in self._served[n][1:])))
+            for i, n in enumerate(sorted(self._served))
         ]
 
     def optimizer_groups(self):
@@ -144,7 +160,8 @@ class PerFeatureEmbedding(tf.keras.layers.Layer):
                 for n in sorted(self._layers)]
 
     def tfra_layer(self, feature_name):
-        return self._layers[feature_name]
+        """The TFRA layer holding the rows of a feature (the shared feature's, for a feature that shares them)."""
+        return self._layers[self._shares.get(feature_name, feature_name)]
 
     def injected(self, outputs):
         """As FusedEmbedding.injected: within the block the next call returns `outputs`."""
@@ -158,8 +175,8 @@ class PerFeatureEmbedding(tf.keras.layers.Layer):
         outputs = {}
         with tf.control_dependencies(checks):
             for name in sorted(self._layers):
-                feature, layer, fresh = self._feature[name], self._layers[name], self._fresh_rows[name]
-                ids = tf.identity(flats[name].ids)
+                layer, fresh, served = self._layers[name], self._fresh_rows[name], self._served[name]
+                ids = tf.identity(tf.concat([flats[n].ids for n in served], axis=0))
                 if training is False:
                     rows = self._inference_rows(layer, fresh, ids)
                 else:
@@ -171,7 +188,9 @@ class PerFeatureEmbedding(tf.keras.layers.Layer):
                         )
                         ids = _common.after([insert], ids)
                     rows = layer(ids)
-                outputs[name] = _inputs.unflatten_rows(feature, rows, flats[name].layout)
+                parts = tf.split(rows, [tf.size(flats[n].ids) for n in served], num=len(served), axis=0)
+                for n, part in zip(served, parts):
+                    outputs[n] = _inputs.unflatten_rows(self._feature[n], part, flats[n].layout)
         return outputs
 
     def _inference_rows(self, layer, fresh, ids):

@@ -161,8 +161,9 @@ class ServingModel:
         """{signature input: float32/int64 array} of every feature's embeddings, one backend call per group and kind
         (rows, pooled)."""
         inputs = {}
-        for group_name, group in self.groups.items():
-            members = [self.features[n] for n in group["features"]]
+        for group_name in self.groups:
+            # Every feature reading the group's rows, a feature that shares another's rows (manifest "shares") too.
+            members = [f for _, f in sorted(self.features.items()) if f["group"] == group_name]
             pooled = [f for f in members if f["layout"] == "bag" and self.pooling]
             direct = [f for f in members if f not in pooled]
             if direct:
