@@ -9,7 +9,7 @@ HOROVODRUN := .venv/bin/horovodrun -np 2 -H localhost:2 --gloo
 PINNED_HOROVODRUN := $(HOROVODRUN) scripts/pin_worker.sh
 DEMO_STEPS ?= 100
 
-.PHONY: install build bazel wheel demo test test-ops test-bazel bench bench-ops bench-cluster bench-cluster-runs bench-serve \
+.PHONY: install build bazel wheel demo test test-fast test-ops test-bazel bench bench-ops bench-cluster bench-cluster-runs bench-serve \
 	docs-tables cuda-harness cuda-check cuda-bench clean
 
 install:
@@ -37,9 +37,19 @@ demo: build
 	$(PINNED_HOROVODRUN) $(PY) -m tf_fusedrec.train --config configs/criteo_synthetic.yaml --steps $(DEMO_STEPS) \
 		--model-dir runs/demo-$$(date +%s) 2>&1 | grep --line-buffered -v -E '$(TF_PLUGIN_NOISE)'
 
+# Two pytest-xdist workers: the suite's processes wait on each other (Horovod's cycles, servers, rendezvous) about
+# half the time, so two at once fill both cores. A module's tests stay on one worker (tests/conftest.py), so its
+# module fixtures (the horovodrun scenario runs) run once.
+PYTEST_PARALLEL := -n 2 --dist loadgroup
+
 test: build bazel
-	TF_FUSEDREC_REQUIRE_HOROVOD=1 $(PY) -m pytest tests
-	TF_FUSEDREC_OPS_LIB=$(CURDIR)/$(BAZEL_LIB) $(PY) -m pytest tests/ops
+	TF_FUSEDREC_REQUIRE_HOROVOD=1 $(PY) -m pytest $(PYTEST_PARALLEL) tests
+	TF_FUSEDREC_OPS_LIB=$(CURDIR)/$(BAZEL_LIB) $(PY) -m pytest $(PYTEST_PARALLEL) tests/ops
+
+# The fast tier: in-process unit and oracle tests only (no horovodrun, servers, clusters or nvcc; tests/conftest.py
+# marks the rest `slow`), a few minutes.
+test-fast: build
+	$(PY) -m pytest $(PYTEST_PARALLEL) -m "not slow" tests
 
 test-ops: build
 	$(PY) -m pytest tests/ops

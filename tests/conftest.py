@@ -293,3 +293,49 @@ def pytest_sessionstart(session):
         except Exception as e:  # noqa: BLE001  (ImportError, or a library that fails to load)
             raise pytest.UsageError(f"TF_FUSEDREC_REQUIRE_HOROVOD=1 but horovod.tensorflow does not import ({e}); "
                                     f"run scripts/install.sh") from e
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Markers and parallel runs
+# --------------------------------------------------------------------------------------------------------------
+
+# Test modules whose tests start several processes (horovodrun, the apps, servers, nvcc): `slow`. The fast tier
+# (`make test-fast`) is everything else: in-process unit and oracle tests.
+_MULTIWORKER = {"tests/distributed", "tests/apps/test_train.py", "tests/apps/test_train_crash.py",
+                "tests/apps/test_train_grm.py", "tests/apps/test_train_movielens_seq.py",
+                "tests/apps/test_train_pipeline.py", "tests/apps/test_bench.py", "tests/serve/test_export.py",
+                "tests/train/test_steps_per_call.py", "tests/cluster/test_cluster_equality.py"}
+_AREAS = {"tests/cluster": "cluster", "tests/serve": "serving"}
+_SLOW = _MULTIWORKER | {"tests/cluster", "tests/cuda/test_cuda_harness.py", "tests/serve/test_serve_bench.py",
+                        "tests/serve/test_ranker.py", "tests/serve/test_fuzz.py", "tests/test_entry_points.py",
+                        "tests/serve/test_embedding_server.py", "tests/serve/test_loadtest.py"}
+
+
+def _under(path, prefixes):
+    return any(path == p or path.startswith(p + "/") for p in prefixes)
+
+
+def pytest_configure(config):
+    for name, what in (("slow", "starts processes or servers (not in `make test-fast`)"),
+                       ("multiworker", "runs Horovod workers under horovodrun"),
+                       ("cluster", "builds namespaced hosts (root, ip, tc)"),
+                       ("serving", "starts embedding servers or a ranker")):
+        config.addinivalue_line("markers", f"{name}: {what}")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's loadgroup reads the xdist_group markers
+def pytest_collection_modifyitems(config, items):
+    """Marks each test by the module it is in (slow, multiworker, cluster, serving) and, for `pytest -n N
+    --dist loadgroup` (`make test`), keeps a module's tests on one xdist worker so its module fixtures (the
+    horovodrun scenario runs) run once; the cluster tests share one group, as they build namespaces of this machine."""
+    for item in items:
+        path = Path(str(item.fspath)).resolve().relative_to(_ROOT).as_posix()
+        if _under(path, _SLOW):
+            item.add_marker(pytest.mark.slow)
+        if _under(path, _MULTIWORKER):
+            item.add_marker(pytest.mark.multiworker)
+        for prefix, marker in _AREAS.items():
+            if _under(path, [prefix]):
+                item.add_marker(getattr(pytest.mark, marker))
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group("cluster" if _under(path, ["tests/cluster"]) else path))

@@ -69,7 +69,8 @@ import numpy as np
 import tensorflow as tf
 
 from tf_fusedrec.sequence_config import SequenceConfig as _DEFAULTS
-from tf_fusedrec.data.synthetic import SparseInput, _Feature, _is_int, _key64, _mix64
+from tf_fusedrec.data.synthetic import SparseInput, _Feature, _is_int, _key64
+from tf_fusedrec.hashing import mix64
 
 __all__ = ["RESERVED_KEYS", "SequenceSpec", "TASKS", "grm_batch", "grm_dataset", "grm_hidden_logits", "grm_samples"]
 
@@ -219,7 +220,7 @@ def _check_int(name, value, low, high=None):
 
 def _uniform(keys) -> np.ndarray:
     """float64 uniforms in [0, 1) of uint64 counters (one SplitMix64 output each)."""
-    return (_mix64(keys) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    return (mix64(keys) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
 
 
 def _counter(key: int, index: np.ndarray) -> np.ndarray:
@@ -324,7 +325,7 @@ class _Generator:
         np.cumsum(lengths, out=splits[1:])
         row_of = np.repeat(np.arange(rows), lengths)
         position = (np.arange(splits[-1]) - splits[:-1][row_of]).astype(np.uint64)
-        base = _mix64(_counter(keys["items"], index))
+        base = mix64(_counter(keys["items"], index))
         items = self.items.ids(_uniform(base[row_of] + position * _GOLDEN))
         contexts = {name: feature.ids(_uniform(_counter(keys[f"context:{name}"], index)))
                     for name, feature in self.contexts}

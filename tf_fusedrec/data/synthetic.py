@@ -60,6 +60,8 @@ from typing import Iterable, Sequence, Union
 import numpy as np
 import tensorflow as tf
 
+from tf_fusedrec import hashing
+
 __all__ = ["SparseInput", "calibrate_zipf", "hidden_logits", "synthetic_dataset", "top_share"]
 
 _BLOCK = 256            # global rows per random-number block
@@ -346,20 +348,6 @@ def calibrate_zipf(vocab_size: int, top_fraction: float = 0.02, target_share: fl
 # The hidden model and the batch generator
 # ----------------------------------------------------------------------------------------------------------------
 
-_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_M2 = np.uint64(0x94D049BB133111EB)
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finalizer on a uint64 array (wrapping arithmetic)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * _M1
-    x ^= x >> np.uint64(27)
-    x *= _M2
-    x ^= x >> np.uint64(31)
-    return x
-
-
 def _key64(*parts) -> int:
     h = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(h, "little")
@@ -390,7 +378,8 @@ class _Feature:
 
     def weights(self, ids: np.ndarray) -> np.ndarray:
         """Hidden weight in [-1, 1) of each id."""
-        h = _mix64(ids.astype(np.uint64) + self.weight_key)
+        with np.errstate(over="ignore"):
+            h = hashing.mix64(ids.astype(np.uint64) + self.weight_key)
         return (h >> np.uint64(11)).astype(np.float64) * (2.0 ** -52) - 1.0
 
 
