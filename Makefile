@@ -38,8 +38,8 @@ demo: build
 		--model-dir runs/demo-$$(date +%s) 2>&1 | grep --line-buffered -v -E '$(TF_PLUGIN_NOISE)'
 
 # Two pytest-xdist workers: the suite's processes wait on each other (Horovod's cycles, servers, rendezvous) about
-# half the time, so two at once fill both cores. A module's tests stay on one worker (tests/conftest.py), so its
-# module fixtures (the horovodrun scenario runs) run once.
+# half the time, so two at once fill both cores. tests/conftest.py asks for a module's tests on one worker (so its
+# module fixtures run once); measured, that grouping does not take effect yet (README, "Install, build and test").
 PYTEST_PARALLEL := -n 2 --dist loadgroup
 
 test: build bazel
