@@ -2,6 +2,7 @@
 with a timeout that ends the whole group (horovodrun and its workers), in an environment without the variables that
 would make a child believe it is a Horovod worker."""
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -75,3 +76,11 @@ def run_scenario(name, args, workers, out, timeout):
         with np.load(Path(out) / f"rank{r}.npz") as z:
             ranks.append({k: z[k] for k in z.files})
     return ranks
+
+
+def load_script(path, name):
+    """A script that is not in a package (tests/*/scenario.py, scripts/*.py) imported as module `name`."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -7,25 +7,18 @@ JSON and text files: no TensorFlow, well under a second.
 
 import ast
 import difflib
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.subprocess_runner import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "docs_tables.py"
 
 
-def load_script():
-    """scripts/docs_tables.py as a module (scripts/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("docs_tables", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-docs_tables = load_script()
+docs_tables = load_script(SCRIPT, "docs_tables")
 README = (ROOT / "README.md").read_text()
 BLOCKS = {name: (indent, first, body) for name, indent, first, _, body in docs_tables.blocks(README)}
 

@@ -17,7 +17,6 @@ Adagrad, tf.function) keeps the default AutoGraph path, so comparisons against i
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.subprocess_runner import execute, tail
+from tests.subprocess_runner import execute, load_script, tail
 
 pytest.importorskip("horovod.tensorflow", reason="Horovod (horovod.tensorflow) is not importable")
 
@@ -40,14 +39,7 @@ OPTIMIZERS = ["sgd", "adagrad"]
 AUTOGRAPH_ON = {(2, "fused", "adagrad", "function")}
 
 
-def _load_scenario_module():
-    spec = importlib.util.spec_from_file_location("fusedrec_distributed_scenario", SCENARIO)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-sc = _load_scenario_module()
+sc = load_script(SCENARIO, "fusedrec_distributed_scenario")
 FEATURES = [f.name for f in sc.make_features("sgd")]
 NUM_GROUPS = len({f.dim for f in sc.make_features("sgd")})  # one optimizer and initializer: a spec per dim
 
