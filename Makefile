@@ -38,8 +38,9 @@ demo: build
 		--model-dir runs/demo-$$(date +%s) 2>&1 | grep --line-buffered -v -E '$(TF_PLUGIN_NOISE)'
 
 # Two pytest-xdist workers: the suite's processes wait on each other (Horovod's cycles, servers, rendezvous) about
-# half the time, so two at once fill both cores. tests/conftest.py asks for a module's tests on one worker (so its
-# module fixtures run once); measured, that grouping does not take effect yet (README, "Install, build and test").
+# half the time, so two at once fill both cores. tests/conftest.py keeps on one worker the tests of a module that
+# share a module's cached runs (horovodrun scenarios, bench and training runs), so those run once; other tests are
+# spread one by one (pytest is pinned to 8.4.2: with pytest 9 pytest-xdist 3.8 groups nothing).
 PYTEST_PARALLEL := -n 2 --dist loadgroup
 
 test: build bazel

@@ -323,12 +323,21 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{name}: {what}")
 
 
+def _shares_module_state(item, path):
+    """Whether the test uses a module- or session-scoped fixture defined in its own module: the expensive shared
+    state (a horovodrun scenario run, a bench or training run, a server), cached per pytest process."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(d.scope in ("module", "session") and d.baseid.split("::")[0] == path for chain in defs for d in chain)
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's loadgroup reads the xdist_group markers
 def pytest_collection_modifyitems(config, items):
     """Marks each test by the module it is in (slow, multiworker, cluster, serving) and, for `pytest -n N
-    --dist loadgroup` (`make test`), asks for a module's tests on one xdist worker so its module fixtures (the
-    horovodrun scenario runs) run once; the cluster tests share one group, as they build namespaces of this machine.
-    Measured, pytest-xdist 3.8 does not see these markers yet (tests are spread test by test): to be fixed."""
+    --dist loadgroup` (`make test`), keeps on one xdist worker the tests of a module that share a module- or
+    session-scoped fixture of that module (a horovodrun scenario, a bench or training run), so that fixture runs once; other tests are spread one
+    by one. The cluster tests are one group, as they build namespaces of this machine. (pytest-xdist 3.8 sees the
+    groups with pytest 8, not 9: requirements.txt pins pytest 8.4.2.)"""
     for item in items:
         path = Path(str(item.fspath)).resolve().relative_to(_ROOT).as_posix()
         if _under(path, _SLOW):
@@ -338,5 +347,9 @@ def pytest_collection_modifyitems(config, items):
         for prefix, marker in _AREAS.items():
             if _under(path, [prefix]):
                 item.add_marker(getattr(pytest.mark, marker))
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group("cluster" if _under(path, ["tests/cluster"]) else path))
+        if item.get_closest_marker("xdist_group"):
+            continue
+        if _under(path, ["tests/cluster"]):
+            item.add_marker(pytest.mark.xdist_group("cluster"))
+        elif _shares_module_state(item, path):
+            item.add_marker(pytest.mark.xdist_group(path))

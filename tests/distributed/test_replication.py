@@ -37,12 +37,16 @@ CONFIGS = {  # name: (layer, optimizer, extra flags)
     "adam_packed_repeek_native": ("fused_packed", "adam",
                                   ["--hot", "5", "--repeek-at", "4", "--table-backend", "native"]),
 }
-_cache = {}
+@pytest.fixture(scope="session")
+def runs():
+    """The scenario runs made so far in this pytest process: a plain run serves several tests (tests/conftest.py
+    keeps the tests of a module with such a fixture on one xdist worker)."""
+    return {}
 
 
-def run(tmp_path_factory, layer, optimizer, flags):
+def run(tmp_path_factory, layer, optimizer, flags, cache):
     key = (layer, optimizer, tuple(flags))
-    if key not in _cache:
+    if key not in cache:
         out = tmp_path_factory.mktemp("hot")
         cmd = [str(HOROVODRUN), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, str(SCENARIO),
                "--layer", layer, "--optimizer", optimizer, "--out", str(out), *flags]
@@ -52,8 +56,8 @@ def run(tmp_path_factory, layer, optimizer, flags):
         for r in range(2):
             with np.load(out / f"rank{r}.npz") as z:
                 ranks.append({k: z[k] for k in z.files})
-        _cache[key] = ranks
-    return _cache[key]
+        cache[key] = ranks
+    return cache[key]
 
 
 def union(ranks):
@@ -84,10 +88,10 @@ def assert_trains_alike(hot, plain, name):
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_replication_trains_like_no_replication(tmp_path_factory, name):
+def test_replication_trains_like_no_replication(tmp_path_factory, runs, name):
     layer, optimizer, flags = CONFIGS[name]
-    plain = run(tmp_path_factory, layer, optimizer, ["--hot", "0"])
-    hot = run(tmp_path_factory, layer, optimizer, flags)
+    plain = run(tmp_path_factory, layer, optimizer, ["--hot", "0"], runs)
+    hot = run(tmp_path_factory, layer, optimizer, flags, runs)
     assert_trains_alike(hot, plain, name)
     assert any(k.startswith("hot/") for k in hot[0]), f"{name}: no row was replicated"
     assert str(hot[0]["hot_digest"]) == str(hot[1]["hot_digest"]), f"{name}: the replicas differ"
@@ -103,11 +107,11 @@ def test_replication_trains_like_no_replication(tmp_path_factory, name):
         assert all(g["chosen_by"] == "model" and g["rows"] > 0 for g in reports[0]["chosen"]), reports[0]
 
 
-def test_empty_hot_set_trains_like_no_replication(tmp_path_factory):
+def test_empty_hot_set_trains_like_no_replication(tmp_path_factory, runs):
     """A replicated layer whose model chose R = 0 (a replicated row costs 1 s): its hot path is switched off by
     tf.cond (no flag allreduce, no search), on both workers alike, and it trains like the plain layer."""
-    plain = run(tmp_path_factory, "fused_packed", "adam", ["--hot", "0"])
-    empty = run(tmp_path_factory, "fused_packed", "adam", ["--hot", "auto", "--costs", "1,1e-12"])
+    plain = run(tmp_path_factory, "fused_packed", "adam", ["--hot", "0"], runs)
+    empty = run(tmp_path_factory, "fused_packed", "adam", ["--hot", "auto", "--costs", "1,1e-12"], runs)
     assert_trains_alike(empty, plain, "empty hot set")
     reports = [json.loads(str(r["reports"])) for r in empty]
     assert reports[0] == reports[1] and all(g["rows"] == 0 for g in reports[0]["chosen"]), reports[0]
