@@ -1,11 +1,14 @@
 """Training then exporting, for tests/serve/test_export.py; runs alone or under horovodrun.
 
-    python tests/serve/export_scenario.py train --layer fused --model-dir DIR --out OUT
-    python tests/serve/export_scenario.py export --layer fused --model-dir DIR --export EXPORT
+    python tests/serve/export_scenario.py train --layers fused,fused_hot --where DIR
+    python tests/serve/export_scenario.py export --layers fused,fused_hot --where DIR
 
-train: N workers train a DLRM for STEPS steps on slices of a global batch, checkpoint, then each rank writes
-OUT/rank{r}.npz: its slices of EVAL_STEPS held-out batches and the model's scores on them with training=False.
-export: one process builds the same model, restores the checkpoint (any worker count) and writes the export.
+For each layer in turn (one process, or one horovodrun launch, runs them all; a Keras session is cleared between
+them), with DIR/{layer} its directory:
+train: N workers train a DLRM for STEPS steps on slices of a global batch, checkpoint into DIR/{layer}/model, then
+each rank writes DIR/{layer}/out/rank{r}.npz: its slices of EVAL_STEPS held-out batches and the model's scores on
+them with training=False.
+export: one process builds the same model, restores the checkpoint (any worker count) and writes DIR/{layer}/export.
 
 Features: a packed group (user_id, item_id: max_id_bits), a hashed group (tags: ragged multi-hot with mean, genres:
 [B, 3] with -1 padding and sum, country: int32 ids), and history: [B, 2] with padding and no combiner (a sequence).
@@ -92,11 +95,10 @@ def inputs_of(batch):
     return {k: v for k, v in batch.items() if k != "label"}
 
 
-def train(args):
-    comm = comm_lib.init_workers()
+def train(layer, where, comm):
     rank, size = comm.rank, comm.size
-    model, opt, step_var, _ = build(args.layer, comm)
-    if args.layer == "fused_hot":
+    model, opt, step_var, _ = build(layer, comm)
+    if layer == "fused_hot":
         from tf_fusedrec.distributed import replication as replication_lib  # noqa: PLC0415
 
         sample = [{k: v for k, v in local_slice(make_batch(s), rank, size).items() if k not in ("dense", "label")}
@@ -116,7 +118,7 @@ def train(args):
     for s in range(STEPS):
         step(local_slice(make_batch(s), rank, size))
         step_var.assign_add(1)
-    Checkpointer(args.model_dir, model, opt, step_var, comm).save()
+    Checkpointer(os.path.join(where, "model"), model, opt, step_var, comm).save()
     out = {}
     for e in range(EVAL_STEPS):
         batch = local_slice(make_batch(1000 + e), rank, size)
@@ -126,31 +128,42 @@ def train(args):
                 out[f"eval{e}/{k}/values"], out[f"eval{e}/{k}/lengths"] = v.flat_values.numpy(), v.row_lengths().numpy()
             else:
                 out[f"eval{e}/{k}"] = v.numpy()
-    os.makedirs(args.out, exist_ok=True)
-    np.savez(os.path.join(args.out, f"rank{rank}.npz"), **out)
-    if args.layer == "fused_hot" and rank == 0:
+    os.makedirs(os.path.join(where, "out"), exist_ok=True)
+    np.savez(os.path.join(where, "out", f"rank{rank}.npz"), **out)
+    if layer == "fused_hot" and rank == 0:
         print(f"hot rows: {[len(h) for h in model.embedding.hot_sets]}")
 
 
-def export(args):
-    comm = comm_lib.get_comm("single")
-    model, opt, step_var, checkpointer = build(args.layer, comm)
-    restored = checkpointer(args.model_dir, model, opt, step_var, comm).restore()
+def export(layer, where, comm, parts):
+    model, opt, step_var, checkpointer = build(layer, comm)
+    restored = checkpointer(os.path.join(where, "model"), model, opt, step_var, comm).restore()
     example = inputs_of(local_slice(make_batch(0), 0, 1))
-    fr.export.export_model(model, args.export, example=example, parts=args.parts,
+    fr.export.export_model(model, os.path.join(where, "export"), example=example, parts=parts,
                            source={"step": restored["step"], "workers": restored["workers"]})
+
+
+LAYERS = ("fused", "fused_hot", "fused_native", "per_feature")
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["train", "export"])
-    p.add_argument("--layer", choices=["fused", "fused_hot", "fused_native", "per_feature"], default="fused")
-    p.add_argument("--model-dir", required=True)
-    p.add_argument("--out")
-    p.add_argument("--export")
+    p.add_argument("--layers", default="fused", help=f"comma-separated, of {', '.join(LAYERS)}")
+    p.add_argument("--where", required=True, help="DIR: each layer's model, out and export go to DIR/{layer}")
     p.add_argument("--parts", type=int, default=3)
     args = p.parse_args()
-    train(args) if args.mode == "train" else export(args)
+    layers = args.layers.split(",")
+    for layer in layers:
+        if layer not in LAYERS:
+            p.error(f"--layers: unknown layer {layer!r} (expected some of {', '.join(LAYERS)})")
+    comm = comm_lib.init_workers() if args.mode == "train" else comm_lib.get_comm("single")
+    for layer in layers:
+        tf.keras.backend.clear_session()
+        where = os.path.join(args.where, layer)
+        if args.mode == "train":
+            train(layer, where, comm)
+        else:
+            export(layer, where, comm, args.parts)
 
 
 if __name__ == "__main__":
