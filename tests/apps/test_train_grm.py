@@ -9,8 +9,7 @@
   --evict-capacity 200 --evict-interval 2 on 2 workers trains and reports its table bytes (fewer row bytes than the
   float32 run over the same batches), its table rows over time (fewer) and the rows each worker evicted; its dense
   layers run under mixed_float16 with the dynamic loss scale (the workers agree on skipped steps).
-* Refused, exit 2 naming the problem: --balance tokens on a config without sequences, --pipeline fwp on a sequence
-  config.
+* The flags a sequence config refuses are checked in-process, in tests/apps/test_refusals.py.
 """
 
 import glob
@@ -92,15 +91,3 @@ def test_mixed_precision_tables(runs):
     assert s["eviction"]["capacity"] == 200 and s["eviction"]["policy"] == "lfu"
     assert len(s["eviction"]["evicted_per_worker"]) == 2 and all(n > 0 for n in s["eviction"]["evicted_per_worker"])
     assert set(s["auc"]) == {"click", "conversion"} and s["final_loss"] == s["final_loss"]  # not NaN
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--config", "configs/criteo_synthetic.yaml", "--balance", "tokens"], "--balance tokens needs a sequence config"),
-    (["--config", CONFIG, "--pipeline", "fwp"], "--pipeline fwp weights micro-batches by their local size"),
-    (["--config", CONFIG, "--embedding", "per_feature", "--table-storage", "float16"],
-     "--table-storage float16 needs a fused --embedding"),
-    (["--config", CONFIG, "--evict-capacity", "0"], "Eviction: capacity must be an integer >= 1, got 0"),
-])
-def test_refusals(apps, args, message):
-    run = apps.run_app("tf_fusedrec.train", args + ["--steps", "2", "--batch-size", "8", "--no-progress"])
-    assert run.rc == 2 and message in run.stderr, run.describe()

@@ -1,10 +1,9 @@
 """`python -m tf_fusedrec.train --pipeline ...` in subprocesses: the schedules train the same model as sync, the
-summary says which schedule ran and, with 2 workers, how much all-to-all time was in flight and exposed; flags that
-do not fit are exit status 2 with a message; --hot replicates hot rows without changing the result."""
+summary says which schedule ran and, with 2 workers, how much all-to-all time was in flight and exposed; --hot
+replicates hot rows without changing the result (the flags these refuse: tests/apps/test_refusals.py)."""
 
 import math
 
-import pytest
 
 import tf_fusedrec as fr
 from tf_fusedrec import config as cfg
@@ -42,15 +41,6 @@ def test_dbp_on_two_workers_reports_exposed_alltoall_time(apps, tmp_path):
     assert 0 < exposed <= busy, summary
 
 
-@pytest.mark.parametrize("flags,fragments", [
-    (["--pipeline", "dbp", "--embedding", "per_feature"], ["--pipeline dbp needs a FusedEmbedding"]),
-    (["--pipeline", "fwp", "--micro-batches", "0"], ["--micro-batches must be >= 1"]),
-])
-def test_flags_that_do_not_fit_exit_2(apps, tiny_yaml, flags, fragments):
-    result = apps.run_app(MODULE, ["--config", tiny_yaml(), "--steps", STEPS, "--no-progress", *flags])
-    result.expect_error(*fragments)
-
-
 def test_hot_rows_on_two_workers_report_the_choice_and_the_hits(apps, tmp_path):
     """--hot R: the summary says what was replicated and how many ids were served locally; the loss equals the run
     without replication (replication changes where rows live, not what is computed)."""
@@ -65,12 +55,3 @@ def test_hot_rows_on_two_workers_report_the_choice_and_the_hits(apps, tmp_path):
     assert hot["alltoall_bytes_per_step"] < plain["alltoall_bytes_per_step"], (hot, plain)
 
 
-@pytest.mark.parametrize("flags,fragments", [
-    (["--hot", "-2"], ["--hot must be auto or a number of rows >= 0"]),
-    (["--hot", "3", "--embedding", "per_feature"], ["--hot needs --embedding fused"]),
-    (["--hot-repeek"], ["--hot-repeek needs --hot auto or R > 0"]),
-    (["--hot", "3", "--hot-repeek", "--pipeline", "dbp"], ["--hot-repeek needs --pipeline sync"]),
-])
-def test_hot_flags_that_do_not_fit_exit_2(apps, tiny_yaml, flags, fragments):
-    result = apps.run_app(MODULE, ["--config", tiny_yaml(), "--steps", STEPS, "--no-progress", *flags])
-    result.expect_error(*fragments)

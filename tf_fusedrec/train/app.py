@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+import types
 
 import numpy as np
 import tensorflow as tf
@@ -233,21 +234,17 @@ def schedule_of(args, config, embedding_kind):
     return schedule, micro, bool(cluster)
 
 
-def run(args):
-    comm = comm_lib.init_workers()
-    comm_lib.overlap_collectives()  # collectives and the meter's stamps run when their inputs allow, not in order
-    rank, size = comm.rank, comm.size
-    watchdog = Watchdog(args.step_timeout if size > 1 else 0, rank)
-    config = cfg.load_config(args.config)
+def plan_of(args, config):
+    """Every check of the flags against each other and the config, before any worker starts or anything is built:
+    -> what the run does (a namespace). A flag that does not fit raises ValueError naming it."""
+    import tf_fusedrec as fr  # noqa: PLC0415
+
     steps = args.steps if args.steps is not None else config.train.steps
     batch_size = args.batch_size if args.batch_size is not None else config.train.batch_size
     if steps <= 0 or batch_size <= 0:
         raise ValueError("--steps and --batch-size must be positive")
     if args.steps_per_call < 1:
         raise ValueError(f"--steps-per-call must be >= 1, got {args.steps_per_call}")
-    import tf_fusedrec as fr  # noqa: PLC0415
-    from tf_fusedrec.distributed.meter import AlltoallMeter  # noqa: PLC0415
-
     schedule, micro_batches, cluster = schedule_of(args, config, args.embedding)
     sequences = config.data.source in cfg.SEQUENCE_SOURCES
     balance = args.balance or ("tokens" if sequences else "none")
@@ -257,8 +254,6 @@ def run(args):
     if sequences and schedule == "fwp":
         raise ValueError("--pipeline fwp weights micro-batches by their local size; with a sequence config (workers "
                          "holding different sample counts) use --pipeline sync or dbp")
-    meter = AlltoallMeter() if size > 1 else None
-    features = config.embedding_features()
     replication = replication_of(args)
     if args.hot_repeek and schedule != "sync":
         raise ValueError(f"--hot-repeek needs --pipeline sync (a {schedule} pipeline holds a batch in flight across "
@@ -272,6 +267,26 @@ def run(args):
         if args.embedding == "per_feature":
             raise ValueError("--evict-capacity needs a fused --embedding, got per_feature")
         eviction = fr.Eviction(capacity=args.evict_capacity, policy=args.evict_policy, interval=args.evict_interval)
+    return types.SimpleNamespace(steps=steps, batch_size=batch_size, schedule=schedule, micro_batches=micro_batches,
+                                 cluster=cluster, sequences=sequences, balance=balance, replication=replication,
+                                 eviction=eviction)
+
+
+def run(args):
+    config = cfg.load_config(args.config)
+    plan = plan_of(args, config)
+    steps, batch_size, schedule, micro_batches, cluster = (plan.steps, plan.batch_size, plan.schedule,
+                                                           plan.micro_batches, plan.cluster)
+    sequences, balance, replication, eviction = plan.sequences, plan.balance, plan.replication, plan.eviction
+    comm = comm_lib.init_workers()
+    comm_lib.overlap_collectives()  # collectives and the meter's stamps run when their inputs allow, not in order
+    rank, size = comm.rank, comm.size
+    watchdog = Watchdog(args.step_timeout if size > 1 else 0, rank)
+    import tf_fusedrec as fr  # noqa: PLC0415
+    from tf_fusedrec.distributed.meter import AlltoallMeter  # noqa: PLC0415
+
+    meter = AlltoallMeter() if size > 1 else None
+    features = config.embedding_features()
     embedding = experiment.make_embedding(args.embedding, features, config,
                                           comm=meter.wrap(comm) if meter is not None else comm,
                                           replication=replication, storage=args.table_storage, eviction=eviction,
