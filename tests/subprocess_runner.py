@@ -55,12 +55,16 @@ def execute(cmd, timeout, merge_stderr=False):
         return None, out or "", err or ""
 
 
+def horovodrun(workers):
+    """The command prefix that starts `workers` Gloo workers on this host's loopback (the one place it is built)."""
+    assert HOROVODRUN.exists(), f"{HOROVODRUN} does not exist (scripts/install.sh installs Horovod)"
+    return [str(HOROVODRUN), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo"]
+
+
 def worker_command(args, workers):
     """[python, *args] for one worker, else the same under horovodrun with `workers` Gloo workers on loopback."""
     python = [sys.executable] + [str(a) for a in args]
-    if workers == 1:
-        return python
-    return [str(HOROVODRUN), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo"] + python
+    return python if workers == 1 else horovodrun(workers) + python
 
 
 def run_scenario(name, args, workers, out, timeout):

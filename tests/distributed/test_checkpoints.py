@@ -15,19 +15,17 @@
 
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.subprocess_runner import execute, tail
+from tests.subprocess_runner import execute, tail, worker_command
 
 pytest.importorskip("horovod.tensorflow", reason="Horovod (horovod.tensorflow) is not importable")
 
 SCENARIO = Path(__file__).resolve().with_name("checkpoint_scenario.py")
-HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 TIMEOUT_S = 240
 CRASH_BOUND_S = 150  # the crashed job, start-up included, on a loaded 2-core machine
 RTOL, ATOL = 1e-6, 1e-7
@@ -35,11 +33,8 @@ RTOL, ATOL = 1e-6, 1e-7
 
 def run(workers, model_dir, out, steps=6, expect=0, kill=None):
     """-> per-rank dicts; with expect="error" (any non-zero status) or a non-zero int, the merged log."""
-    cmd = [sys.executable, str(SCENARIO), "--model-dir", str(model_dir), "--steps", str(steps), "--out", str(out)]
-    if kill:
-        cmd += ["--kill", kill]
-    if workers > 1:
-        cmd = [str(HOROVODRUN), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo"] + cmd
+    cmd = worker_command([SCENARIO, "--model-dir", model_dir, "--steps", steps, "--out", out]
+                         + (["--kill", kill] if kill else []), workers)
     rc, log, _ = execute(cmd, TIMEOUT_S, merge_stderr=True)
     assert rc is not None, f"timed out after {TIMEOUT_S} s: {' '.join(cmd)}\n{tail(log)}"
     ok = rc != 0 if expect == "error" else rc == expect

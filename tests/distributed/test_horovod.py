@@ -24,12 +24,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.subprocess_runner import execute, load_script, tail
+from tests.subprocess_runner import execute, horovodrun, load_script, tail
 
 pytest.importorskip("horovod.tensorflow", reason="Horovod (horovod.tensorflow) is not importable")
 
 SCENARIO = Path(__file__).resolve().with_name("scenario.py")
-HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 
 STEPS = 20  # training steps of every run
 RTOL, ATOL = 1e-6, 1e-7  # float tolerance of every comparison
@@ -85,13 +84,7 @@ class Run:
         return out
 
 
-def horovodrun_launcher(workers):
-    """The command prefix that starts `workers` Gloo workers on this host's loopback."""
-    assert HOROVODRUN.exists(), f"horovod is importable but {HOROVODRUN} does not exist"
-    return [str(HOROVODRUN), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo"]
-
-
-def run_scenario(out_dir, workers, layer, optimizer, steps=STEPS, mode="function", launcher=horovodrun_launcher,
+def run_scenario(out_dir, workers, layer, optimizer, steps=STEPS, mode="function", launcher=horovodrun,
                  where="loopback"):
     """Runs scenario.py with `workers` workers (alone when 1, else under launcher(workers)) -> Run."""
     autograph = "on" if (workers, layer, optimizer, mode) in AUTOGRAPH_ON else "off"

@@ -14,18 +14,16 @@ steps; then, to 1e-6:
 """
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.subprocess_runner import execute, tail
+from tests.subprocess_runner import run_scenario
 
 pytest.importorskip("horovod.tensorflow", reason="Horovod (horovod.tensorflow) is not importable")
 
 SCENARIO = Path(__file__).resolve().with_name("hot_scenario.py")
-HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 TIMEOUT_S = 300
 RTOL, ATOL = 1e-6, 1e-7
 CONFIGS = {  # name: (layer, optimizer, extra flags)
@@ -48,15 +46,8 @@ def run(tmp_path_factory, layer, optimizer, flags, cache):
     key = (layer, optimizer, tuple(flags))
     if key not in cache:
         out = tmp_path_factory.mktemp("hot")
-        cmd = [str(HOROVODRUN), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, str(SCENARIO),
-               "--layer", layer, "--optimizer", optimizer, "--out", str(out), *flags]
-        rc, log, _ = execute(cmd, TIMEOUT_S, merge_stderr=True)
-        assert rc == 0, f"exit status {rc}: {' '.join(cmd)}\n{tail(log)}"
-        ranks = []
-        for r in range(2):
-            with np.load(out / f"rank{r}.npz") as z:
-                ranks.append({k: z[k] for k in z.files})
-        cache[key] = ranks
+        args = [SCENARIO, "--layer", layer, "--optimizer", optimizer, "--out", out, *flags]
+        cache[key] = run_scenario(f"{layer} {optimizer} {' '.join(flags)}", args, 2, out, TIMEOUT_S)
     return cache[key]
 
 

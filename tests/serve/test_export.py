@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.subprocess_runner import execute, tail
+from tests.subprocess_runner import execute, tail, worker_command
 
 pytest.importorskip("horovod.tensorflow", reason="Horovod (horovod.tensorflow) is not importable")
 
@@ -28,7 +28,6 @@ from tf_fusedrec.serve.model import InputError  # noqa: E402
 
 SCENARIO = Path(__file__).resolve().with_name("export_scenario.py")
 ROOT = Path(__file__).resolve().parents[2]
-HOROVODRUN = Path(sys.executable).with_name("horovodrun")
 TIMEOUT_S = 300
 RUNS = [("fused", 2), ("fused_hot", 2), ("fused_native", 2), ("per_feature", 2), ("fused", 1)]
 
@@ -49,10 +48,7 @@ def exports(tmp_path_factory):
     out = {}
     for workers, layers in by_workers.items():
         where = tmp_path_factory.mktemp(f"{workers}workers")
-        train = [sys.executable, SCENARIO, "train", "--layers", ",".join(layers), "--where", where]
-        if workers > 1:
-            train = [HOROVODRUN, "-np", workers, "-H", f"localhost:{workers}", "--gloo"] + train
-        run(train)
+        run(worker_command([SCENARIO, "train", "--layers", ",".join(layers), "--where", where], workers))
         run([sys.executable, SCENARIO, "export", "--layers", ",".join(layers), "--where", where])
         for layer in layers:
             ranks = []
@@ -210,8 +206,8 @@ def test_export_cli_on_a_two_worker_checkpoint(tmp_path):
     restored into this process, predicts."""
     config = ROOT / "configs" / "criteo_synthetic.yaml"
     model_dir, export_dir = tmp_path / "model", tmp_path / "export"
-    run([HOROVODRUN, "-np", 2, "-H", "localhost:2", "--gloo", sys.executable, "-m", "tf_fusedrec.train", "--config",
-         config, "--steps", 4, "--batch-size", 128, "--model-dir", model_dir, "--no-progress"])
+    run(worker_command(["-m", "tf_fusedrec.train", "--config", config, "--steps", 4, "--batch-size", 128, "--model-dir",
+                        model_dir, "--no-progress"], 2))
     log = run([sys.executable, "-m", "tf_fusedrec.export", "--config", config, "--model-dir", model_dir, "--out",
                export_dir])
     assert "exported step 4 (trained on 2 worker(s))" in log, tail(log)
