@@ -12,13 +12,14 @@ from tf_fusedrec import config as cfg
 from tf_fusedrec import initializers
 from tf_fusedrec.distributed import comm as comm_lib
 from tf_fusedrec.layers import _common
+from tf_fusedrec.layers.protocol import EmbeddingLayer
 from tf_fusedrec.layers import _inputs
 from tf_fusedrec.layers.per_feature_embedding import make_tfra_layer
 
 FEATURE_SHIFT = 48
 
 
-class HandFusedTFRAEmbedding(tf.keras.layers.Layer):
+class HandFusedTFRAEmbedding(EmbeddingLayer):
     def __init__(self, features, optimizer=_common.DEFAULT_OPTIMIZER, initializer=None, comm=None, name=None):
         super().__init__(name=name)
         self.features = _common.parse_features(features, self.name)

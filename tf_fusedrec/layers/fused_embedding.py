@@ -15,6 +15,7 @@ from tf_fusedrec.distributed.table import (ReplicatedTable, ShardedTable, check_
                                            make_table, packed_ids)
 from tf_fusedrec.layers import _common
 from tf_fusedrec.layers import _inputs
+from tf_fusedrec.layers.protocol import EmbeddingLayer
 
 DEDUP_MODES = ("segment", "none")
 FUSION_MODES = ("deferred", "source_hash")
@@ -27,7 +28,7 @@ passed into the next."""
 
 
 @tf.keras.utils.register_keras_serializable(package="FusedRec")
-class FusedEmbedding(tf.keras.layers.Layer):
+class FusedEmbedding(EmbeddingLayer):
     """Embeds a dict of sparse features with one all-to-all pair per spec group (FusedRec, Algorithm 1).
 
     Features with equal (dim, optimizer, initializer) form a group, ordered by name; each group has one table (a

@@ -18,6 +18,7 @@ from tf_fusedrec.distributed import comm as comm_lib
 from tf_fusedrec.distributed.table import ShardedTable, check_table_name, ids_are_keys, insert_missing_rows
 from tf_fusedrec.layers import _common
 from tf_fusedrec.layers import _inputs
+from tf_fusedrec.layers.protocol import EmbeddingLayer
 
 
 def scope_safe(name):
@@ -95,7 +96,7 @@ def make_tfra_layer(name, dim, initializer, salt_key, comm):
 
 
 @tf.keras.utils.register_keras_serializable(package="FusedRec")
-class PerFeatureEmbedding(tf.keras.layers.Layer):
+class PerFeatureEmbedding(EmbeddingLayer):
     """One TFRA HvdAllToAllEmbedding per feature (the baseline). Same arguments and call as FusedEmbedding.
 
     A feature declared with `shares` has no table of its own: its ids are looked up in the shared feature's table, in

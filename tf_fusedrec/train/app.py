@@ -378,10 +378,9 @@ def run(args):
             with writer.as_default(step=step):
                 tf.summary.scalar("loss", loss_value)
                 tf.summary.scalar("table_rows/rank0", table_rows[-1][1])
-                if hasattr(embedding, "statistics"):
-                    for name, stats in embedding.statistics().items():
-                        for stat, value in stats.items():
-                            tf.summary.scalar(f"features/{name}/{stat}", value)
+                for name, stats in embedding.statistics().items():
+                    for stat, value in stats.items():
+                        tf.summary.scalar(f"features/{name}/{stat}", value)
         if checkpointer is not None and (step % config.train.checkpoint_every == 0 or step == steps):
             if args.hot_repeek and step < steps:
                 from tf_fusedrec.distributed import replication as replication_lib  # noqa: PLC0415

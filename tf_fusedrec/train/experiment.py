@@ -34,8 +34,7 @@ def make_embedding(kind, features, config, comm=None, name="sparse", replication
 
 def _tables(embedding):
     """The layer's ShardedTables and ReplicatedTables (their .params: the rows, as a TFRA variable or HalfRows)."""
-    return embedding.sharded_tables() + (embedding.replicated_tables() if hasattr(embedding, "replicated_tables")
-                                         else [])
+    return embedding.sharded_tables() + embedding.replicated_tables()
 
 
 def table_rows(embedding):

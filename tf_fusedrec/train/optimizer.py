@@ -22,20 +22,16 @@ import tensorflow as tf
 from tensorflow_recommenders_addons import dynamic_embedding as de
 
 from tf_fusedrec import config as cfg
-
-
-def _is_embedding_layer(obj):
-    """FusedEmbedding, PerFeatureEmbedding, or any layer exposing optimizer_groups() and comm."""
-    return hasattr(obj, "optimizer_groups") and hasattr(obj, "comm")
+from tf_fusedrec.layers.protocol import is_embedding_layer
 
 
 def embedding_layers(model):
     """The embedding layers of a model, a layer, or a list of layers."""
-    if _is_embedding_layer(model):
+    if is_embedding_layer(model):
         return [model]
     if isinstance(model, (list, tuple)):
-        return [m for m in model if _is_embedding_layer(m)]
-    return [m for m in model.submodules if _is_embedding_layer(m)]
+        return [m for m in model if is_embedding_layer(m)]
+    return [m for m in model.submodules if is_embedding_layer(m)]
 
 
 def _build(optimizer):
@@ -166,7 +162,7 @@ def make_optimizer(model, default="adam", comm=None):
     if not layers:
         raise ValueError("make_optimizer: no FusedEmbedding or PerFeatureEmbedding layer found in the model")
     groups = [g for layer in layers for g in layer.optimizer_groups()]
-    replicated = [v for layer in layers if hasattr(layer, "replicated_variables") for v in layer.replicated_variables()]
+    replicated = [v for layer in layers for v in layer.replicated_variables()]
     return GroupedOptimizer(groups, default, comm if comm is not None else layers[0].comm, replicated=replicated,
-                            after_update=[layer.after_update for layer in layers if hasattr(layer, "after_update")],
+                            after_update=[layer.after_update for layer in layers],
                             native=[t for layer in layers for t in layer.native_tables()])

@@ -1,0 +1,51 @@
+"""The embedding-layer protocol: what the rest of the library may call on an embedding layer.
+
+fr.train.make_optimizer (and its GroupedOptimizer), fr.train.Checkpointer, fr.export, the train app and the bench find
+their embedding layers as instances of :class:`EmbeddingLayer` and call only the methods below. A layer implements
+the required ones; the optional ones have the defaults of a layer without that feature (no replicated rows, nothing
+to run after an update, no statistics), so callers never probe with ``hasattr``.
+
+Implemented by FusedEmbedding, PerFeatureEmbedding and the bench's hand-fused TFRA strawman.
+"""
+
+import tensorflow as tf
+
+
+class EmbeddingLayer(tf.keras.layers.Layer):
+    """Base class of the embedding layers. Subclasses set ``self.comm`` (the comm object their collectives use)."""
+
+    # --- required -------------------------------------------------------------------------------------------------
+
+    def optimizer_groups(self):
+        """[(OptimizerSpec, [trainable variables])]: which optimizer updates which table variables."""
+        raise NotImplementedError(f"{type(self).__name__}.optimizer_groups")
+
+    def native_tables(self):
+        """[NativeEmbeddingTable] whose updates the GroupedOptimizer applies in place ([] for TFRA tables)."""
+        raise NotImplementedError(f"{type(self).__name__}.native_tables")
+
+    def sharded_tables(self):
+        """[ShardedTable] of this worker's shard of each table, in a deterministic order (checkpoints, export)."""
+        raise NotImplementedError(f"{type(self).__name__}.sharded_tables")
+
+    # --- optional, with the defaults of a layer without the feature ------------------------------------------------
+
+    def replicated_tables(self):
+        """[ReplicatedTable]: tables every worker holds a whole copy of (hot rows); saved once."""
+        return []
+
+    def replicated_variables(self):
+        """Trainable handles whose gradients are averaged over the workers (replicated rows)."""
+        return []
+
+    def after_update(self, optimizer):  # noqa: ARG002
+        """An op to run right after each update of `optimizer`, or None."""
+        return None
+
+    def statistics(self):
+        """{feature name: {statistic: number}} for summaries ({} when the layer keeps none)."""
+        return {}
+
+
+def is_embedding_layer(obj):
+    return isinstance(obj, EmbeddingLayer)
