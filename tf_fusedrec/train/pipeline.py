@@ -127,6 +127,9 @@ class TrainPipeline:
                              f"schedule={schedule!r}, micro_batches={micro_batches}, cluster_samples={cluster_samples})")
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.schedule, self.micro_batches, self.cluster_samples = schedule, int(micro_batches), bool(cluster_samples)
+        # What differs between schedules, chosen once: sync runs a batch per step; dbp and fwp (the same strategy,
+        # fwp with k micro-batches) hold the next batch's input dist across steps.
+        self._strategy = (SyncSchedule if schedule == "sync" else PipelinedSchedule)(self)
         self.step_counter, self.meter, self.loss_scale = step_counter, meter, loss_scale
         self.steps_per_call = int(steps_per_call)
         if loss_scale is not None:  # its tf.cond may skip the first update: the slots must exist before
@@ -144,7 +147,6 @@ class TrainPipeline:
         # layer): with several workers (_next shares them), and with several steps per call (_read, in the call).
         self._flags_travel = self._shared_checks or self.steps_per_call > 1
         self._iterator = iter(self._prepare(dataset))
-        self._pending = None  # (micro-batches, their dists) of the next step, prefetched
         self._error = None  # a bad batch found while prefetching, raised at its own step
         self._functions = {}
         self._call = None  # steps_per_call > 1: the function that runs up to steps_per_call steps
@@ -167,10 +169,10 @@ class TrainPipeline:
     # --- input pipeline (tf.data, off the step) -----------------------------------------------------------------
 
     def _prepare(self, dataset):
-        if self.schedule == "sync":
-            if self.steps_per_call == 1:
-                return dataset.map(lambda f, y: ((f, y),)).prefetch(2)
-            return dataset.map(lambda f, y: (self._flags(f), (f, y))).prefetch(2)
+        return self._strategy.prepare(dataset)
+
+    def _checked_split(self, dataset):
+        """dbp and fwp: each element as (flags, *micro-batches), the values checked as it is fetched."""
         k, cluster = self.micro_batches, self.cluster_samples
         names = self._features
 
@@ -210,8 +212,10 @@ class TrainPipeline:
             element = next(self._iterator)
         except StopIteration:
             return None
-        if self.schedule == "sync":
-            return element
+        return self._strategy.unpack(element)
+
+    def _shared_verdict(self, element):
+        """(flags, *micro-batches) -> the micro-batches, once every worker's flags say they are valid."""
         flags, batch = element[0], element[1:]
         if self._shared_checks:
             error = self._violation(self.embedding.comm.allgather(flags[None, :], name="FusedRec/pipeline/valid"))
@@ -328,28 +332,7 @@ class TrainPipeline:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
-        if self.schedule == "sync":
-            batch = self._next()
-            if batch is None:
-                raise StopIteration
-            loss = self._function("sync", batch)(batch)
-        else:
-            if self._pending is None:
-                batch = self._next()
-                if batch is None:
-                    raise StopIteration
-                self._pending = (batch, self._function("prologue", batch)(batch))
-            batch, dists = self._pending
-            try:
-                following = self._next()
-            except tf.errors.InvalidArgumentError as e:  # the next batch is bad: finish this step, fail the next
-                following, self._error = None, e
-            if following is None:
-                loss = self._function("last", batch, dists)(batch, dists)
-                self._pending = None
-            else:
-                loss, next_dists = self._function("step", batch, dists, following)(batch, dists, following)
-                self._pending = (following, next_dists)
+        loss = self._strategy.step()
         self.steps += 1
         if self.meter is not None:
             self.meter.collect_step()
@@ -412,15 +395,7 @@ class TrainPipeline:
         """The body of one call: up to `limit` (int32 scalar, 1 <= limit <= steps_per_call) steps -> (float32 [n]
         losses, int32 [N, 1 + P] status: per worker, 1 if it had a batch, then its batch's violation flags, of the
         read that stopped the call; a batch and no flags when nothing stopped it)."""
-        if self.schedule == "sync":
-            return self._loop(limit, self._sync_iteration, ())
-        element, ok, status = self._read()
-
-        def start():
-            batch = element.get_value()[1:]
-            return self._loop(limit, self._pipelined_iteration, (batch, self._function("prologue", batch)(batch)))
-
-        return tf.cond(ok, start, lambda: (_no_losses(), status))
+        return self._strategy.call(limit)
 
     def _loop(self, limit, iteration, state):
         """Runs iteration(j, limit, state) -> (loss, ran: it ran a step, more: the next may, status, next state) for
@@ -447,38 +422,6 @@ class TrainPipeline:
                               tf.TensorShape([None, 1 + self._num_flags()]), *[c.shape for c in components]),
             parallel_iterations=1, maximum_iterations=self.steps_per_call)
         return losses, status
-
-    def _sync_iteration(self, j, limit, state):  # noqa: ARG002  (sync carries no state)
-        element, ok, status = self._read()
-
-        def train():
-            batch = element.get_value()[1:]
-            return self._counted(self._function("sync", batch)(batch)), self._status_clear()
-
-        loss, status = tf.cond(ok, train, lambda: (tf.constant(0.0), status))
-        return loss, ok, ok, status, state
-
-    def _pipelined_iteration(self, j, limit, state):
-        """Step j of a call (dbp, fwp), whose batch's input dist is done: with the next batch's input dist when the
-        call has a next batch, else as the last step."""
-        batch, dists = state
-
-        def last(status):
-            loss = self._counted(self._function("last", batch, dists)(batch, dists))
-            return loss, tf.constant(False), status, state
-
-        def read_and_step():
-            element, ok, status = self._read()
-
-            def step():
-                following = element.get_value()[1:]
-                loss, next_dists = self._function("step", batch, dists, following)(batch, dists, following)
-                return self._counted(loss), tf.constant(True), self._status_clear(), (following, next_dists)
-
-            return tf.cond(ok, step, lambda: last(status))
-
-        loss, more, status, state = tf.cond(j + 1 < limit, read_and_step, lambda: last(self._status_clear()))
-        return loss, tf.constant(True), more, status, state
 
     def _counted(self, loss):
         """A step's loss (float32), the output of its function call, once _steps_run counts the step."""
@@ -512,9 +455,122 @@ class TrainPipeline:
 
     def concrete_step(self):
         """The concrete function of the steady-state step (for counting its collectives), once it has run."""
-        kind = "sync" if self.schedule == "sync" else "step"
-        function = self._functions.get(kind)
+        function = self._functions.get(self._strategy.steady_kind)
         return None if function is None else function.get_concrete_function()
+
+
+# --- the schedules -------------------------------------------------------------------------------------------------
+#
+# A schedule strategy holds what differs between schedules: how the dataset's elements are shaped (prepare, unpack),
+# what one step runs (step) and what one call of several steps runs (call). TrainPipeline keeps what they share: the
+# dataset iterator, the compiled functions, the checks, the counters.
+
+class SyncSchedule:
+    """sync: each step runs its batch's whole lookup, forward, backward and update; nothing is held across steps."""
+
+    steady_kind = "sync"  # the compiled function of a steady step
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+
+    def prepare(self, dataset):
+        if self.pipe.steps_per_call == 1:
+            return dataset.map(lambda f, y: ((f, y),)).prefetch(2)
+        return dataset.map(lambda f, y: (self.pipe._flags(f), (f, y))).prefetch(2)
+
+    def unpack(self, element):
+        return element
+
+    def step(self):
+        pipe = self.pipe
+        batch = pipe._next()
+        if batch is None:
+            raise StopIteration
+        return pipe._function("sync", batch)(batch)
+
+    def call(self, limit):
+        return self.pipe._loop(limit, self._iteration, ())
+
+    def _iteration(self, j, limit, state):  # noqa: ARG002  (sync carries no state)
+        pipe = self.pipe
+        element, ok, status = pipe._read()
+
+        def train():
+            batch = element.get_value()[1:]
+            return pipe._counted(pipe._function("sync", batch)(batch)), pipe._status_clear()
+
+        loss, status = tf.cond(ok, train, lambda: (tf.constant(0.0), status))
+        return loss, ok, ok, status, state
+
+
+class PipelinedSchedule:
+    """dbp and fwp: step t also runs batch t+1's input dist, so the next batch and its dist are held between steps
+    (self.pending); fwp's micro-batches are the pipeline's micro_batches."""
+
+    steady_kind = "step"
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+        self.pending = None  # (micro-batches, their dists) of the next step, prefetched
+
+    def prepare(self, dataset):
+        return self.pipe._checked_split(dataset)
+
+    def unpack(self, element):
+        return self.pipe._shared_verdict(element)
+
+    def step(self):
+        pipe = self.pipe
+        if self.pending is None:
+            batch = pipe._next()
+            if batch is None:
+                raise StopIteration
+            self.pending = (batch, pipe._function("prologue", batch)(batch))
+        batch, dists = self.pending
+        try:
+            following = pipe._next()
+        except tf.errors.InvalidArgumentError as e:  # the next batch is bad: finish this step, fail the next
+            following, pipe._error = None, e
+        if following is None:
+            loss = pipe._function("last", batch, dists)(batch, dists)
+            self.pending = None
+        else:
+            loss, next_dists = pipe._function("step", batch, dists, following)(batch, dists, following)
+            self.pending = (following, next_dists)
+        return loss
+
+    def call(self, limit):
+        pipe = self.pipe
+        element, ok, status = pipe._read()
+
+        def start():
+            batch = element.get_value()[1:]
+            return pipe._loop(limit, self._iteration, (batch, pipe._function("prologue", batch)(batch)))
+
+        return tf.cond(ok, start, lambda: (_no_losses(), status))
+
+    def _iteration(self, j, limit, state):
+        """Step j of a call, whose batch's input dist is done: with the next batch's input dist when the call has a
+        next batch, else as the last step."""
+        pipe = self.pipe
+        batch, dists = state
+
+        def last(status):
+            loss = pipe._counted(pipe._function("last", batch, dists)(batch, dists))
+            return loss, tf.constant(False), status, state
+
+        def read_and_step():
+            element, ok, status = pipe._read()
+
+            def step():
+                following = element.get_value()[1:]
+                loss, next_dists = pipe._function("step", batch, dists, following)(batch, dists, following)
+                return pipe._counted(loss), tf.constant(True), pipe._status_clear(), (following, next_dists)
+
+            return tf.cond(ok, step, lambda: last(status))
+
+        loss, more, status, state = tf.cond(j + 1 < limit, read_and_step, lambda: last(pipe._status_clear()))
+        return loss, tf.constant(True), more, status, state
 
 
 def _no_losses():
