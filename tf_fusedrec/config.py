@@ -372,6 +372,9 @@ class TrainConfig:
     sparse_optimizer: Any = "adagrad"  # default of features that name none
     dense_optimizer: Any = dataclasses.field(default_factory=lambda: {"name": "adam", "learning_rate": 0.001})
     checkpoint_every: int = 100
+    # 0: every checkpoint full; else a multiple of checkpoint_every: the checkpoints between full ones are deltas
+    # (the rows and slots changed since the previous checkpoint; README "Checkpoints")
+    checkpoint_full_every: int = 0
     log_every: int = 10
     pipeline: str = "sync"  # TrainPipeline schedule: sync | dbp | fwp
     micro_batches: int = 2  # k of the fwp schedule
@@ -506,6 +509,11 @@ def parse_config(raw, where="config"):
         value = getattr(train, key)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{where}.train.{key}: must be a positive int, got {value!r}")
+    full_every = train.checkpoint_full_every
+    if isinstance(full_every, bool) or not isinstance(full_every, int) or full_every < 0 \
+            or full_every % train.checkpoint_every:
+        raise ValueError(f"{where}.train.checkpoint_full_every: must be 0 (every checkpoint full) or a positive "
+                         f"multiple of train.checkpoint_every ({train.checkpoint_every}), got {full_every!r}")
     features = _expand_features(raw["features"], raw.get("feature_defaults") or {}, where)
     try:  # as the train app's layer will resolve them: train.sparse_optimizer and the default initializer
         shared_rows([f.to_feature() for f in features], optimizer_spec(train.sparse_optimizer,

@@ -10,8 +10,9 @@
 Rank 0 shows a progress bar (step, loss, samples/s over all workers) and ends with a summary: samples/s, AUC on a
 held-out stream, all-to-all calls and bytes per step, and the all-to-all time the step waited on (exposed). The
 step runs through fr.train.TrainPipeline with the chosen schedule (train/pipeline.py). With --model-dir, the workers checkpoint (train/checkpoint.py) every
-`train.checkpoint_every` steps and at the end: each its shard of the embedding tables and optimizer slots, rank 0 the
-dense weights, published atomically as DIR/ckpt-{step}/ with a manifest of sha256 sums. A later run with the same
+`train.checkpoint_every` steps and at the end: each its shard of the embedding tables and optimizer slots (with
+`train.checkpoint_full_every`, only the rows and slots changed since the previous checkpoint, between full ones), rank
+0 the dense weights, published atomically as DIR/ckpt-{step}/ with a manifest of sha256 sums. A later run with the same
 --model-dir resumes from the newest checkpoint every worker sees, with any number of workers, at the same data
 position (batches are a function of (seed, rank, step)); rank 0 writes TensorBoard summaries under DIR/tensorboard.
 """
@@ -310,7 +311,8 @@ def run(args):
     experiment.check_features_match(config, sample)
     model(sample, training=False)  # builds the dense weights before a restore
     if args.model_dir:
-        checkpointer = Checkpointer(args.model_dir, model, optimizer, step_var, comm, keep=2, config_name=config.name)
+        checkpointer = Checkpointer(args.model_dir, model, optimizer, step_var, comm, keep=2, config_name=config.name,
+                                    full_every=config.train.checkpoint_full_every)
     restored = None
     if checkpointer is not None:
         with watchdog.guard("restoring the checkpoint"):
@@ -447,7 +449,10 @@ def run(args):
             result["samples_per_s"] = float(timed[:, :, 0].sum()) / timed_seconds
             result["tokens_per_s"] = float(timed[:, :, 1].sum()) / timed_seconds
     if restored is not None:
-        result["restored"] = {"step": start, "from_workers": restored["workers"], "bytes_read_per_rank": bytes_read}
+        result["restored"] = {"step": start, "from_workers": restored["workers"], "bytes_read_per_rank": bytes_read,
+                              "chain": [link["step"] for link in restored["chain"]]}
+    if checkpointer is not None:
+        result["checkpoints"] = checkpointer.written_summary()
     result["auc"] = experiment.evaluate(model, config, batch_size, rank, size, comm)
     if rank == 0:
         if writer is not None:

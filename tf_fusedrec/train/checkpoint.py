@@ -1,4 +1,4 @@
-"""Checkpoints that survive crashes and restore onto any worker count (MTGRBoost §5.2).
+"""Checkpoints that survive crashes and restore onto any worker count (MTGRBoost §5.2), full or delta.
 
 Layout of a model directory::
 
@@ -8,19 +8,33 @@ Layout of a model directory::
                                           with their slots and hot sets (equal on every rank;
                                           rank 0 writes them)
 
+Full and delta checkpoints (``full_every``): a full checkpoint's shards hold every row a rank owns; a delta's hold only
+the rows whose value or optimizer slots changed since the previous checkpoint (new keys included) and, per table, the
+keys removed since then (``t{t}.removed``: evicted, or moved into the hot set); its dense.npz is whole (small). The
+manifest names the kind and, for a delta, the parent step it applies on: a delta restores as its chain, the full
+checkpoint it descends from and every delta after it, in order. Change detection is exact and works the same on every
+table backend: the Checkpointer keeps, per table, the sorted keys, rows and slot rows of this rank at the previous
+checkpoint (the one it saved or restored) and diffs the current export against them bit for bit. Memory: with
+full_every > 0, each rank holds a host copy of its shard as of the last checkpoint (8 bytes per key, 4 per row and
+slot value, 1 per slot-exists flag: about the size of its full shard file; float16 rows are kept as the float32 the
+tables export), and twice that while a save runs; with full_every = 0 nothing is kept. A slot row that disappears
+while its key's row stays is not carried by a delta (nothing in tf_fusedrec removes a slot row alone).
+
 Saving: each rank writes its shard into DIR/.tmp-ckpt-{step}/ (file, fsync, rename), the ranks allgather the shards'
 sha256 and sizes, and rank 0 writes the manifest there and renames the directory to ckpt-{step}: a checkpoint is
 either complete or absent, whatever dies when. A kill between two ranks' saves leaves only a .tmp directory, which
-the next run removes.
+the next run removes. Retention (``keep``) keeps the newest `keep` checkpoints and every checkpoint their chains need.
 
 Restoring (`restore`): the ranks allgather the steps they see published and take the newest one all of them see; each
-rank then checks the sha256 of every file it is going to read, and the ranks agree (allgather) before reading
-anything, so a corrupt or missing file stops every rank with the same error naming it. A checkpoint written by N
-workers restores onto M: table and slot rows are kept where owner_of(id, M) == rank; new rank r reads only the
-shards that can hold its ids (old shard r mod N when N divides M, old shards s with s mod M == r when M divides N,
-every shard otherwise). Files are .npz without pickles.
+rank then follows its chain back to the full checkpoint, checks the sha256 of every file it is going to read, and
+the ranks agree (allgather) before reading anything, so a missing link or a corrupt or missing file stops every rank
+with the same error naming it. A checkpoint written by N workers restores onto M: table and slot rows are kept where
+owner_of(id, M) == rank; new rank r reads only the shards that can hold its ids (old shard r mod N when N divides M,
+old shards s with s mod M == r when M divides N, every shard otherwise), each link of a chain by the worker count
+that wrote it. Files are .npz without pickles.
 """
 
+import collections
 import hashlib
 import io
 import json
@@ -33,10 +47,12 @@ from tensorflow_recommenders_addons import dynamic_embedding as de
 
 from tf_fusedrec.train.optimizer import embedding_layers
 
-FORMAT = 1
+FORMAT = 2  # 2: manifests name their kind and parent; format 1 (every checkpoint full) restores too
 MANIFEST = "manifest.json"
 DENSE = "dense.npz"
+FULL, DELTA = "full", "delta"
 MAX_VISIBLE = 64  # published steps a rank reports in the agreement (the newest ones)
+MAX_MESSAGE = 2048  # bytes of a rank's error message in the restore agreement
 
 
 class CheckpointError(ValueError):
@@ -60,6 +76,30 @@ def published_steps(model_dir):
         if name.startswith("ckpt-") and name[5:].isdigit() and os.path.exists(os.path.join(model_dir, name, MANIFEST)):
             steps.append(int(name[5:]))
     return sorted(steps)
+
+
+def read_manifest(model_dir, step):
+    with open(os.path.join(step_dir(model_dir, step), MANIFEST)) as f:
+        return json.load(f)
+
+
+def parent_of(manifest):
+    """The step a delta checkpoint applies on; None for a full one."""
+    return manifest.get("parent") if manifest.get("kind", FULL) == DELTA else None
+
+
+def needed_steps(model_dir, keep):
+    """The published steps to keep: the newest `keep` and every checkpoint their chains go through."""
+    steps = published_steps(model_dir)
+    needed = set()
+    for step in steps[-keep:]:
+        while step is not None and step not in needed:
+            needed.add(step)
+            try:
+                step = parent_of(read_manifest(model_dir, step))
+            except (OSError, ValueError):
+                step = None
+    return needed
 
 
 def shards_to_read(rank, new_size, old_size):
@@ -90,6 +130,47 @@ def _npz_bytes(arrays):
     return buffer.getvalue()
 
 
+TableState = collections.namedtuple("TableState", ["keys", "rows", "slots"])
+TableState.__doc__ = """One rank's rows of a table: keys int64 [K] ascending, rows [K, dim], and per optimizer slot
+(in slot_tables order) (values [K, dim], exists bool [K])."""
+
+
+def _same_bits(a, b):
+    """bool [K]: row k of a equals row k of b bit for bit (so NaN equals NaN and -0.0 differs from 0.0)."""
+    unsigned = f"u{a.dtype.itemsize}"
+    equal = np.ascontiguousarray(a).view(unsigned) == np.ascontiguousarray(b).view(unsigned)
+    return equal.all(axis=tuple(range(1, equal.ndim)))
+
+
+def changes(previous, current):
+    """What a delta carries from TableState `previous` to `current`: (bool [K] over current's keys, True where the
+    key is new or its row or a slot (value or existence) changed; int64 keys of previous that current lacks)."""
+    old, new = previous.keys, current.keys
+    if len(old) == 0:
+        return np.ones(len(new), bool), old
+    at = np.minimum(np.searchsorted(old, new), len(old) - 1)
+    found = old[at] == new
+    mine, theirs = np.flatnonzero(found), at[found]
+    same = _same_bits(current.rows[mine], previous.rows[theirs])
+    for (values, exists), (old_values, old_exists) in zip(current.slots, previous.slots):
+        both = exists[mine] & old_exists[theirs]
+        same &= exists[mine] == old_exists[theirs]
+        same &= ~both | _same_bits(values[mine], old_values[theirs])
+    changed = np.ones(len(new), bool)
+    changed[mine] = ~same
+    return changed, old[~np.isin(old, new, assume_unique=True)]
+
+
+Link = collections.namedtuple("Link", ["step", "directory", "manifest", "names"])
+Link.__doc__ = """One checkpoint of a restore's chain: its step, directory, manifest and the files this rank reads."""
+
+
+def _check_count(what, value, low):
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"Checkpointer: {what} must be an int >= {low}, got {value!r}")
+    return value
+
+
 class Checkpointer:
     """Saves and restores a model, its GroupedOptimizer and a step counter in `model_dir`.
 
@@ -99,18 +180,24 @@ class Checkpointer:
       optimizer: what fr.train.make_optimizer returned for it.
       step: an int64 tf.Variable (the training step; also the data position, batches being a function of it).
       comm: the comm object of the run.
-      keep: published checkpoints kept (older ones are removed by rank 0 after each save).
+      keep: published checkpoints kept (older ones are removed by rank 0 after each save, except those a kept
+        delta checkpoint needs).
       config_name: recorded in the manifest.
+      full_every: 0 (every checkpoint full), or steps: checkpoints are deltas on the previous one, and full at steps
+        that are multiples of full_every, at the first save of a run that restored nothing, and whenever the full
+        checkpoint the chain starts at is full_every steps old or more (so a restore reads at most full_every steps
+        of deltas). Needs host memory for the previous checkpoint's rows (module docstring).
     """
 
-    def __init__(self, model_dir, model, optimizer, step, comm, keep=2, config_name=""):
+    def __init__(self, model_dir, model, optimizer, step, comm, keep=2, config_name="", full_every=0):
         self.model_dir, self.model, self.optimizer, self.step = model_dir, model, optimizer, step
-        self.comm, self.keep, self.config_name = comm, keep, config_name
+        self.comm, self.config_name = comm, config_name
+        self.keep = _check_count("keep", keep, 1)
+        self.full_every = _check_count("full_every", full_every, 0)
         layers = embedding_layers(model)
         self.tables = [t for layer in layers for t in layer.sharded_tables()]
         # Replicated hot rows (FusedEmbedding(replication=...)): equal on every rank, saved once in dense.npz.
-        self.replicated = [t for layer in layers if hasattr(layer, "replicated_tables")
-                           for t in layer.replicated_tables()]
+        self.replicated = [t for layer in layers for t in layer.replicated_tables()]
         sparse_ids = {id(v) for layer in layers for _, variables in layer.optimizer_groups() for v in variables}
         # Not dense: TFRA's trainable wrappers, and the per-step ids/exists buffers of its shadow variables (TFRA's
         # Keras layers track them as layer variables; their shape changes every step).
@@ -118,6 +205,10 @@ class Checkpointer:
                            and not isinstance(v, (de.TrainableWrapper, de.shadow_ops.DEResourceVariable))]
         self._trainable_dense = [v for v in model.trainable_variables if id(v) not in sparse_ids]
         self._slots_built = False
+        # The checkpoint this process saved or restored last (a delta's parent), the full one its chain starts at,
+        # and (full_every > 0) this rank's [TableState] at it.
+        self._parent, self._base, self._previous = None, None, None
+        self.written = []  # {"step", "kind", "bytes" (every rank's files)} per save of this process
 
     # --- optimizer state ------------------------------------------------------------------------------------------
 
@@ -170,43 +261,70 @@ class Checkpointer:
                 exists = z[f"hot{r}.slot.{slot_name}.exists"]
                 slot.upsert(tf.boolean_mask(keys, exists), tf.constant(z[f"hot{r}.slot.{slot_name}.rows"][exists]))
 
+    def table_state(self, table):
+        """This rank's TableState of a sharded table, now."""
+        keys, rows = (x.numpy() for x in table.params.export())
+        order = np.argsort(keys, kind="stable")
+        keys, rows = keys[order], rows[order]
+        slots = []
+        for _, slot in self._table_slots(table):
+            values, exists = slot.lookup(tf.constant(keys, tf.int64), return_exists=True)
+            slots.append((values.numpy(), exists.numpy()))
+        return TableState(keys, rows, tuple(slots))
+
     # --- saving -------------------------------------------------------------------------------------------------
+
+    def kind_of(self, step):
+        """FULL or DELTA: what save() writes at `step` (the same on every rank)."""
+        if not self.full_every or self._parent is None or step <= self._parent:
+            return FULL
+        if step % self.full_every == 0 or step - self._base >= self.full_every:
+            return FULL
+        return DELTA
 
     def save(self):
         """Writes and publishes the checkpoint of the current step (every rank calls it); -> its directory."""
         self._build_slots()
         rank, size = self.comm.rank, self.comm.size
         step = int(self.step.numpy())
+        kind = self.kind_of(step)
         staging = os.path.join(self.model_dir, f".tmp-ckpt-{step}")
         os.makedirs(staging, exist_ok=True)
+        states = [self.table_state(table) for table in self.tables]
         arrays = {}
-        for t, table in enumerate(self.tables):
-            keys, rows = (x.numpy() for x in table.params.export())
-            arrays[f"t{t}.keys"], arrays[f"t{t}.rows"] = keys, rows
+        for t, (table, state) in enumerate(zip(self.tables, states)):
+            take = slice(None)
+            if kind == DELTA:
+                take, arrays[f"t{t}.removed"] = changes(self._previous[t], state)
+            keys = state.keys[take]
+            arrays[f"t{t}.keys"], arrays[f"t{t}.rows"] = keys, state.rows[take]
             ids = table.ids_of_keys(keys)
             if ids is not None:
                 arrays[f"t{t}.ids"] = ids
-            for name, slot in self._table_slots(table):
-                values, exists = slot.lookup(tf.constant(keys, tf.int64), return_exists=True)
-                arrays[f"t{t}.slot.{name}.rows"] = values.numpy()
-                arrays[f"t{t}.slot.{name}.exists"] = exists.numpy()
+            for (name, _), (values, exists) in zip(self._table_slots(table), state.slots):
+                arrays[f"t{t}.slot.{name}.rows"] = values[take]
+                arrays[f"t{t}.slot.{name}.exists"] = exists[take]
         shard = _npz_bytes(arrays)
+        del arrays
         _write_atomic(os.path.join(staging, shard_name(rank, size)), shard)
         files = {shard_name(rank, size): (_sha256(shard), len(shard))}
+        dense_bytes = 0
         if rank == 0:
             dense = _npz_bytes({**{key: v.numpy() for key, v in self._dense_state()}, **self._replicated_state()})
             _write_atomic(os.path.join(staging, DENSE), dense)
             files[DENSE] = (_sha256(dense), len(dense))
-        # Every rank's shard digest reaches rank 0; the collective is also the barrier before publishing.
+            dense_bytes = len(dense)
+        # Every rank's shard digest reaches every rank; the collective is also the barrier before publishing.
         digest = np.frombuffer(bytes.fromhex(files[shard_name(rank, size)][0]), np.uint8).astype(np.int64)
-        row = np.concatenate([digest, [len(shard)]])[None, :]
+        row = np.concatenate([digest, [len(shard), dense_bytes]])[None, :]
         gathered = self.comm.allgather(tf.constant(row), name=f"FusedRec/checkpoint/save/{step}").numpy()
         final = step_dir(self.model_dir, step)
         if rank == 0:
             for r in range(size):
                 files[shard_name(r, size)] = (bytes(gathered[r, :32].astype(np.uint8)).hex(), int(gathered[r, 32]))
             manifest = {
-                "format": FORMAT, "step": step, "workers": size, "config": self.config_name,
+                "format": FORMAT, "step": step, "kind": kind, "parent": self._parent if kind == DELTA else None,
+                "workers": size, "config": self.config_name,
                 "tables": [t.name for t in self.tables], "replicated": [t.name for t in self.replicated],
                 "files": {name: {"sha256": digest, "bytes": nbytes} for name, (digest, nbytes) in sorted(files.items())},
             }
@@ -214,11 +332,30 @@ class Checkpointer:
             if os.path.exists(final):
                 shutil.rmtree(final)
             os.rename(staging, final)  # the publication: atomic
-            for old in published_steps(self.model_dir)[:-self.keep]:
-                shutil.rmtree(step_dir(self.model_dir, old), ignore_errors=True)
+            needed = needed_steps(self.model_dir, self.keep)
+            for old in published_steps(self.model_dir):
+                if old not in needed:
+                    shutil.rmtree(step_dir(self.model_dir, old), ignore_errors=True)
         # Nobody starts the next step's collectives believing a checkpoint exists that rank 0 has not published.
         self.comm.allreduce([tf.zeros([1])], name=f"FusedRec/checkpoint/published/{step}", op="sum")
+        self._remember(step, step if kind == FULL else self._base, lambda: states)
+        self.written.append({"step": step, "kind": kind, "bytes": int(gathered[:, 32:34].sum())})
         return final
+
+    def _remember(self, step, base, states):
+        """`step` (whose chain starts at the full checkpoint `base`) is now the parent of the next delta; `states`
+        (this rank's tables at it: a function, called only with full_every > 0) what that delta diffs against."""
+        self._parent, self._base = step, base
+        self._previous = states() if self.full_every else None
+
+    def written_summary(self):
+        """{"full_every", "full": {"count", "mean_bytes"}, "delta": {...}}: the checkpoints this process wrote (bytes:
+        every rank's files, manifest aside)."""
+        summary = {"full_every": self.full_every}
+        for kind in (FULL, DELTA):
+            sizes = [w["bytes"] for w in self.written if w["kind"] == kind]
+            summary[kind] = {"count": len(sizes), "mean_bytes": int(np.mean(sizes)) if sizes else 0}
+        return summary
 
     # --- restoring ----------------------------------------------------------------------------------------------
 
@@ -238,55 +375,116 @@ class Checkpointer:
                     shutil.rmtree(os.path.join(self.model_dir, name), ignore_errors=True)
         return max(common) if common else None
 
-    def _read_checked(self, directory, manifest, names):
-        """{name: bytes} of the files, each checked against the manifest; the ranks agree before anyone reads on:
-        CheckpointError naming the first bad file of the lowest rank that has one, on every rank."""
-        contents, problem = {}, (-1, 0)
-        for index, name in enumerate(names):
-            entry = manifest["files"].get(name)
-            path = os.path.join(directory, name)
-            if entry is None or not os.path.exists(path):
-                problem = (index, 1)
-                break
-            with open(path, "rb") as f:
-                data = f.read()
-            if len(data) != entry["bytes"] or _sha256(data) != entry["sha256"]:
-                problem = (index, 2)
-                break
-            contents[name] = data
-        code = np.array([problem], np.int64)
-        gathered = self.comm.allgather(tf.constant(code), name="FusedRec/checkpoint/verified").numpy()
-        for r, (index, kind) in enumerate(gathered.tolist()):
-            if kind:
-                bad = self._names_for(r, manifest)[index]
-                what = "is missing" if kind == 1 else "does not match its sha256 and size in manifest.json"
-                raise CheckpointError(f"checkpoint {directory}: {os.path.join(directory, bad)} {what} (read by rank "
-                                      f"{r}); remove the directory {directory} to resume from an older checkpoint")
-        return contents
+    def _names_for(self, manifest, newest):
+        """The files of a checkpoint this rank reads: the shards that can hold its ids, and dense.npz of the newest
+        checkpoint of the chain (every checkpoint's is whole)."""
+        shards = [shard_name(s, manifest["workers"])
+                  for s in shards_to_read(self.comm.rank, self.comm.size, manifest["workers"])]
+        return ([DENSE] if newest else []) + shards
 
-    def _names_for(self, rank, manifest):
-        return [DENSE] + [shard_name(s, manifest["workers"])
-                          for s in shards_to_read(rank, self.comm.size, manifest["workers"])]
+    def _read_chain(self, step):
+        """-> ([Link] from the full checkpoint to `step`, {(step, name): bytes} checked against the manifests, this
+        rank's first problem as an error message naming the file, or "")."""
+        links, at = [], step  # newest first while following the parents
+        while True:
+            path = os.path.join(step_dir(self.model_dir, at), MANIFEST)
+            try:
+                manifest = read_manifest(self.model_dir, at)
+            except (OSError, ValueError) as e:
+                what = f"cannot be read ({getattr(e, 'strerror', None) or e})"
+                if links:
+                    what += f"; it is the parent of the delta checkpoint {links[-1].directory}"
+                return links, {}, self._problem(step, f"{path} {what}", [at] + [link.step for link in links])
+            links.append(Link(at, step_dir(self.model_dir, at), manifest, None))
+            if manifest.get("format", 1) > FORMAT:
+                return links, {}, self._problem(step, f"{path} has format {manifest['format']}; this tf_fusedrec "
+                                                      f"reads formats up to {FORMAT}", [link.step for link in links])
+            if manifest.get("kind", FULL) == FULL:
+                break
+            parent = parent_of(manifest)
+            if isinstance(parent, bool) or not isinstance(parent, int) or parent >= at:
+                return links, {}, self._problem(step, f"{path} is a delta checkpoint whose parent {parent!r} is not "
+                                                      f"an earlier step", [link.step for link in links])
+            at = parent
+        links = [link._replace(names=self._names_for(link.manifest, i == 0)) for i, link in enumerate(links)][::-1]
+        contents = {}
+        for i, link in enumerate(links):
+            for name in link.names:
+                entry = link.manifest["files"].get(name)
+                path = os.path.join(link.directory, name)
+                if entry is None or not os.path.exists(path):
+                    return links, {}, self._problem(step, f"{path} is missing", [x.step for x in links[i:]])
+                with open(path, "rb") as f:
+                    data = f.read()
+                if len(data) != entry["bytes"] or _sha256(data) != entry["sha256"]:
+                    return links, {}, self._problem(step, f"{path} does not match its sha256 and size in "
+                                                          f"manifest.json", [x.step for x in links[i:]])
+                contents[link.step, name] = data
+        return links, contents, ""
+
+    def _problem(self, step, what, unusable):
+        """The error message of a chain that cannot be read: `what` (naming the file) and the checkpoints that depend
+        on it (`unusable`: steps), which are to be removed to resume from an older one."""
+        dirs = [step_dir(self.model_dir, s) for s in sorted(set(unusable), reverse=True)]
+        return (f"checkpoint {step_dir(self.model_dir, step)}: {what} (read by rank {self.comm.rank}); remove the "
+                f"director{'ies' if len(dirs) > 1 else 'y'} {', '.join(dirs)} to resume from an older checkpoint")
+
+    def _agree(self, problem):
+        """Every rank learns every rank's problem (one allgather): CheckpointError with the lowest rank's, on all."""
+        encoded = np.zeros([1, MAX_MESSAGE], np.int32)
+        data = np.frombuffer(problem.encode()[:MAX_MESSAGE], np.uint8)
+        encoded[0, :len(data)] = data
+        gathered = self.comm.allgather(tf.constant(encoded), name="FusedRec/checkpoint/verified").numpy()
+        for row in gathered:
+            message = bytes(row[row != 0].astype(np.uint8)).decode(errors="replace")
+            if message:
+                raise CheckpointError(message)
 
     def restore(self):
-        """Restores the newest checkpoint every rank sees (all ranks call it, before any training collective).
+        """Restores the newest checkpoint every rank sees, with its chain (all ranks call it, before any training
+        collective, onto empty tables).
 
         Returns:
-          None when there is none, else {"step", "directory", "workers" (who wrote it), "files", "bytes_read"}.
+          None when there is none, else {"step", "directory", "workers" (who wrote it), "files" (its files this rank
+          read), "chain" ([{"step", "kind", "workers", "files"}] from the full checkpoint on: what was applied, in
+          order), "bytes_read" (the whole chain's)}.
 
         Raises:
-          CheckpointError: on every rank, naming the file, when a file to read is missing or corrupt, or the
-            checkpoint's tables are not this model's.
+          CheckpointError: on every rank, naming the file, when a file to read or a link of the chain is missing or
+            corrupt, or the checkpoint's tables are not this model's.
         """
         step = self.agreed_step()
         if step is None:
             return None
         self._build_slots()
-        directory = step_dir(self.model_dir, step)
-        with open(os.path.join(directory, MANIFEST)) as f:
-            manifest = json.load(f)
-        names = self._names_for(self.comm.rank, manifest)
-        contents = self._read_checked(directory, manifest, names)
+        links, contents, problem = self._read_chain(step)
+        self._agree(problem)
+        for link in links:
+            self._check_tables(link)
+        newest, rank, size = links[-1], self.comm.rank, self.comm.size
+        with np.load(io.BytesIO(contents[newest.step, DENSE]), allow_pickle=False) as z:
+            for key, v in self._dense_state():
+                if key not in z.files or tuple(z[key].shape) != tuple(v.shape):
+                    raise CheckpointError(f"checkpoint {newest.directory}: {DENSE} has no value of shape {v.shape} "
+                                          f"for {key} ({v.name}): a different model or optimizer")
+                v.assign(z[key])
+            self._restore_replicated(z)
+        for link in links:
+            for name in link.names:
+                if name == DENSE:
+                    continue
+                with np.load(io.BytesIO(contents[link.step, name]), allow_pickle=False) as z:
+                    for t, table in enumerate(self.tables):
+                        self._restore_table(t, table, z, rank, size, link.manifest["workers"], link.directory)
+        self._remember(step, links[0].step, lambda: [self.table_state(table) for table in self.tables])
+        return {"step": step, "directory": newest.directory, "workers": newest.manifest["workers"],
+                "files": newest.names,
+                "chain": [{"step": link.step, "kind": link.manifest.get("kind", FULL),
+                           "workers": link.manifest["workers"], "files": link.names} for link in links],
+                "bytes_read": sum(len(c) for c in contents.values())}
+
+    def _check_tables(self, link):
+        manifest, directory = link.manifest, link.directory
         if manifest["tables"] != [t.name for t in self.tables]:
             raise CheckpointError(f"checkpoint {directory} holds the tables {manifest['tables']}, this model has "
                                   f"{[t.name for t in self.tables]}: a different model or config")
@@ -294,24 +492,17 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {directory} holds the replicated tables {manifest.get('replicated', [])}"
                                   f", this model has {[t.name for t in self.replicated]}: hot-row replication was "
                                   f"switched on or off since it was written (rows would be lost or held twice)")
-        old_size, rank, size = manifest["workers"], self.comm.rank, self.comm.size
-        with np.load(io.BytesIO(contents[DENSE]), allow_pickle=False) as z:
-            for key, v in self._dense_state():
-                if key not in z.files or tuple(z[key].shape) != tuple(v.shape):
-                    raise CheckpointError(f"checkpoint {directory}: {DENSE} has no value of shape {v.shape} for "
-                                          f"{key} ({v.name}): a different model or optimizer")
-                v.assign(z[key])
-            self._restore_replicated(z)
-        for name in names[1:]:
-            with np.load(io.BytesIO(contents[name]), allow_pickle=False) as z:
-                for t, table in enumerate(self.tables):
-                    self._restore_table(t, table, z, rank, size, old_size, directory, name)
-        return {"step": step, "directory": directory, "workers": old_size, "files": names,
-                "bytes_read": sum(len(c) for c in contents.values())}
 
-    def _restore_table(self, t, table, z, rank, size, old_size, directory, shard):
+    def _restore_table(self, t, table, z, rank, size, old_size, directory):
+        """Applies table t of one shard: removes its removed keys (a delta's), then upserts the rows and slot rows
+        this rank owns."""
         from tf_fusedrec import ops  # noqa: PLC0415
 
+        removed = z[f"t{t}.removed"] if f"t{t}.removed" in z.files else ()
+        if len(removed):  # a key removed on its old owner is absent from every other rank: no filter needed
+            table.params.remove(tf.constant(removed, tf.int64))
+            for _, slot in self._table_slots(table):
+                slot.remove(tf.constant(removed, tf.int64))
         keys, rows = z[f"t{t}.keys"], z[f"t{t}.rows"]
         if size % old_size == 0 and size > old_size or (size % old_size and old_size % size):
             # The shard holds ids of several new ranks: keep ours.
