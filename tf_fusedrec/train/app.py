@@ -431,7 +431,7 @@ def run(args):
                                                                                       embedding.hot_sets)]
         result["hot_hits_per_step"] = {n: int(s["hot_hits"]) for n, s in embedding.statistics().items()}
     if sequences:
-        from tf_fusedrec.train import balance as balance_lib  # noqa: PLC0415
+        from tf_fusedrec.train import balance_metrics as balance_lib  # noqa: PLC0415
 
         counts = np.asarray(sequence_batches.counts[:steps - start], np.int64)  # [steps, (samples, tokens)]
         everyone = comm.allgather(tf.constant(counts[None]), name="FusedRec/balance/summary").numpy()

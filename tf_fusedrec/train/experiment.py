@@ -139,12 +139,12 @@ def sequence_signature(config):
 def sequence_dataset(config, batch_size, rank, size, held_out=False):
     """This worker's (features, labels) batches of batch_size consecutive samples of sequence_samples (the last
     batch of a finite stream holds the rest)."""
-    from tf_fusedrec.train import balance as balance_lib  # noqa: PLC0415
+    from tf_fusedrec.train import batching  # noqa: PLC0415
 
     def batches():
-        return balance_lib.fixed_batches(sequence_samples(config, rank, size, held_out=held_out), batch_size)
+        return batching.fixed_batches(sequence_samples(config, rank, size, held_out=held_out), batch_size)
 
-    return balance_lib.to_dataset(batches, sequence_signature(config), label_key="labels")
+    return batching.to_dataset(batches, sequence_signature(config), label_key="labels")
 
 
 class SequenceBatches:
@@ -162,7 +162,7 @@ class SequenceBatches:
     """
 
     def __init__(self, config, batch_size, rank, size, balance):
-        from tf_fusedrec.train import balance as balance_lib  # noqa: PLC0415
+        from tf_fusedrec.train import batching  # noqa: PLC0415
 
         if balance not in BALANCE_MODES:
             raise ValueError(f"--balance must be one of {BALANCE_MODES}, got {balance!r}")
@@ -172,30 +172,30 @@ class SequenceBatches:
         self.target_tokens = max(1, int(round(batch_size * float(np.mean(first)))))
         self.counts = []
         self.signature = sequence_signature(config)
-        self._balance_lib = balance_lib
+        self._batching = batching
 
     def _batches(self):
         samples = sequence_samples(self.config, self.rank, self.size)
         if self.balance == "tokens":
-            batches = self._balance_lib.TokenBatcher(self.target_tokens, tokens_of=lambda s: s["tokens"])(samples)
+            batches = self._batching.TokenBatcher(self.target_tokens, tokens_of=lambda s: s["tokens"])(samples)
         else:
-            batches = self._balance_lib.fixed_batches(samples, self.batch_size)
+            batches = self._batching.fixed_batches(samples, self.batch_size)
         for batch in batches:
             self.counts.append((len(batch), sum(s["tokens"] for s in batch)))
             yield batch
 
     def dataset(self):
-        return self._balance_lib.to_dataset(self._batches, self.signature, label_key="labels")
+        return self._batching.to_dataset(self._batches, self.signature, label_key="labels")
 
 
 def global_mean_loss(comm):
     """The loss of a step whose workers hold different sample counts: binary cross-entropy on logits, summed over
     this worker's samples (the mean over tasks per sample) x N / the global sample count (one allreduce). With the
     grouped optimizer's average over workers, the update equals one worker's on the union of the batches with the
-    global mean loss (train/balance.py)."""
-    from tf_fusedrec.train import balance as balance_lib  # noqa: PLC0415
+    global mean loss (train/weighting.py)."""
+    from tf_fusedrec.train.weighting import GlobalMeanLoss  # noqa: PLC0415
 
-    weighted = balance_lib.GlobalMeanLoss(comm, by="samples", name="FusedRec/balance/samples")
+    weighted = GlobalMeanLoss(comm, by="samples", name="FusedRec/balance/samples")
 
     def loss(labels, logits):
         per_sample = tf.keras.losses.binary_crossentropy(labels, logits, from_logits=True)
