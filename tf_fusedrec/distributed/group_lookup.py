@@ -14,6 +14,9 @@ What differs between modes is chosen once, when the object is built, never per b
   (id, category) row; ``KeyWire``: a pre-hashed key, for the source-hash ablation),
 * the sender's dedup (``segment_unique``, or none: ``dedup="none"``, and one worker, where the owner's unique is the
   only one the pairs need),
+* the sender: ``FusedSender`` (segment dedup, partition by owner, recover index and wire encoding in one op, for
+  segment dedup over an all-to-all) or ``ChainSender`` (the same as separate ops: its reference, selectable with
+  ``fused_sender=False`` or ``FUSED_SENDER``, and the sender of every other case),
 * the fusion: ``FusedGroupLookup`` (deferred hashing: the owner sees categories) or ``SourceHashGroupLookup`` (the
   paper's "TFRA-fused" ablation: the category is hashed into the key before sending, and is lost at the owner),
 * hot-row replication: ``HotGroupLookup`` (HypeReca's two-fold parallelism, tf_fusedrec/distributed/replication.py)
@@ -30,6 +33,10 @@ import tensorflow as tf
 from tf_fusedrec import initializers
 from tf_fusedrec import ops
 from tf_fusedrec.distributed.comm import slot_name
+
+# The default of FusedGroupLookup's `fused_sender`: layers build their lookups without it, so a process that compares
+# the fused sender with the op chain it replaces (a test, a benchmark) sets this before building its layer.
+FUSED_SENDER = True
 
 GroupDist = collections.namedtuple(
     "GroupDist",
@@ -56,6 +63,8 @@ GroupDist.__doc__ = "What input_dist hands to lookup and output_dist: tensors on
 class PackedWire:
     """(segment << (63 - b)) | id: 8 bytes a pair, reversible (every feature of the group declares max_id_bits)."""
 
+    name = "packed"  # the fused sender's `wire`
+
     def __init__(self, num_categories):
         self.num_categories = num_categories
         self.key_bits = ops.packed_key_bits(num_categories)
@@ -70,6 +79,8 @@ class PackedWire:
 
 class PairWire:
     """An (id, category) int64 row: 16 bytes a pair, any int64 id."""
+
+    name = "pair"  # the fused sender's `wire`
 
     def encode(self, keys, segments):
         return tf.stack([keys, tf.cast(segments, tf.int64)], axis=1)
@@ -135,6 +146,44 @@ def segment_dedup(keys, segments):
 
 def no_dedup(keys, segments):
     return keys, segments, tf.range(tf.size(keys, out_type=tf.int32))
+
+
+# --- senders: fused (keys, segments) -> what the owners received ---------------------------------------------------
+
+class ChainSender:
+    """The dedup, then the route's partition and encoding, as separate ops (FusedSender's reference).
+
+    send_keys(keys, segments, name, after) -> (received ids, received segments, received_splits, recover_index,
+    unique_sent int64 [C] or None when not `count_sent`)."""
+
+    def __init__(self, dedup, route, num_categories, count_sent=True):
+        self.dedup, self.route, self.num_categories, self.count_sent = dedup, route, num_categories, count_sent
+
+    def send_keys(self, keys, segments, name, after=()):
+        keys, segments, inverse = self.dedup(keys, segments)
+        ids, received_segments, splits, recover_index = self.route.send_keys(keys, segments, inverse, name, after)
+        sent = _count(segments, self.num_categories) if self.count_sent else None
+        return ids, received_segments, splits, recover_index, sent
+
+
+class FusedSender:
+    """segment_dedup + AllToAllRoute.send_keys with ONE op before the all-to-all (ops.fused_sender): the same message,
+    splits, recover index and per-category counts as the chain, bit for bit, without its intermediate tensors."""
+
+    def __init__(self, comm, wire, num_categories):
+        self.comm, self.wire, self.num_categories = comm, wire, num_categories
+
+    def send_keys(self, keys, segments, name, after=()):
+        """Same as ChainSender.send_keys; `after`: tensors the all-to-all waits for (the fused op does not)."""
+        out = ops.fused_sender(keys, segments, self.comm.size, self.num_categories, self.wire.name,
+                               name="fused_sender")
+        message = out.message
+        if after:
+            with tf.control_dependencies(list(after)):
+                message = tf.identity(message)
+        received, received_splits = self.comm.alltoall(message, out.splits, name=name)
+        ids, received_segments = self.wire.decode(received)
+        return ids, received_segments, received_splits, out.recover_index, out.segment_counts
 
 
 @tf.custom_gradient
@@ -219,24 +268,30 @@ class FusedGroupLookup(GroupLookup):
 
     Args:
       dedup: "segment" (segment unique before sending) or "none" (send duplicates; the owner still deduplicates).
+      fused_sender: with segment dedup over an all-to-all, send through FusedSender (one op) rather than ChainSender
+        (the op chain it replaces, bit-identical); None: FUSED_SENDER.
     """
 
-    def __init__(self, group, table, comm, prefix, dedup="segment"):
+    def __init__(self, group, table, comm, prefix, dedup="segment", fused_sender=None):
         super().__init__(group, table, comm, prefix)
         wire = PackedWire(group.num_categories) if group.encoding == "packed" else PairWire()
         self._route = LocalRoute() if comm.size == 1 else AllToAllRoute(comm, wire)
         # One worker deduplicates once, on the owner: a sender unique would only repeat it.
         self._dedup = segment_dedup if dedup == "segment" and comm.size > 1 else no_dedup
         self._sent_are_looked_up = dedup == "segment" and comm.size == 1
+        fused_sender = FUSED_SENDER if fused_sender is None else fused_sender
+        if fused_sender and self._dedup is segment_dedup:
+            self._sender = FusedSender(comm, wire, group.num_categories)
+        else:
+            self._sender = ChainSender(self._dedup, self._route, group.num_categories,
+                                       count_sent=not self._sent_are_looked_up)
 
     def input_dist(self, ids_per_feature, slot=0, send_after=()):
-        num_categories = self.group.num_categories
         keys, segments, feature_sizes = fuse(ids_per_feature, self.group.feature_categories)
-        keys, segments, inverse = self._dedup(keys, segments)
-        ids, received_segments, splits, recover_index = self._route.send_keys(
-            keys, segments, inverse, slot_name(self.prefix, "keys", slot), send_after)
+        ids, received_segments, splits, recover_index, sent = self._sender.send_keys(
+            keys, segments, slot_name(self.prefix, "keys", slot), send_after)
         owner = self._owner_unique(ids, received_segments)
-        sent = owner[-1] if self._sent_are_looked_up else _count(segments, num_categories)
+        sent = owner[-1] if self._sent_are_looked_up else sent
         return GroupDist(*owner[:4], splits, recover_index, feature_sizes, sent, owner[-1], *self._no_hot())
 
     def _owner_unique(self, ids, received_segments):
@@ -384,13 +439,13 @@ class SourceHashGroupLookup(GroupLookup):
                          _count(fused.unique_segment_ids, num_categories), unknown, *self._no_hot())
 
 
-def make_group_lookup(group, table, comm, prefix, dedup="segment", fusion="deferred", hot=None):
+def make_group_lookup(group, table, comm, prefix, dedup="segment", fusion="deferred", hot=None, fused_sender=None):
     """The lookup object of a group for the layer's dedup and fusion choices; hot: (HotSet, hot EmbeddingTable) to
-    replicate the group's hot set (fusion "deferred" only)."""
+    replicate the group's hot set (fusion "deferred" only); fused_sender: FusedGroupLookup's (None: FUSED_SENDER)."""
     if hot is not None:
         if fusion != "deferred":
             raise ValueError(f"group {group.name}: hot-row replication needs fusion='deferred', got {fusion!r}")
         return HotGroupLookup(group, table, comm, prefix, *hot, dedup=dedup)
     if fusion == "source_hash":
         return SourceHashGroupLookup(group, table, comm, prefix)
-    return FusedGroupLookup(group, table, comm, prefix, dedup=dedup)
+    return FusedGroupLookup(group, table, comm, prefix, dedup=dedup, fused_sender=fused_sender)

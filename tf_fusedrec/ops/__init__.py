@@ -8,6 +8,7 @@ from tf_fusedrec.ops.category_unique_ops import (
     packed_key_bits,
     packed_segment_bits,
 )
+from tf_fusedrec.ops.fused_sender_ops import FusedSenderResult, fused_sender
 from tf_fusedrec.ops.native_table_ops import (
     NativeTableAccessStatus,
     NativeTableConfig,
@@ -30,6 +31,7 @@ from tf_fusedrec.ops.segment_unique_ops import SegmentUniqueResult, segment_uniq
 
 __all__ = [
     "CategoryUniqueResult",
+    "FusedSenderResult",
     "NativeTableAccessStatus",
     "NativeTableConfig",
     "NativeTableExportResult",
@@ -41,6 +43,7 @@ __all__ = [
     "category_unique",
     "create_native_table",
     "decode_unified_keys",
+    "fused_sender",
     "library_path",
     "load_ops",
     "native_table_access_status",

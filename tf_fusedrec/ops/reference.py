@@ -24,10 +24,12 @@ __all__ = [
     "partition_by_owner",
     "category_unique",
     "decode_unified_keys",
+    "fused_sender",
     "packed_bits",
     "SegmentUniqueResult",
     "PartitionResult",
     "CategoryUniqueResult",
+    "FusedSenderResult",
 ]
 
 SegmentUniqueResult = collections.namedtuple(
@@ -35,6 +37,8 @@ SegmentUniqueResult = collections.namedtuple(
 PartitionResult = collections.namedtuple("PartitionResult", ["keys", "segment_ids", "splits", "order"])
 CategoryUniqueResult = collections.namedtuple(
     "CategoryUniqueResult", ["unified_keys", "inverse", "unique_segment_ids", "segment_counts"])
+FusedSenderResult = collections.namedtuple(
+    "FusedSenderResult", ["message", "splits", "recover_index", "segment_counts"])
 
 _GOLDEN = np.uint64(GOLDEN)
 
@@ -171,6 +175,37 @@ def decode_unified_keys(unified_keys, num_segments):
     segs = [int(u) >> shift for u in unified_keys.tolist()]
     ks = [int(u) & ((1 << shift) - 1) for u in unified_keys.tolist()]
     return np.array(segs, dtype=np.int32), np.array(ks, dtype=np.int64)
+
+
+def fused_sender(keys, segment_ids, num_ranks, num_segments, wire="packed"):
+    """The sender side of a group lookup, written as the chain it fuses: segment_unique, partition_by_owner of the
+    unique pairs, the wire's encoding, recover_index = (inverse permutation of the partition's order)[inverse]."""
+    keys = _as_key_array(keys)
+    num_ranks, num_segments = int(num_ranks), int(num_segments)
+    if num_segments < 1:
+        raise ValueError(f"num_segments must be >= 1, got {num_segments}")
+    if wire not in ("packed", "pair"):
+        raise ValueError(f"unknown wire {wire!r}")
+    segment_ids = _as_segment_array(segment_ids, keys.shape[0])
+    if segment_ids.size and segment_ids.max() >= num_segments:
+        raise ValueError(f"segment id {int(segment_ids.max())} >= num_segments {num_segments}")
+    su = segment_unique(keys, segment_ids)
+    part = partition_by_owner(su.unique_keys, num_ranks, su.unique_segment_ids)
+    k64, segs = part.keys.astype(np.int64), part.segment_ids.astype(np.int64)
+    if wire == "packed":
+        shift = 63 - packed_bits(num_segments)
+        first_bad = [j for j, k in enumerate(su.unique_keys.astype(np.int64).tolist()) if not 0 <= k < (1 << shift)]
+        if first_bad:
+            j = first_bad[0]
+            raise ValueError(f"key {int(su.unique_keys[j])} in segment {int(su.unique_segment_ids[j])} does not fit "
+                             f"in {shift} bits (packed encoding)")
+        message = (segs << np.int64(shift)) | k64
+    else:
+        message = np.stack([k64, segs], axis=1).reshape(-1, 2)
+    position = np.empty(part.order.shape[0], np.int32)
+    position[part.order] = np.arange(part.order.shape[0], dtype=np.int32)
+    segment_counts = np.bincount(su.unique_segment_ids, minlength=num_segments).astype(np.int64)
+    return FusedSenderResult(message, part.splits, position[su.inverse], segment_counts)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,64 @@
+/* Copyright 2026 The tf_fusedrec Authors. Licensed under the Apache License, Version 2.0. */
+#include <string>
+
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace tensorflow {
+namespace fusedrec {
+namespace {
+
+using shape_inference::DimensionHandle;
+using shape_inference::InferenceContext;
+using shape_inference::ShapeHandle;
+
+// keys [N], segment_ids [N] -> message [U] (packed) or [U, 2] (pair), splits [num_ranks], recover_index [N],
+// segment_counts [num_segments].
+Status FusedSenderShape(InferenceContext* c) {
+  int64_t num_ranks, num_segments;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_ranks", &num_ranks));
+  if (num_ranks < 1) return errors::InvalidArgument("num_ranks must be >= 1, got ", num_ranks);
+  TF_RETURN_IF_ERROR(c->GetAttr("num_segments", &num_segments));
+  if (num_segments < 1) return errors::InvalidArgument("num_segments must be >= 1, got ", num_segments);
+  std::string wire;
+  TF_RETURN_IF_ERROR(c->GetAttr("wire", &wire));
+  ShapeHandle keys, segment_ids;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &keys));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &segment_ids));
+  DimensionHandle n;
+  TF_RETURN_IF_ERROR(c->Merge(c->Dim(keys, 0), c->Dim(segment_ids, 0), &n));
+  const DimensionHandle unique = c->UnknownDim();
+  c->set_output(0, wire == "packed" ? c->Vector(unique) : c->Matrix(unique, 2));
+  c->set_output(1, c->Vector(num_ranks));
+  c->set_output(2, c->Vector(n));
+  c->set_output(3, c->Vector(num_segments));
+  return OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("FusedRec>FusedSender")
+    .Input("keys: T")
+    .Input("segment_ids: int32")
+    .Output("message: int64")
+    .Output("splits: int32")
+    .Output("recover_index: int32")
+    .Output("segment_counts: int64")
+    .Attr("T: {int32, int64}")
+    .Attr("num_ranks: int")
+    .Attr("num_segments: int")
+    .Attr("wire: {'packed', 'pair'} = 'packed'")
+    .SetShapeFn(FusedSenderShape)
+    .Doc(R"doc(
+The sender side of a fused group lookup in one op, equal to the chain SegmentUnique, PartitionByOwner, then the
+wire's encoding. The unique (segment_id, key) pairs, in first-occurrence order, are stably reordered by owner rank
+(Mix64(uint64(int64(key))) mod num_ranks, as OwnerOf) and encoded for the keys all-to-all. With wire 'packed',
+message[j] = (segment << (63 - b)) | key with b = max(1, ceil(log2(num_segments))), for keys in [0, 2^(63-b));
+with wire 'pair', message[j] = [key, segment]. splits[r] is the number of pairs owned by rank r; recover_index[i]
+is the position in message of the pair at fused position i; segment_counts[s] is the number of unique pairs of
+segment s. segment_ids must lie in [0, num_segments).
+)doc");
+
+}  // namespace fusedrec
+}  // namespace tensorflow
