@@ -21,7 +21,9 @@ __version__ = "0.1.0"
 
 # Public name -> the module that defines it; each loads on first access, after TensorFlow and TFRA.
 _NAMES = {
+    "Admission": "tf_fusedrec.distributed.admission",
     "Eviction": "tf_fusedrec.distributed.eviction",
+    "Expiry": "tf_fusedrec.distributed.admission",
     "Feature": "tf_fusedrec.config",
     "FusedEmbedding": "tf_fusedrec.layers",
     "HotReplication": "tf_fusedrec.distributed.replication",

@@ -389,6 +389,10 @@ class EmbeddingConfig:
     # FusedEmbedding's tables: native (the default of the train app and the bench: the same training, measured faster,
     # README "Table backends") | tfra. The per-feature baseline is always TFRA.
     table_backend: str = "native"
+    # FusedEmbedding's table policies (tf_fusedrec/distributed/admission.py; the per-feature baseline has none):
+    admission_min_count: Any = None  # fr.Admission(min_count): an id gets a row once read this often; null: at once
+    expiry_steps: Any = None  # fr.Expiry(steps, interval): rows not updated for this many steps go; null: they stay
+    expiry_interval: int = 100  # updates between expiry checks
 
 
 @dataclasses.dataclass
@@ -500,6 +504,11 @@ def parse_config(raw, where="config"):
     if embedding.table_backend not in TABLE_BACKENDS:
         raise ValueError(f"{where}.embedding.table_backend: must be one of {TABLE_BACKENDS}, got "
                          f"{embedding.table_backend!r}")
+    for key, optional in (("admission_min_count", True), ("expiry_steps", True), ("expiry_interval", False)):
+        value = getattr(embedding, key)
+        if not (optional and value is None) and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{where}.embedding.{key}: must be a positive int{' or null' if optional else ''}, got "
+                             f"{value!r}")
     train = _build(TrainConfig, raw.get("train"), f"{where}.train")
     if train.pipeline not in PIPELINES:
         raise ValueError(f"{where}.train.pipeline: must be one of {PIPELINES}, got {train.pipeline!r}")

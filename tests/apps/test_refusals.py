@@ -63,9 +63,24 @@ def test_steps_per_call_below_one(refuse, tiny_yaml):
     (["--hot", "3", "--hot-repeek", "--pipeline", "dbp"], "--hot-repeek needs --pipeline sync"),
     (["--table-backend", "native", "--embedding", "per_feature"], "--table-backend native needs a fused --embedding"),
     (["--evict-capacity", "10", "--embedding", "per_feature"], "--evict-capacity needs a fused --embedding"),
+    (["--admission-min-count", "3", "--embedding", "per_feature"], "--admission-min-count needs a fused --embedding"),
+    (["--expiry-steps", "5", "--embedding", "per_feature"], "--expiry-steps needs a fused --embedding"),
+    (["--admission-min-count", "0"], "--admission-min-count must be >= 1, got 0"),
+    (["--expiry-steps", "0"], "--expiry-steps must be >= 1, got 0"),
+    (["--expiry-steps", "5", "--expiry-interval", "-1"], "--expiry-interval must be >= 1, got -1"),
+    (["--expiry-interval", "5"], "--expiry-interval needs --expiry-steps"),
 ])
 def test_flags_that_do_not_fit(refuse, tiny_yaml, flags, fragment):
     refuse(["--config", tiny_yaml(), "--steps", 2, "--no-progress", *flags], fragment)
+
+
+@pytest.mark.parametrize("embedding, fragment", [
+    ({"admission_min_count": 0}, "embedding.admission_min_count: must be a positive int or null, got 0"),
+    ({"expiry_steps": "often"}, "embedding.expiry_steps: must be a positive int or null, got 'often'"),
+    ({"expiry_interval": 0}, "embedding.expiry_interval: must be a positive int, got 0"),
+])
+def test_bad_table_policy_keys_name_the_key(refuse, tiny_yaml, embedding, fragment):
+    refuse(["--config", tiny_yaml(embedding=embedding), "--steps", 2, "--no-progress"], fragment)
 
 
 @pytest.mark.parametrize("args, fragment", [

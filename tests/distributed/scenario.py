@@ -123,8 +123,8 @@ def save_rank(out, rank, arrays):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--layer", choices=["fused", "fused_packed", "fused_fp16", "fused_native", "per_feature"],
-                   default="fused")
+    p.add_argument("--layer", choices=["fused", "fused_packed", "fused_fp16", "fused_native", "fused_admission",
+                                       "per_feature"], default="fused")
     p.add_argument("--optimizer", default="adagrad")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--mode", choices=["function", "eager"], default="function")
@@ -138,7 +138,9 @@ def main():
     optimizer = {"name": args.optimizer, "learning_rate": 0.1}
     features = make_features(optimizer, max_id_bits=20 if args.layer == "fused_packed" else None)
     layer_cls = fr.PerFeatureEmbedding if args.layer == "per_feature" else fr.FusedEmbedding
-    options = {"fused_fp16": {"storage": "float16"}, "fused_native": {"table_backend": "native"}}.get(args.layer, {})
+    options = {"fused_fp16": {"storage": "float16"}, "fused_native": {"table_backend": "native"},
+               "fused_admission": {"table_backend": "native", "admission": fr.Admission(3),
+                                   "expiry": fr.Expiry(2, interval=1)}}.get(args.layer, {})
     model = Model(layer_cls(features, name="sparse", **options))
     opt = fr.train.make_optimizer(model, default={"name": "sgd", "learning_rate": 0.1})
 

@@ -5,7 +5,8 @@ the tests then compare the per-rank npz files the runs write:
 
 * lossless: FusedEmbedding == PerFeatureEmbedding (first-step outputs, losses, tables, dense weights, held-out
   predictions with training=False), SGD and Adagrad, with 1 and with 2 workers;
-* worker-count independence: 2 workers == 1 worker (tables as the union over ranks, dense weights, outputs);
+* worker-count independence: 2 workers == 1 worker (tables as the union over ranks, dense weights, outputs), also
+  with admission and expiry;
 * sharding: each (feature, id) row on exactly one rank, owner_of(id, 2), and exactly the rows the batches touched;
 * one all-to-all pair per spec group (fused) vs per feature (per_feature), none with 1 worker;
 * per-feature statistics survive fusion (ids, unique_sent, unique_looked_up checked against NumPy);
@@ -264,6 +265,16 @@ def test_native_backend_two_workers_equal_one_worker(scenario):
     """As test_two_workers_equal_one_worker (OPTIMIZERS: Adam's normalised update magnifies the last-bit differences
     of gradients summed in another order past 1e-6, on either backend)."""
     assert_two_workers_equal_one(scenario(2, "fused_native", "adagrad"), scenario(1, "fused_native", "adagrad"))
+
+
+def test_admission_two_workers_equal_one_worker(scenario):
+    """Admission (min_count 3) and expiry (2 steps) on 2 workers: each owner counts the (feature, id) keys it owns
+    once per step, as one worker counts them over the whole batch, so the same rows are admitted, trained, expired
+    and admitted again; the tables are not those of the training without them."""
+    two, one = scenario(2, "fused_admission", "adagrad"), scenario(1, "fused_admission", "adagrad")
+    assert_two_workers_equal_one(two, one)
+    held, plain = one.tables(), scenario(1, "fused_native", "adagrad").tables()
+    assert set(held) < set(plain), "expiry removed no row (ids 0..11) or a row held is not one plain training holds"
 
 
 def test_float16_storage_two_workers_equal_one_worker(scenario):

@@ -19,6 +19,9 @@ anew from its initializer's row (the Hashed row of (feature, id), or the Keras i
 like an id never seen. A row the status has not counted (restored from a checkpoint, or moved out of the hot set)
 counts as read 0 times, never.
 
+Expiry (fr.Expiry, tf_fusedrec/distributed/admission.py) removes rows by the same status: those whose ``last`` is
+``steps`` or more lookups old.
+
 **Scope.** Only sharded rows are evicted; replicated hot rows (replication=...) are not. ``capacity`` counts rows of
 one group's table on one worker: with N workers a group holds at most about N x capacity rows. The status is not
 saved in checkpoints: after a resume, counts and recency start again from zero, so the restored rows are the first

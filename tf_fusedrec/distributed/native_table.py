@@ -20,7 +20,8 @@ checkpoint written with one backend restores into the other (slots match by thei
 import tensorflow as tf
 
 from tf_fusedrec import initializers
-from tf_fusedrec.distributed.table import check_storage
+from tf_fusedrec.distributed import admission as admission_lib
+from tf_fusedrec.distributed.table import check_storage, make_admission
 
 NATIVE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 # Hyperparameters the native update implements, per optimizer (Keras legacy names); anything else is refused.
@@ -106,12 +107,15 @@ class NativeEmbeddingTable:
         and rounded once; slots stay float32). A new key's initial row is rounded when it is inserted, where the TFRA
         backend keeps it float32 until the key's first update: the two agree to one float16 rounding, not bit for
         bit.
-      track_access: count each training lookup's keys (count, last clock) in the table, for eviction.
+      track_access: count each training lookup's keys (count, last clock) in the table, for eviction and expiry.
+      admission: None or an fr.Admission: keys get a row only once a training lookup has read them min_count times
+        (tf_fusedrec/distributed/admission.py).
     """
 
     backend = "native"
 
-    def __init__(self, name, dim, initializer, salts, optimizer, storage="float32", track_access=False):
+    def __init__(self, name, dim, initializer, salts, optimizer, storage="float32", track_access=False,
+                 admission=None):
         from tf_fusedrec.ops import native_table_ops  # noqa: PLC0415  (the op library loads lazily)
 
         self.ops = native_table_ops
@@ -134,6 +138,8 @@ class NativeEmbeddingTable:
         self.params = self.rows  # what ShardedTable / ReplicatedTable hand to checkpoints and the summary
         if track_access:
             self.evicted = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{prefix}_evicted")
+            self.expired = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{prefix}_expired")
+        self.admission = make_admission(admission, name)  # AdmissionCounter or None
 
     @property
     def trainable(self):
@@ -155,10 +161,21 @@ class NativeEmbeddingTable:
         keys = tf.convert_to_tensor(keys, tf.int64)
         ids = keys if ids is None else ids
         categories = tf.zeros_like(keys, tf.int32) if categories is None else categories
-        rows = self.ops.native_table_lookup_or_init(self.resource, keys, categories, ids,
-                                                   insert=training is not False)
         if training is False:
-            return rows
+            return self._initial_lookup(keys, categories, ids)
+        if self.admission is None:
+            return self._training_lookup(keys, categories, ids)
+        exists = self.ops.native_table_find(self.resource, keys).exists
+        return admission_lib.admitted_lookup(keys, categories, ids, self.admission.admit(keys, exists),
+                                             self._training_lookup, self._initial_lookup)
+
+    def _initial_lookup(self, keys, categories, ids):
+        """Rows of keys, initial rows for the keys not held; inserts nothing."""
+        return self.ops.native_table_lookup_or_init(self.resource, keys, categories, ids, insert=False)
+
+    def _training_lookup(self, keys, categories, ids):
+        """Rows of keys, inserting the missing ones and counting accesses, trainable through `anchor`."""
+        rows = self.ops.native_table_lookup_or_init(self.resource, keys, categories, ids, insert=True)
         return self._trainable(rows, keys)
 
     def _trainable(self, rows, keys):
@@ -193,16 +210,26 @@ class NativeEmbeddingTable:
         return self.ops.native_table_apply_sparse(self.resource, keys, values, tf.zeros_like(keys, tf.int32), keys,
                                                   lr, beta_1, beta_2, epsilon)
 
-    # --- eviction (tf_fusedrec/distributed/eviction.py) ----------------------------------------------------------
+    # --- eviction and expiry (tf_fusedrec/distributed/eviction.py, admission.py) ---------------------------------
 
     def evict(self, capacity, policy, slots=()):  # noqa: ARG002  (the slots live beside the rows)
         """Removes the rows over `capacity` by `policy` (with their slots and status); -> rows evicted so far."""
         from tf_fusedrec.distributed import eviction  # noqa: PLC0415
 
-        keys, counts, lasts, clock = self.ops.native_table_access_status(self.resource)
-        gone = eviction.victims(keys, counts, lasts, clock, capacity, policy)
+        return self._remove_by_status(
+            lambda keys, counts, lasts, clock: eviction.victims(keys, counts, lasts, clock, capacity, policy),
+            self.evicted)
+
+    def expire(self, steps, slots=()):  # noqa: ARG002  (the slots live beside the rows)
+        """Removes the rows no training lookup has read in the last `steps` lookups (with their slots and status);
+        -> rows expired so far."""
+        return self._remove_by_status(
+            lambda keys, counts, lasts, clock: admission_lib.expired(keys, lasts, clock, steps), self.expired)
+
+    def _remove_by_status(self, select, counter):
+        gone = select(*self.ops.native_table_access_status(self.resource))
         with tf.control_dependencies([self.ops.native_table_remove(self.resource, gone)]):
-            return self.evicted.assign_add(tf.size(gone, out_type=tf.int64))
+            return counter.assign_add(tf.size(gone, out_type=tf.int64))
 
     def commit(self):
         """Nothing to do: float16 rows are rounded by the update itself."""

@@ -23,12 +23,15 @@ from tensorflow.python.ops import variable_scope
 from tensorflow_recommenders_addons import dynamic_embedding as de
 
 from tf_fusedrec import initializers
+from tf_fusedrec.distributed import admission as admission_lib
 
 
-ShardedTable = collections.namedtuple("ShardedTable", ["name", "params", "trainable", "ids_of_keys"])
+ShardedTable = collections.namedtuple("ShardedTable", ["name", "params", "trainable", "ids_of_keys", "counts"],
+                                      defaults=[None])
 ShardedTable.__doc__ = """What a checkpoint needs of one sharded table: its name (equal on every worker), the TFRA
-variable, the trainable handle the optimizer keys its slots by, and ids_of_keys(keys int64 numpy [K]) -> the id behind
-each key (owner_of decides the owner from it), or None where the keys do not reveal the ids (hashed unified keys)."""
+variable, the trainable handle the optimizer keys its slots by, ids_of_keys(keys int64 numpy [K]) -> the id behind
+each key (owner_of decides the owner from it), or None where the keys do not reveal the ids (hashed unified keys), and
+the AdmissionCounter of its keys not admitted yet (export, upsert; keyed like the rows), or None without admission."""
 
 
 ReplicatedTable = collections.namedtuple("ReplicatedTable", ["name", "params", "trainable", "hot_set"])
@@ -145,23 +148,31 @@ def check_table_backend(backend, owner):
     return backend
 
 
-def make_table(backend, name, dim, initializer, salts, optimizer, storage="float32", track_access=False):
+def make_table(backend, name, dim, initializer, salts, optimizer, storage="float32", track_access=False,
+               admission=None):
     """A group's table on this worker: an EmbeddingTable (TFRA) or a NativeEmbeddingTable, with the same interface
-    (name, dim, storage, trainable, rows, lookup, commit, evict, size, row_bytes, export).
+    (name, dim, storage, trainable, rows, lookup, commit, evict, expire, size, row_bytes, export, admission).
 
     Args:
       backend: "native" or "tfra".
       optimizer: the group's OptimizerSpec (the native table keeps its slots beside the rows).
-      track_access: count accesses for eviction (FusedEmbedding(eviction=...)).
+      track_access: count accesses for eviction and expiry (FusedEmbedding(eviction=..., expiry=...)).
+      admission: None or an fr.Admission (tf_fusedrec/distributed/admission.py).
     """
     if check_table_backend(backend, f"table {name}") == "native":
         from tf_fusedrec.distributed.native_table import NativeEmbeddingTable  # noqa: PLC0415
 
-        return NativeEmbeddingTable(name, dim, initializer, salts, optimizer, storage, track_access=track_access)
-    table = EmbeddingTable(name, dim, initializer, salts, storage)
+        return NativeEmbeddingTable(name, dim, initializer, salts, optimizer, storage, track_access=track_access,
+                                    admission=admission)
+    table = EmbeddingTable(name, dim, initializer, salts, storage, admission=admission)
     if track_access:
         table.track_access()
     return table
+
+
+def make_admission(admission, name):
+    """The AdmissionCounter of a table with an fr.Admission, or None."""
+    return None if admission is None else admission_lib.AdmissionCounter(name, admission.min_count)
 
 
 class EmbeddingTable:
@@ -174,9 +185,10 @@ class EmbeddingTable:
       salts: for Hashed, the int64 feature_salt of each category (index = category); one entry for a per-feature
         table.
       storage: "float32" or "float16".
+      admission: None or an fr.Admission: keys get a row only once a training lookup has read them min_count times.
     """
 
-    def __init__(self, name, dim, initializer, salts, storage="float32"):
+    def __init__(self, name, dim, initializer, salts, storage="float32", admission=None):
         self.name = check_table_name(name, f"table {name}")
         self.storage = check_storage(storage, f"table {name}")
         self.dim = dim
@@ -207,7 +219,8 @@ class EmbeddingTable:
                                              initializer=0.0, trainable=False)
                 self.rows = HalfRows(self.params, self.store)
         self._graph_trainables = []
-        self.status = None  # eviction (track_access): int64 [count, last] per key, and the lookups' clock
+        self.status = None  # eviction and expiry (track_access): int64 [count, last] per key, and the lookups' clock
+        self.admission = make_admission(admission, self.name)  # AdmissionCounter or None
 
     backend = "tfra"
 
@@ -241,7 +254,8 @@ class EmbeddingTable:
           categories: int32 [U] category of each key, or None (category 0: a per-feature table).
           ids: int64 [U] the id behind each key (Hashed initial rows are a function of (category, id)), or None when
             the keys are the ids.
-          training: False for inference (nothing is inserted); None or True otherwise.
+          training: False for inference (nothing is inserted); None or True otherwise (with admission, only the
+            admitted keys are inserted and trainable; the others read their initial rows).
         """
         if ids is None:
             ids = keys
@@ -250,6 +264,19 @@ class EmbeddingTable:
             if self.hashed:
                 values = tf.where(exists[:, None], values, self.initial_rows(ids, categories))
             return values
+        if self.admission is None:
+            return self._training_lookup(keys, categories, ids)
+        _, exists = self.rows.lookup(keys, return_exists=True)
+        return admission_lib.admitted_lookup(keys, categories, ids, self.admission.admit(keys, exists),
+                                             self._training_lookup, self._initial_lookup)
+
+    def _initial_lookup(self, keys, categories, ids):
+        """The rows keys [n] (not held) would start from: Hashed rows, or the TFRA default value."""
+        return self.initial_rows(ids, categories) if self.hashed else self.params.lookup(keys)
+
+    def _training_lookup(self, keys, categories, ids):
+        """Rows of unique keys [U], inserted (Hashed) or staged (float16) and counted (track_access), read through
+        the trainable handle."""
         def rows_of_missing(missing):
             return self.initial_rows(tf.boolean_mask(ids, missing),
                                      None if categories is None else tf.boolean_mask(categories, missing))
@@ -283,11 +310,12 @@ class EmbeddingTable:
         return self.params.upsert(tf.boolean_mask(keys, take), tf.boolean_mask(rows, take))
 
     def track_access(self):
-        """Starts counting accesses for eviction (tf_fusedrec/distributed/eviction.py): a status table beside the rows
-        and the lookups' clock. Call once, before the first lookup."""
+        """Starts counting accesses for eviction and expiry (tf_fusedrec/distributed/eviction.py, admission.py): a
+        status table beside the rows and the lookups' clock. Call once, before the first lookup."""
         if self.status is None:
             if not tf.executing_eagerly():
-                raise ValueError(f"table {self.name}: eviction needs TF2 (eager construction, tf.function steps)")
+                raise ValueError(f"table {self.name}: eviction and expiry need TF2 (eager construction, tf.function "
+                                 f"steps)")
             with tf.name_scope("FusedRecTable"):
                 self.status = de.get_variable(check_table_name(f"{self.name}/status", f"table {self.name}"),
                                               key_dtype=tf.int64, value_dtype=tf.int64, dim=2, initializer=0,
@@ -295,6 +323,7 @@ class EmbeddingTable:
             prefix = self.name.replace("/", "_")
             self.clock = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{prefix}_clock")
             self.evicted = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{prefix}_evicted")
+            self.expired = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{prefix}_expired")
 
     def _touch(self, keys):
         """count += 1 and last = the new clock for the unique keys [U] of a training lookup."""
@@ -305,15 +334,28 @@ class EmbeddingTable:
 
     def evict(self, capacity, policy, slots=()):
         """Removes the rows over `capacity` by `policy` with their slots (TFRA variables keyed like the rows) and
-        status; -> the number of keys evicted (an int64 tensor)."""
+        status; -> the number of keys evicted so far (an int64 tensor)."""
         from tf_fusedrec.distributed import eviction  # noqa: PLC0415
 
+        return self._remove_by_status(
+            lambda keys, counts, lasts, clock: eviction.victims(keys, counts, lasts, clock, capacity, policy),
+            self.evicted, slots)
+
+    def expire(self, steps, slots=()):
+        """Removes the rows no training lookup has read in the last `steps` lookups, with their slots and status
+        (tf_fusedrec/distributed/admission.py); -> the number of keys expired so far (an int64 tensor)."""
+        return self._remove_by_status(
+            lambda keys, counts, lasts, clock: admission_lib.expired(keys, lasts, clock, steps), self.expired, slots)
+
+    def _remove_by_status(self, select, counter, slots):
+        """Removes the keys select(keys, counts, lasts, clock) picks, with their rows, slots and status, and adds
+        their number to `counter`."""
         keys = self.rows.export()[0]
         status = self.status.lookup(keys)  # [0, 0] for a row never counted (restored, or moved from the hot set)
-        gone = eviction.victims(keys, status[:, 0], status[:, 1], self.clock.read_value(), capacity, policy)
+        gone = select(keys, status[:, 0], status[:, 1], self.clock.read_value())
         removed = [self.rows.remove(gone), self.status.remove(gone)] + [slot.remove(gone) for slot in slots]
         with tf.control_dependencies(removed):
-            return self.evicted.assign_add(tf.size(gone, out_type=tf.int64))
+            return counter.assign_add(tf.size(gone, out_type=tf.int64))
 
     def commit(self):
         """float16 storage: rounds the rows in flight (read, and updated, by this step) into the store and empties

@@ -8,6 +8,7 @@ from tf_fusedrec import config as cfg
 from tf_fusedrec import initializers
 from tf_fusedrec.distributed import comm as comm_lib
 from tf_fusedrec.distributed.comm import slot_name
+from tf_fusedrec.distributed import admission as admission_lib
 from tf_fusedrec.distributed import eviction as eviction_lib
 from tf_fusedrec.distributed import replication as replication_lib
 from tf_fusedrec.distributed.group_lookup import make_group_lookup
@@ -57,6 +58,11 @@ class FusedEmbedding(EmbeddingLayer):
         it) counts the first batches. Needs fusion="deferred", the Hashed initializer and sgd, adagrad or adam.
       storage: "float32" or "float16" rows (optimizer slots stay float32).
       eviction: None or fr.Eviction(capacity, policy, interval).
+      admission: None or fr.Admission(min_count): an id gets a trainable row only once training lookups have read it
+        min_count times; until then it reads its initializer's row and its gradient is dropped
+        (tf_fusedrec/distributed/admission.py). Sharded tables only.
+      expiry: None or fr.Expiry(steps, interval): rows not updated for `steps` steps are removed with their slots,
+        checked every `interval` updates. Sharded tables only.
       table_backend: "tfra" (TFRA dynamic_embedding variables, TFRA's optimizers through ShadowVariables) or
         "native" (tf_fusedrec's C++ table: one probe per key to read, initialising new keys in the same pass, and
         one to apply the group's optimizer in place, slots beside the row; sgd, adagrad and adam, the Hashed or a
@@ -73,7 +79,7 @@ class FusedEmbedding(EmbeddingLayer):
 
     def __init__(self, features, optimizer=_common.DEFAULT_OPTIMIZER, initializer=None, comm=None,
                  dedup="segment", fusion="deferred", replication=None, storage="float32", eviction=None,
-                 table_backend="tfra", name=None, **kwargs):
+                 table_backend="tfra", admission=None, expiry=None, name=None, **kwargs):
         super().__init__(name=name, **kwargs)
         self.features = _common.parse_features(features, self.name)
         if dedup not in DEDUP_MODES:
@@ -84,6 +90,8 @@ class FusedEmbedding(EmbeddingLayer):
         self.storage = check_storage(storage, self.name)
         self.table_backend = check_table_backend(table_backend, self.name)
         self.eviction = eviction_lib.parse_eviction(eviction, self.name, self.features)
+        self.admission = admission_lib.parse_admission(admission, self.name)
+        self.expiry = admission_lib.parse_expiry(expiry, self.name)
         self.replication = replication_lib.parse_replication(replication, self.name)
         if self.replication is not None and fusion != "deferred":
             raise ValueError(f"{self.name}: replication needs fusion='deferred', got fusion={fusion!r}")
@@ -105,7 +113,8 @@ class FusedEmbedding(EmbeddingLayer):
             salts = [initializers.feature_salt(seed, n) for n in group.categories]
             capacity = self.eviction.capacity_of(group, self.name) if self.eviction is not None else None
             table = make_table(self.table_backend, f"{self.name}/{group.name}", group.spec.dim, initializer, salts,
-                               group.spec.optimizer, self.storage, track_access=capacity is not None)
+                               group.spec.optimizer, self.storage,
+                               track_access=capacity is not None or self.expiry is not None, admission=self.admission)
             self.tables.append(table)
             self._capacities.append(capacity)
             hot = None
@@ -144,20 +153,27 @@ class FusedEmbedding(EmbeddingLayer):
 
     def after_update(self, optimizer):
         """What runs right after each update of `optimizer` (fr.train.make_optimizer's GroupedOptimizer calls it):
-        the float16 commit of the updated rows, then, after every `interval`-th update, the eviction of the rows over
-        capacity with their slots. None when the layer has neither."""
+        the float16 commit of the updated rows, then, after every expiry `interval`-th update, the expiry of the rows
+        not updated for `steps` steps, then, after every eviction `interval`-th update, the eviction of the rows over
+        capacity, each with their slots. None when the layer has none of them."""
+        def slots(table):
+            return [] if table.trainable is None else [s for _, s in optimizer.slot_tables(table.trainable)]
+
+        def every(interval, fn, ops):
+            with tf.control_dependencies(ops):
+                due = tf.equal((optimizer.iterations + 1) % interval, 0)
+                return [tf.cond(due, fn, tf.no_op)]
+
         ops = []
         if self.storage != "float32":
             ops.append(tf.group([t.commit() for t in self.tables]))
+        if self.expiry is not None:
+            ops = every(self.expiry.interval,
+                        lambda: tf.group([t.expire(self.expiry.steps, slots(t)) for t in self.tables]), ops)
         if self.eviction is not None:
-            def evict():
-                return tf.group([t.evict(c, self.eviction.policy, [] if t.trainable is None else
-                                         [s for _, s in optimizer.slot_tables(t.trainable)])
-                                 for t, c in zip(self.tables, self._capacities) if c is not None])
-
-            with tf.control_dependencies(ops):
-                due = tf.equal((optimizer.iterations + 1) % self.eviction.interval, 0)
-                ops = [tf.cond(due, evict, tf.no_op)]
+            ops = every(self.eviction.interval,
+                        lambda: tf.group([t.evict(c, self.eviction.policy, slots(t))
+                                          for t, c in zip(self.tables, self._capacities) if c is not None]), ops)
         return tf.group(ops) if ops else None
 
     def eviction_statistics(self):
@@ -165,6 +181,21 @@ class FusedEmbedding(EmbeddingLayer):
         evicting tables."""
         return {g.name: {"rows": int(t.size()), "evicted": int(t.evicted.numpy()), "capacity": c}
                 for g, t, c in zip(self._groups, self.tables, self._capacities) if c is not None}
+
+    def admission_statistics(self):
+        """{group name: {"waiting": keys counted on this worker and not admitted yet, "dropped": gradients of keys
+        not admitted dropped so far (one per key and step)}}; empty without admission."""
+        if self.admission is None:
+            return {}
+        return {g.name: {"waiting": int(t.admission.size()), "dropped": int(t.admission.dropped.numpy())}
+                for g, t in zip(self._groups, self.tables)}
+
+    def expiry_statistics(self):
+        """{group name: {"rows": rows held on this worker, "expired": rows expired so far}}; empty without expiry."""
+        if self.expiry is None:
+            return {}
+        return {g.name: {"rows": int(t.size()), "expired": int(t.expired.numpy())}
+                for g, t in zip(self._groups, self.tables)}
 
     def table_bytes(self):
         """{"rows": bytes of this worker's keys and rows (sharded and replicated), "storage": self.storage}; the
@@ -195,7 +226,8 @@ class FusedEmbedding(EmbeddingLayer):
     def sharded_tables(self):
         """[ShardedTable] of the groups, in group order (what fr.train.checkpoint saves and restores)."""
         return [ShardedTable(t.name, t.rows, t.trainable,
-                             packed_ids(g.num_categories) if g.encoding == "packed" else lambda keys: None)
+                             packed_ids(g.num_categories) if g.encoding == "packed" else lambda keys: None,
+                             t.admission)
                 for g, t in zip(self._groups, self.tables)]
 
     def collective_prefix(self, group):
@@ -320,6 +352,10 @@ class FusedEmbedding(EmbeddingLayer):
                        "table_backend": self.table_backend})
         if self.eviction is not None:
             config["eviction"] = self.eviction.get_config()
+        if self.admission is not None:
+            config["admission"] = self.admission.get_config()
+        if self.expiry is not None:
+            config["expiry"] = self.expiry.get_config()
         if self.replication is not None:
             config["replication"] = self.replication.get_config()
         return config

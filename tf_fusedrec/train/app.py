@@ -2,7 +2,8 @@
 
     python -m tf_fusedrec.train --config configs/criteo_synthetic.yaml [--embedding fused|per_feature]
         [--pipeline sync|dbp|fwp] [--micro-batches K] [--cluster-samples] [--hot auto|R|0]
-        [--table-storage float32|float16] [--evict-capacity N] [--dense-precision float32|mixed_float16|mixed_bfloat16]
+        [--table-storage float32|float16] [--evict-capacity N] [--admission-min-count N] [--expiry-steps N]
+        [--dense-precision float32|mixed_float16|mixed_bfloat16]
         [--steps N] [--steps-per-call K]
         [--model-dir DIR]
     horovodrun -np 2 -H localhost:2 --gloo python -m tf_fusedrec.train ...
@@ -69,6 +70,15 @@ def parse_args(argv=None):
     p.add_argument("--evict-policy", choices=("lfu", "lru"), default="lfu",
                    help="which rows go first: the least frequently (lfu) or least recently (lru) read")
     p.add_argument("--evict-interval", type=int, default=100, help="steps between evictions (default 100)")
+    p.add_argument("--admission-min-count", type=int,
+                   help="an id of the fused embedding gets a trainable row only once it has been read this many times "
+                        "(until then: its initializer's row, gradient dropped; default: the config's "
+                        "embedding.admission_min_count, else every id at once)")
+    p.add_argument("--expiry-steps", type=int,
+                   help="rows of the fused embedding not updated for this many steps are removed, checked every "
+                        "--expiry-interval steps (default: the config's embedding.expiry_steps, else rows stay)")
+    p.add_argument("--expiry-interval", type=int,
+                   help="steps between expiry checks (default: the config's embedding.expiry_interval, 100)")
     p.add_argument("--balance", choices=("tokens", "none"),
                    help="sequence configs (data.source: grm_synthetic): token-balanced batches whose token count is "
                         "closest to batch size x the mean sequence length (MTGRBoost; the default), or a fixed "
@@ -268,9 +278,35 @@ def plan_of(args, config):
         if args.embedding == "per_feature":
             raise ValueError("--evict-capacity needs a fused --embedding, got per_feature")
         eviction = fr.Eviction(capacity=args.evict_capacity, policy=args.evict_policy, interval=args.evict_interval)
+    admission, expiry = table_policies_of(args, config)
     return types.SimpleNamespace(steps=steps, batch_size=batch_size, schedule=schedule, micro_batches=micro_batches,
                                  cluster=cluster, sequences=sequences, balance=balance, replication=replication,
-                                 eviction=eviction)
+                                 eviction=eviction, admission=admission, expiry=expiry)
+
+
+def table_policies_of(args, config):
+    """(fr.Admission or None, fr.Expiry or None) of the fused embedding: the flags, else the config's embedding keys
+    (which the per-feature baseline, always plain TFRA tables, does not take)."""
+    import tf_fusedrec as fr  # noqa: PLC0415
+
+    for flag, value in (("--admission-min-count", args.admission_min_count), ("--expiry-steps", args.expiry_steps),
+                        ("--expiry-interval", args.expiry_interval)):
+        if value is None:
+            continue
+        if args.embedding == "per_feature":
+            raise ValueError(f"{flag} needs a fused --embedding, got per_feature")
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    embedding = config.embedding
+    min_count = args.admission_min_count if args.admission_min_count is not None else embedding.admission_min_count
+    steps = args.expiry_steps if args.expiry_steps is not None else embedding.expiry_steps
+    interval = args.expiry_interval if args.expiry_interval is not None else embedding.expiry_interval
+    if args.expiry_interval is not None and steps is None:
+        raise ValueError("--expiry-interval needs --expiry-steps (or the config's embedding.expiry_steps)")
+    if args.embedding == "per_feature":
+        return None, None
+    return (None if min_count is None else fr.Admission(min_count),
+            None if steps is None else fr.Expiry(steps, interval=interval))
 
 
 def run(args):
@@ -291,7 +327,8 @@ def run(args):
     embedding = experiment.make_embedding(args.embedding, features, config,
                                           comm=meter.wrap(comm) if meter is not None else comm,
                                           replication=replication, storage=args.table_storage, eviction=eviction,
-                                          table_backend=args.table_backend)
+                                          table_backend=args.table_backend, admission=plan.admission,
+                                          expiry=plan.expiry)
     if args.dense_precision != "float32":
         tf.keras.mixed_precision.set_global_policy(args.dense_precision)
     model = experiment.make_model(config, embedding)
@@ -425,6 +462,17 @@ def run(args):
                               "interval": eviction.interval, "evicted_per_worker": comm.allgather(
                                   tf.constant([[experiment.evicted_rows(embedding)]], tf.int64),
                                   name="FusedRec/summary/evicted").numpy()[:, 0].tolist()}
+    if plan.admission is not None:
+        stats = [[s[k] for s in embedding.admission_statistics().values() for k in ("dropped", "waiting")]]
+        everyone = comm.allgather(tf.constant(stats, tf.int64), name="FusedRec/summary/admission").numpy()
+        result["admission"] = {"min_count": plan.admission.min_count,
+                               "dropped_gradients_per_worker": everyone[:, 0::2].sum(axis=1).tolist(),
+                               "waiting_keys_per_worker": everyone[:, 1::2].sum(axis=1).tolist()}
+    if plan.expiry is not None:
+        expired = [[sum(s["expired"] for s in embedding.expiry_statistics().values())]]
+        everyone = comm.allgather(tf.constant(expired, tf.int64), name="FusedRec/summary/expired").numpy()
+        result["expiry"] = {"steps": plan.expiry.steps, "interval": plan.expiry.interval,
+                            "expired_per_worker": everyone[:, 0].tolist()}
     if replication is not None:
         result["hot"] = hot_reports if hot_reports is not None else [
             {"group": g.name, "rows": len(h), "chosen_by": "restored"} for g, h in zip(embedding.groups,

@@ -4,6 +4,7 @@ Layout of a model directory::
 
     DIR/ckpt-{step}/manifest.json        written last; its presence is what makes the checkpoint exist
     DIR/ckpt-{step}/shard-{r}-of-{N}.npz  rank r's rows: every table's (keys, ids, rows) it owns + optimizer slot rows
+                                          (+ with admission, the counts of the keys it has not admitted yet)
     DIR/ckpt-{step}/dense.npz             dense weights, optimizer iterations and dense slots, replicated hot rows
                                           with their slots and hot sets (equal on every rank;
                                           rank 0 writes them)
@@ -24,6 +25,10 @@ Saving: each rank writes its shard into DIR/.tmp-ckpt-{step}/ (file, fsync, rena
 sha256 and sizes, and rank 0 writes the manifest there and renames the directory to ckpt-{step}: a checkpoint is
 either complete or absent, whatever dies when. A kill between two ranks' saves leaves only a .tmp directory, which
 the next run removes. Retention (``keep``) keeps the newest `keep` checkpoints and every checkpoint their chains need.
+
+Admission counts (FusedEmbedding(admission=...)): every checkpoint, full or delta, holds each rank's whole count table
+(``t{t}.counts.keys``, ``.values``, ``.ids``), restored from the newest checkpoint of a chain with the rows' owner
+filter; a checkpoint without them (older, or written without admission) restores empty counts.
 
 Restoring (`restore`): the ranks allgather the steps they see published and take the newest one all of them see; each
 rank then follows its chain back to the full checkpoint, checks the sha256 of every file it is going to read, and
@@ -304,6 +309,12 @@ class Checkpointer:
             for (name, _), (values, exists) in zip(self._table_slots(table), state.slots):
                 arrays[f"t{t}.slot.{name}.rows"] = values[take]
                 arrays[f"t{t}.slot.{name}.exists"] = exists[take]
+            if table.counts is not None:
+                keys, counts = (x.numpy() for x in table.counts.export())
+                arrays[f"t{t}.counts.keys"], arrays[f"t{t}.counts.values"] = keys, counts
+                ids = table.ids_of_keys(keys)
+                if ids is not None:
+                    arrays[f"t{t}.counts.ids"] = ids
         shard = _npz_bytes(arrays)
         del arrays
         _write_atomic(os.path.join(staging, shard_name(rank, size)), shard)
@@ -476,6 +487,8 @@ class Checkpointer:
                 with np.load(io.BytesIO(contents[link.step, name]), allow_pickle=False) as z:
                     for t, table in enumerate(self.tables):
                         self._restore_table(t, table, z, rank, size, link.manifest["workers"], link.directory)
+                        if link is newest:
+                            self._restore_counts(t, table, z, rank, size, link.manifest["workers"], link.directory)
         self._remember(step, links[0].step, lambda: [self.table_state(table) for table in self.tables])
         return {"step": step, "directory": newest.directory, "workers": newest.manifest["workers"],
                 "files": newest.names,
@@ -493,30 +506,43 @@ class Checkpointer:
                                   f", this model has {[t.name for t in self.replicated]}: hot-row replication was "
                                   f"switched on or off since it was written (rows would be lost or held twice)")
 
+    def _restore_counts(self, t, table, z, rank, size, old_size, directory):
+        """Inserts the admission counts of table t of one shard that this rank owns (none in the shard: none)."""
+        if table.counts is None or f"t{t}.counts.keys" not in z.files:
+            return
+        keys = z[f"t{t}.counts.keys"]
+        mine = _owned(z, f"t{t}.counts", len(keys), table, rank, size, old_size, directory)
+        table.counts.upsert(tf.constant(keys[mine], tf.int64), tf.constant(z[f"t{t}.counts.values"][mine], tf.int64))
+
     def _restore_table(self, t, table, z, rank, size, old_size, directory):
         """Applies table t of one shard: removes its removed keys (a delta's), then upserts the rows and slot rows
         this rank owns."""
-        from tf_fusedrec import ops  # noqa: PLC0415
-
         removed = z[f"t{t}.removed"] if f"t{t}.removed" in z.files else ()
         if len(removed):  # a key removed on its old owner is absent from every other rank: no filter needed
             table.params.remove(tf.constant(removed, tf.int64))
             for _, slot in self._table_slots(table):
                 slot.remove(tf.constant(removed, tf.int64))
         keys, rows = z[f"t{t}.keys"], z[f"t{t}.rows"]
-        if size % old_size == 0 and size > old_size or (size % old_size and old_size % size):
-            # The shard holds ids of several new ranks: keep ours.
-            if f"t{t}.ids" not in z.files:
-                raise CheckpointError(
-                    f"checkpoint {directory} ({old_size} workers): table {table.name} uses hashed unified keys, "
-                    f"whose ids cannot be recovered, so it restores onto {old_size} workers or a divisor of it only; "
-                    f"declare max_id_bits for its features (packed keys) to change the worker count freely")
-            mine = ops.owner_of(tf.constant(z[f"t{t}.ids"]), size).numpy() == rank
-        else:
-            mine = np.ones(len(keys), bool)  # every row of the shards we read is ours
+        mine = _owned(z, f"t{t}", len(keys), table, rank, size, old_size, directory)
         keep_keys = tf.constant(keys[mine], tf.int64)
         table.params.upsert(keep_keys, tf.constant(rows[mine]))
         for slot_name, slot in self._table_slots(table):
             exists = z[f"t{t}.slot.{slot_name}.exists"][mine]
             slot.upsert(tf.boolean_mask(keep_keys, exists),
                         tf.constant(z[f"t{t}.slot.{slot_name}.rows"][mine][exists]))
+
+
+def _owned(z, prefix, count, table, rank, size, old_size, directory):
+    """bool [count]: which of a shard's `count` entries under `prefix` (a table's rows, or its counts) this rank owns,
+    from their ids (`{prefix}.ids`) where the shard holds ids of several new ranks."""
+    from tf_fusedrec import ops  # noqa: PLC0415
+
+    if size % old_size == 0 and size > old_size or (size % old_size and old_size % size):
+        # The shard holds ids of several new ranks: keep ours.
+        if f"{prefix}.ids" not in z.files:
+            raise CheckpointError(
+                f"checkpoint {directory} ({old_size} workers): table {table.name} uses hashed unified keys, "
+                f"whose ids cannot be recovered, so it restores onto {old_size} workers or a divisor of it only; "
+                f"declare max_id_bits for its features (packed keys) to change the worker count freely")
+        return ops.owner_of(tf.constant(z[f"{prefix}.ids"]), size).numpy() == rank
+    return np.ones(count, bool)  # every entry of the shards we read is ours

@@ -13,10 +13,11 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", 
 
 
 def make_embedding(kind, features, config, comm=None, name="sparse", replication=None, storage="float32",
-                   eviction=None, table_backend=None):
+                   eviction=None, table_backend=None, admission=None, expiry=None):
     """The embedding layer of a kind in EMBEDDINGS, over `comm` (None: the process's default); `replication`,
-    `storage`, `eviction` and `table_backend` (None: the config's embedding.table_backend): FusedEmbedding's hot-row
-    replication, row storage, eviction and tables (fused kinds only; per_feature is the TFRA baseline)."""
+    `storage`, `eviction`, `table_backend` (None: the config's embedding.table_backend), `admission` and `expiry`:
+    FusedEmbedding's hot-row replication, row storage, eviction, tables and table policies (fused kinds only;
+    per_feature is the TFRA baseline)."""
     import tf_fusedrec as fr  # noqa: PLC0415
 
     common = {"optimizer": config.train.sparse_optimizer, "name": name, "comm": comm}
@@ -29,7 +30,7 @@ def make_embedding(kind, features, config, comm=None, name="sparse", replication
         common["replication"] = replication
     backend = config.embedding.table_backend if table_backend is None else table_backend
     return fr.FusedEmbedding(features, **common, **modes[kind], storage=storage, eviction=eviction,
-                             table_backend=backend)
+                             table_backend=backend, admission=admission, expiry=expiry)
 
 
 def _tables(embedding):
