@@ -62,9 +62,13 @@ bench-ops: build
 bench: build
 	$(PINNED_HOROVODRUN) $(PY) -m tf_fusedrec.bench --config configs/criteo_synthetic.yaml --out bench_results
 
-# Serving: 2 embedding servers and a ranker on loopback, pooling x cache, at a low and a high load (docs/serve).
+# Serving: 2 embedding servers and a ranker on loopback, pooling x cache, at a low and a high load, then the saturation
+# curve of pooling + cache over 7 offered rates (docs/serve: serve_bench.{json,md}, serve_curve.{json,png}); about
+# 3.5 minutes on 2 cores.
+# BENCH_SERVE_ARGS="--curve-qps ''" skips the curve.
+BENCH_SERVE_ARGS ?=
 bench-serve: build
-	$(PY) -m tf_fusedrec.serve.bench --out docs/serve
+	$(PY) -m tf_fusedrec.serve.bench --out docs/serve $(BENCH_SERVE_ARGS)
 
 # The same benchmark on a cluster of namespaced hosts with shaped links (needs root; see tf_fusedrec/cluster), with
 # the link cost probe beside each run, then the cost model checked against the runs and projected to N = 8..128.

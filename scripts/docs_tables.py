@@ -269,6 +269,21 @@ def serve_bench():
                    "cache hit rate", "KB from servers / req", "KB to servers / req", "mean batch"], "l" * 13, rows)
 
 
+def serve_curve():
+    """tf_fusedrec/serve/bench.py's saturation curve (docs/serve/serve_bench.md shows the same; the plot is
+    docs/serve/serve_curve.png)."""
+    rows = []
+    for p in _json("docs/serve/serve_curve.json")["points"]:
+        cpu = p.get("cpu_s_per_s") or {}
+        rows.append([f"{p['offered_qps']:g}", f"{p['requests_per_s']:.1f}", f"{p['instances_per_s']:,.0f}",
+                     _num(p["p50_ms"], ".1f"), _num(p["p99_ms"], ".1f"), p["errors"], p["dropped"],
+                     _num(p["cache_hit_rate"], ".3f"), _num(p["ranker_mean_batch"], ".0f"),
+                     *(_num(cpu.get(k), ".2f") for k in ("ranker", "servers", "load_generator"))])
+    return _table(["offered q/s", "achieved req/s", "achieved inst/s", "p50 ms", "p99 ms", "errors", "dropped",
+                   "cache hit rate", "mean batch", "CPU s/s ranker", "CPU s/s servers", "CPU s/s load generator"],
+                  "l" * 12, rows)
+
+
 def _probes():
     """{network: (run dir, probe.json)} of the 2-worker probes, loopback first, then by rate."""
     probes = {}
@@ -382,6 +397,7 @@ TABLES = {
     "hot-sweep": (("docs/hot/hot_sweep.json",), hot_sweep_loopback),
     "hot-sweep-1gbit": (("docs/hot/1gbit-n2/hot_sweep.json",), hot_sweep_1gbit),
     "serve-bench": (("docs/serve/serve_bench.json",), serve_bench),
+    "serve-curve": (("docs/serve/serve_curve.json",), serve_curve),
     "cluster-probe": (("docs/cluster/*-n2/probe.json", "docs/cluster/model.json"), cluster_probe),
     "cluster-bench": (("docs/cluster/*-n2/bench.json", "docs/cluster/model.json"), cluster_bench),
     "model-checks": (("docs/cluster/model.json",), model_checks),

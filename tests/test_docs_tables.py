@@ -76,3 +76,10 @@ def test_the_script_imports_only_the_standard_library():
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported <= set(sys.stdlib_module_names), f"non-standard imports: {imported - set(sys.stdlib_module_names)}"
+
+
+@pytest.mark.parametrize("name", ["serve-bench", "serve-curve"])
+def test_the_serve_tables_are_the_ones_the_bench_wrote(name):
+    # tf_fusedrec/serve/bench.py writes the same tables into serve_bench.md from the same JSON.
+    written = (ROOT / "docs" / "serve" / "serve_bench.md").read_text()
+    assert docs_tables.render(name) in written, f"table {name!r} is not the one in docs/serve/serve_bench.md"

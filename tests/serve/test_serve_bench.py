@@ -1,8 +1,9 @@
 """python -m tf_fusedrec.serve.bench, end to end on a tiny config (one-process training, export, 2 embedding servers,
-4 rankers, 8 one-second load tests), and its synthetic spec of configs/criteo_serve.yaml.
+4 rankers, 8 one-second load tests, a 2-point saturation curve), and its synthetic spec of configs/criteo_serve.yaml.
 
 Behaviour only, never timing: every run answered requests, none failed at the low load, bytes moved, pooling on the
-servers moves fewer bytes back than fetching the rows when there is no cache, and the cache gets hits.
+servers moves fewer bytes back than fetching the rows when there is no cache, the cache gets hits, and the curve's
+points, summary and plot are written.
 """
 
 import json
@@ -63,7 +64,8 @@ def test_the_bench_end_to_end(tmp_path):
     code, stdout, stderr = execute(
         [sys.executable, "-m", "tf_fusedrec.serve.bench", "--config", str(config_path), "--steps", "3",
          "--train-batch-size", "256", "--duration", "1", "--warmup", "0.5", "--low-qps", "4", "--high-qps", "12",
-         "--burst-every", "0.5", "--burst-size", "2", "--timeout", "10", "--out", str(out)], timeout=240)
+         "--burst-every", "0.5", "--burst-size", "2", "--timeout", "10", "--curve-qps", "8,3", "--out", str(out)],
+        timeout=240)
     assert code == 0, tail(stderr)
     result = json.loads((out / "serve_bench.json").read_text())
     assert result["command"].startswith("python -m tf_fusedrec.serve.bench --config")
@@ -91,3 +93,22 @@ def test_the_bench_end_to_end(tmp_path):
     table = (out / "serve_bench.md").read_text()
     assert table.count("\n| on |") + table.count("\n| off |") == 8
     assert "| pooling | cache | load |" in stdout
+
+    curve = json.loads((out / "serve_curve.json").read_text())
+    assert curve["setup"]["pooling"] is True and curve["setup"]["cache_mb"] > 0
+    assert curve["settings"]["curve_qps"] == [3.0, 8.0]
+    assert len(curve["machine"]["load_average_start"]) == len(curve["machine"]["load_average_end"]) == 3
+    points = curve["points"]
+    assert [p["offered_qps"] for p in points] == [3.0, 8.0]
+    for p in points:
+        assert p["load"] == "curve" and p["burst_size"] == 0, p["offered_qps"]
+        assert p["ok"] > 0 and p["requests_per_s"] > 0 and p["p50_ms"] <= p["p99_ms"], p["offered_qps"]
+        assert p["errors"] >= 0 and p["dropped"] >= 0 and p["ok"] + p["errors"] <= p["sent"] <= p["arrivals"]
+        assert set(p["cpu_s_per_s"]) == {"ranker", "servers", "load_generator"}
+        assert all(v is None or v >= 0 for v in p["cpu_s_per_s"].values()), p["cpu_s_per_s"]
+    sat = curve["saturation"]
+    assert sat["max_requests_per_s"] == max(p["requests_per_s"] for p in points)
+    assert sat["highest_offered_qps_all_served"] in (None, 3.0, 8.0)
+    assert (out / "serve_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "## Saturation curve: pooling on, cache" in table and "| offered q/s | achieved req/s |" in table
+    assert "| offered q/s | achieved req/s |" in stdout

@@ -1,8 +1,9 @@
 """python -m tf_fusedrec.serve.bench: the ranker's latency, throughput and network bytes with pooling on the embedding
-servers on or off and the row cache on or off, at a low and a high load.
+servers on or off and the row cache on or off, at a low and a high load; and one setup's saturation curve.
 
     python -m tf_fusedrec.serve.bench [--config configs/criteo_serve.yaml] [--export EXPORT] [--out docs/serve]
         [--duration 10] [--low-qps 5] [--high-qps 45] [--batch 64] [--cache-mb 64]
+        [--curve-qps 10,20,40,60,80,120,160] [--curve-pooling on] [--curve-cache on]
 
 1. The export: --export, or a short training of --config in one process (python -m tf_fusedrec.train --steps
    --train-batch-size, no horovodrun) exported with python -m tf_fusedrec.export, in a temporary directory.
@@ -13,16 +14,24 @@ servers on or off and the row cache on or off, at a low and a high load.
    drawn like the config's data (each feature's vocab, zipf exponent and hotness, the export's dense width; the hot
    ids are the low ones), the same for every configuration (--seed), so the cache sees the configured Zipf skew (not the same hot ids as
    training, whose frequent ids are scattered over the range: many rows served are initializer rows).
-4. The results: OUT/serve_bench.json (every run's report, the machine's load average, the exact command) and
-   OUT/serve_bench.md (one table row per run), printed too. Progress lines go to stderr.
+4. The saturation curve: the ranker of one setup (--curve-pooling, --curve-cache; pooling and cache on by default),
+   right after its low and high runs, serves one open-loop run of --duration seconds per rate of --curve-qps (Poisson
+   arrivals, no bursts), in ascending order, each started once the ranker's queue is empty; --curve-qps '' skips it.
+   Per point: offered and achieved requests/s, p50/p99 latency, errors, drops, and the CPU seconds per second of the
+   ranker, the embedding servers and this process (the load generator), read from /proc.
+5. The results: OUT/serve_bench.json (every run's report, the machine's load average, the exact command) and
+   OUT/serve_bench.md (one table row per run, then the curve's table), printed too; OUT/serve_curve.json (the curve's
+   points, its load averages, the command) and OUT/serve_curve.png (achieved against offered beside y = x, and p50/p99
+   against offered). Progress lines go to stderr.
 
 Bounds: every run lasts --duration plus at most --timeout for the requests in flight; every process started has a
 start timeout (--start-timeout) and is stopped (SIGTERM, then SIGKILL) in a finally, also on Ctrl-C or SIGTERM. The
 high load is meant to be near or beyond what the ranker serves: arrivals beyond --max-in-flight requests in flight
 are dropped (counted), so the latencies there measure the queue, not just the service time. The defaults fit a
-2-core machine that also runs the load generator: there one request of 64 instances takes 40-80 ms alone, and 16
-closed-loop clients get about 50 requests/s out of any of the four rankers,
-so 5 requests/s is comfortable and 45/s plus 8 every 2 s (49/s offered) is at saturation.
+2-core machine that also runs the load generator. The high load (45/s plus 8 every 2 s: 49/s offered) was at
+saturation there before the ranker turned Nagle's algorithm off; since, the pooling + cache ranker served about
+100 requests/s at its plateau (docs/serve/serve_bench.md), so the high load sits at about half of it. The curve's
+default rates run from 10 requests/s to 160, past that plateau, so its top points show it.
 """
 
 import argparse
@@ -47,6 +56,7 @@ DEFAULT_CONFIG = "configs/criteo_serve.yaml"
 _WORKER_ENV = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK",
                "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK")
 NUM_SERVERS = 2
+DEFAULT_CURVE_QPS = "10,20,40,60,80,120,160"
 
 
 def log(message):
@@ -220,17 +230,21 @@ def _delta(before, after, key):
     return b - a if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
 
 
-def load_run(url, spec, load, qps, args, seed):
-    """One open-loop load test of the ranker at url; -> the run's record (report included)."""
+def load_run(url, spec, load, qps, args, seed, bursts=False, pids=None):
+    """One open-loop load test of the ranker at url, with --burst-size bursts if `bursts`; -> the run's record
+    (report included). pids ({"ranker": [pid], "servers": [pid, ...]}) adds their CPU seconds per second, and this
+    process's (the load generator) as "load_generator"."""
     from tf_fusedrec.serve import loadtest  # noqa: PLC0415
 
-    bursts = load == "high" and args.burst_size > 0
+    bursts = bursts and args.burst_size > 0
     loop = loadtest.OpenLoop(qps, args.burst_every if bursts else None, args.burst_size if bursts else 0,
                              args.max_in_flight, seed=seed)
     test = loadtest.LoadTest(url, loadtest.SyntheticInstances(spec, seed=seed), loop, args.batch, args.duration,
                              args.timeout)
     before = _stats(url, args.timeout)
+    cpu_before, start = _cpu_seconds(pids), time.monotonic()
     report = test.run()
+    cpu_after, elapsed = _cpu_seconds(pids), time.monotonic() - start
     after = _stats(url, args.timeout)
     requests = _delta(before, after, "requests")
     to_servers = _delta(before, after, "bytes_to_servers")
@@ -261,8 +275,68 @@ def load_run(url, spec, load, qps, args, seed):
                               if _delta(before, after, "batches") else None),
         "server_max_queue_depth_since_start": {a: s.get("max_queue_depth") for a, s in servers.items()},
         "load_average_after": list(os.getloadavg()),
+        **({"cpu_s_per_s": {k: (cpu_after[k] - cpu_before[k]) / elapsed
+                            if cpu_after[k] is not None and cpu_before[k] is not None else None
+                            for k in cpu_before}} if pids is not None else {}),
         "report": report,
     }
+
+
+def _process_cpu_seconds(pid):
+    """User + system CPU seconds of process pid (all its threads) from /proc; None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cpu_seconds(pids):
+    """{name: CPU seconds summed over its pids (None if any is unreadable)} plus "load_generator": this process's."""
+    if pids is None:
+        return None
+    seconds = {}
+    for name, group in pids.items():
+        each = [_process_cpu_seconds(pid) for pid in group]
+        seconds[name] = None if None in each else sum(each)
+    times = os.times()
+    seconds["load_generator"] = times.user + times.system
+    return seconds
+
+
+def settle(url, timeout_s):
+    """Waits (at most timeout_s) until the ranker's queue is empty: a curve point then does not start with the last
+    point's backlog."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _stats(url, timeout_s).get("queue_depth", 0) == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def run_curve(url, spec, args, pids):
+    """The saturation curve of the ranker at url: one open-loop run per rate of args.curve_qps; -> the points."""
+    points = []
+    for i, qps in enumerate(args.curve_qps):
+        if not settle(url, args.timeout):
+            log(f"  the ranker's queue was not empty within {args.timeout:g} s; the next point starts anyway")
+        point = load_run(url, spec, "curve", qps, args, seed=args.seed + 10 + i, pids=pids)
+        points.append(point)
+        log(f"  curve {i + 1}/{len(args.curve_qps)}: {summary(point)}")
+    return points
+
+
+def saturation(points):
+    """What the curve says: the most requests/s served, and the highest offered rate whose every arrival was answered
+    (2xx; none dropped, none failed). Achieved is not compared with offered: a run's Poisson arrivals stray from the
+    nominal rate by about 1/sqrt(arrivals)."""
+    best = max(points, key=lambda p: p["requests_per_s"])
+    all_served = [p["offered_qps"] for p in points if p["arrivals"] and p["ok"] == p["arrivals"]]
+    return {"max_requests_per_s": best["requests_per_s"], "max_at_offered_qps": best["offered_qps"],
+            "max_instances_per_s": best["instances_per_s"],
+            "highest_offered_qps_all_served": max(all_served, default=None)}
 
 
 def warm_up(url, spec, args):
@@ -278,7 +352,7 @@ def warm_up(url, spec, args):
 
 
 def run_bench(args, work_dir):
-    """Everything of one bench; -> the result dict."""
+    """Everything of one bench; -> (the result dict, the curve dict or None)."""
     from tf_fusedrec import config as cfg  # noqa: PLC0415
     from tf_fusedrec.export import format as fmt  # noqa: PLC0415
 
@@ -300,6 +374,8 @@ def run_bench(args, work_dir):
         "synthetic_spec": spec,
         "runs": [],
     }
+    curve_setup = RankerSetup(args.curve_pooling == "on", args.cache_mb if args.curve_cache == "on" else 0.0)
+    curve = None
     services = []
     try:
         ports = [free_port() for _ in range(NUM_SERVERS)]
@@ -325,9 +401,16 @@ def run_bench(args, work_dir):
                 log(f"ranker {i + 1}/4 ready ({setup.label}; {warm} warm-up requests)")
                 for load, qps in (("low", args.low_qps), ("high", args.high_qps)):
                     run = {"pooling": setup.pooling, "cache_mb": setup.cache_mb,
-                           **load_run(url, spec, load, qps, args, seed=args.seed + (load == "high"))}
+                           **load_run(url, spec, load, qps, args, seed=args.seed + (load == "high"),
+                                      bursts=load == "high")}
                     result["runs"].append(run)
                     log(f"  {load} load: {summary(run)}")
+                if setup == curve_setup and args.curve_qps:
+                    log(f"saturation curve ({setup.label}): {len(args.curve_qps)} points of {args.duration:g} s")
+                    pids = {"ranker": [ranker.proc.pid], "servers": [s.proc.pid for s in services[:NUM_SERVERS]]}
+                    curve = {"load_average_start": list(os.getloadavg())}
+                    curve["points"] = run_curve(url, spec, args, pids)
+                    curve["load_average_end"] = list(os.getloadavg())
             finally:
                 ranker.stop()
                 services.remove(ranker)
@@ -335,7 +418,22 @@ def run_bench(args, work_dir):
         for service in reversed(services):
             service.stop()
     result["machine"]["load_average_end"] = list(os.getloadavg())
-    return result
+    if curve is not None:
+        curve = {
+            "command": result["command"],
+            "config": result["config"],
+            "export": result["export"],
+            "machine": {**{k: v for k, v in result["machine"].items() if not k.startswith("load_average")},
+                        "load_average_start": curve["load_average_start"],
+                        "load_average_end": curve["load_average_end"]},
+            "setup": {"pooling": curve_setup.pooling, "cache_mb": curve_setup.cache_mb, "label": curve_setup.label},
+            "settings": {k: getattr(args, k) for k in ("curve_qps", "duration", "batch", "max_in_flight", "timeout",
+                                                       "seed")},
+            "servers": NUM_SERVERS,
+            "saturation": saturation(curve["points"]),
+            "points": curve["points"],
+        }
+    return result, curve
 
 
 # --- results ---------------------------------------------------------------------------------------------------------
@@ -373,7 +471,85 @@ def markdown_table(runs):
     return "\n".join(lines)
 
 
-def markdown(result):
+def _cpu(point, name):
+    return _num((point.get("cpu_s_per_s") or {}).get(name), ".2f")
+
+
+def curve_table(points):
+    header = ("| offered q/s | achieved req/s | achieved inst/s | p50 ms | p99 ms | errors | dropped | cache hit rate "
+              "| mean batch | CPU s/s ranker | CPU s/s servers | CPU s/s load generator |")
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for p in points:
+        lines.append(
+            f"| {p['offered_qps']:g} | {p['requests_per_s']:.1f} | {p['instances_per_s']:,.0f} "
+            f"| {_num(p['p50_ms'], '.1f')} | {_num(p['p99_ms'], '.1f')} | {p['errors']} | {p['dropped']} "
+            f"| {_num(p['cache_hit_rate'], '.3f')} | {_num(p['ranker_mean_batch'], '.0f')} | {_cpu(p, 'ranker')} "
+            f"| {_cpu(p, 'servers')} | {_cpu(p, 'load_generator')} |")
+    return "\n".join(lines)
+
+
+def _loads(machine):
+    return (f"load average (1, 5, 15 min) {', '.join(f'{x:.2f}' for x in machine['load_average_start'])} at the "
+            f"start and {', '.join(f'{x:.2f}' for x in machine['load_average_end'])} at the end")
+
+
+def curve_markdown(curve):
+    sat, s = curve["saturation"], curve["settings"]
+    served = sat["highest_offered_qps_all_served"]
+    return "\n".join([
+        f"## Saturation curve: {curve['setup']['label']}",
+        "",
+        f"One open-loop run of {s['duration']:g} s per offered rate (Poisson, no bursts; {s['batch']} instances a "
+        f"request, at most {s['max_in_flight']} in flight), in ascending order on the ranker above, after its low and "
+        f"high runs; {_loads(curve['machine'])}. CPU s/s: CPU seconds per second of wall time of the ranker, the "
+        f"{curve['servers']} embedding servers together and the load generator (this process), out of "
+        f"{curve['machine']['cpus']} cores. Plot: serve_curve.png.",
+        "",
+        f"Most served: {sat['max_requests_per_s']:.1f} requests/s ({sat['max_instances_per_s']:,.0f} instances/s) at "
+        f"{sat['max_at_offered_qps']:g} offered; the highest offered rate with every request answered (none dropped, "
+        "none failed): "
+        + (f"{served:g} q/s." if served is not None else "none."),
+        "",
+        curve_table(curve["points"]),
+        "",
+    ])
+
+
+def plot_curve(curve, path):
+    """serve_curve.png: achieved against offered requests/s beside y = x, and p50/p99 latency against offered."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    points = curve["points"]
+    offered = [p["offered_qps"] for p in points]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    top = max(offered + [p["requests_per_s"] for p in points])
+    axes[0].plot([0, top], [0, top], "--", color="gray", label="y = x (every request served)")
+    axes[0].plot(offered, [p["requests_per_s"] for p in points], "o-", label="achieved")
+    dropped = [(o, p["requests_per_s"]) for o, p in zip(offered, points) if p["dropped"] or p["errors"]]
+    if dropped:
+        axes[0].plot(*zip(*dropped), "x", color="red", markersize=10, label="with drops or errors")
+    axes[0].set_xlabel("offered requests/s")
+    axes[0].set_ylabel(f"achieved requests/s ({curve['settings']['batch']} instances each)")
+    axes[0].set_title(f"{curve['config']}: {curve['setup']['label']}", fontsize=10)
+    axes[0].legend(fontsize=8)
+    for name, style in (("p50_ms", "o-"), ("p99_ms", "s-")):
+        axes[1].plot(offered, [p[name] for p in points], style, label=name.split("_")[0])
+    axes[1].set_yscale("log")
+    axes[1].set_xlabel("offered requests/s")
+    axes[1].set_ylabel("latency ms (from arrival)")
+    start = curve["machine"]["load_average_start"][0]
+    axes[1].set_title(f"{curve['machine']['cpus']} CPUs shared by servers, ranker and load generator; load "
+                      f"{start:.1f} at the start", fontsize=10)
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def markdown(result, curve=None):
     s = result["settings"]
     start, end = result["machine"]["load_average_start"], result["machine"]["load_average_end"]
     return "\n".join([
@@ -395,7 +571,7 @@ def markdown(result):
         "",
         markdown_table(result["runs"]),
         "",
-    ])
+    ] + ([curve_markdown(curve)] if curve is not None else []))
 
 
 # --- command line ----------------------------------------------------------------------------------------------------
@@ -421,6 +597,11 @@ def parse_args(argv=None):
     p.add_argument("--train-batch-size", type=int, default=512, help="training batch without --export (default 512)")
     p.add_argument("--start-timeout", type=float, default=120.0, help="seconds a server or ranker may take to start")
     p.add_argument("--step-timeout", type=float, default=300.0, help="seconds the training or the export may take")
+    p.add_argument("--curve-qps", default=DEFAULT_CURVE_QPS, type=_rates, metavar="Q1,Q2,...",
+                   help=f"the saturation curve's offered rates, requests/s (default {DEFAULT_CURVE_QPS}; '': no curve)")
+    p.add_argument("--curve-pooling", choices=("on", "off"), default="on", help="the curve's ranker (default on)")
+    p.add_argument("--curve-cache", choices=("on", "off"), default="on",
+                   help="the curve's ranker: cache of --cache-mb or none (default on)")
     p.add_argument("--work-dir", help="keep the training, export and logs here (default: a temporary directory)")
     args = p.parse_args(argv)
     for name in ("duration", "batch", "timeout", "warmup", "burst_every", "max_in_flight", "steps",
@@ -433,6 +614,17 @@ def parse_args(argv=None):
     return args
 
 
+def _rates(text):
+    """'10,20,40' -> [10.0, 20.0, 40.0], sorted; '' -> []."""
+    try:
+        rates = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated requests/s, got {text!r}") from None
+    if not all(r > 0 for r in rates) or len(set(rates)) != len(rates):
+        raise argparse.ArgumentTypeError(f"the rates must be distinct and > 0, got {text!r}")
+    return sorted(rates)
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -443,7 +635,7 @@ def main(argv=None):
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="serve_bench_")
     os.makedirs(work_dir, exist_ok=True)
     try:
-        result = run_bench(args, work_dir)
+        result, curve = run_bench(args, work_dir)
     except KeyboardInterrupt:
         log("interrupted; every process started was stopped")
         return 130
@@ -457,11 +649,18 @@ def main(argv=None):
     with open(os.path.join(args.out, "serve_bench.json"), "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
-    text = markdown(result)
     with open(os.path.join(args.out, "serve_bench.md"), "w") as f:
-        f.write(text)
+        f.write(markdown(result, curve))
     print(markdown_table(result["runs"]), flush=True)
-    log(f"wrote {os.path.join(args.out, 'serve_bench.json')} and serve_bench.md")
+    written = "serve_bench.md"
+    if curve is not None:
+        with open(os.path.join(args.out, "serve_curve.json"), "w") as f:
+            json.dump(curve, f, indent=1)
+            f.write("\n")
+        plot_curve(curve, os.path.join(args.out, "serve_curve.png"))
+        print("\n" + curve_table(curve["points"]), flush=True)
+        written += ", serve_curve.json and serve_curve.png"
+    log(f"wrote {os.path.join(args.out, 'serve_bench.json')}, {written}")
     return 0
 
 
