@@ -14,20 +14,26 @@ def cluster_launcher(workers):
     return [sys.executable, "-m", "tf_fusedrec.cluster", "--hosts", str(workers), "--link-rate", "1gbit", "--"]
 
 
+# The configurations the tests read, by worker count: each worker count's run in one launch.
+LAYERS = {1: ["fused"], 2: ["fused", "per_feature"]}
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """{(workers, layer): Run}, each run at most once; a failed run fails every test that needs it."""
+    """{(workers, layer): Run}, each run at most once; a failed launch fails every test that needs one of its runs."""
     cache = {}
 
     def get(workers, layer):
         key = (workers, layer)
         if key not in cache:
-            out = tmp_path_factory.mktemp(f"cluster-{layer}-w{workers}")
+            configs = [(name, OPTIMIZER, th.STEPS, "function") for name in LAYERS[workers]]
+            root = tmp_path_factory.mktemp(f"cluster-w{workers}")
             try:
-                cache[key] = th.run_scenario(out, workers, layer, OPTIMIZER, launcher=cluster_launcher,
-                                             where="2 namespaced hosts at 1gbit")
+                done = th.run_scenarios(root, workers, configs, launcher=cluster_launcher,
+                                        where="2 namespaced hosts at 1gbit")
             except AssertionError as e:
-                cache[key] = e
+                done = dict.fromkeys(configs, e)
+            cache.update({(workers, config[0]): run for config, run in done.items()})
         if isinstance(cache[key], AssertionError):
             pytest.fail(str(cache[key]), pytrace=False)
         return cache[key]

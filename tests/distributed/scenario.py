@@ -2,6 +2,7 @@
 
     python tests/distributed/scenario.py --layer fused --optimizer adagrad --steps 20 --out DIR
     horovodrun -np 2 -H localhost:2 --gloo python tests/distributed/scenario.py ... --out DIR
+    python tests/distributed/scenario.py --run fused:sgd:20:function:off=DIR1 --run per_feature:sgd:20:eager:on=DIR2
 
 Each worker takes its contiguous slice of a deterministic global batch (so N workers see the union that one
 worker sees), trains a linear model on top of the embeddings with the loss averaged over its local batch, and
@@ -121,38 +122,67 @@ def save_rank(out, rank, arrays):
     np.savez(os.path.join(out, f"rank{rank}.npz"), **arrays)
 
 
+LAYERS = ["fused", "fused_packed", "fused_fp16", "fused_native", "fused_admission", "per_feature"]
+
+
+def parse_run(text):
+    """'layer:optimizer:steps:mode:autograph=DIR' (a --run value) -> dict of run_one's arguments."""
+    spec, sep, out = text.partition("=")
+    parts = spec.split(":")
+    if not sep or not out or len(parts) != 5 or parts[0] not in LAYERS or parts[3] not in ("function", "eager") \
+            or parts[4] not in ("on", "off") or not parts[2].isdigit():
+        raise argparse.ArgumentTypeError(f"--run {text!r}: expected layer:optimizer:steps:function|eager:on|off=DIR "
+                                         f"with layer one of {', '.join(LAYERS)}")
+    layer, optimizer, steps, mode, autograph = parts
+    return dict(layer=layer, optimizer=optimizer, steps=int(steps), mode=mode, autograph=autograph, out=out)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--layer", choices=["fused", "fused_packed", "fused_fp16", "fused_native", "fused_admission",
-                                       "per_feature"], default="fused")
+    p.add_argument("--layer", choices=LAYERS, default="fused")
     p.add_argument("--optimizer", default="adagrad")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--mode", choices=["function", "eager"], default="function")
     # "off" traces the tf.functions without AutoGraph (the model has no tensor-dependent Python control flow), which
     # roughly halves a run's time: the distributed tests use it for most runs.
     p.add_argument("--autograph", choices=["on", "off"], default="on")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", help="the result directory of the one run the flags above describe")
+    # Several runs in one launch (the tests' way: the processes, TensorFlow's import and Horovod's start are paid
+    # once), one after another, each with a fresh Keras session and its own layer name.
+    p.add_argument("--run", action="append", type=parse_run, default=[],
+                   help="layer:optimizer:steps:function|eager:on|off=DIR, repeatable; replaces the flags above")
     args = p.parse_args()
+    if bool(args.run) == bool(args.out):
+        p.error("give either --out (one run) or one or more --run")
+    runs = args.run or [dict(layer=args.layer, optimizer=args.optimizer, steps=args.steps, mode=args.mode,
+                             autograph=args.autograph, out=args.out)]
 
     rank, size = init_workers()
-    optimizer = {"name": args.optimizer, "learning_rate": 0.1}
-    features = make_features(optimizer, max_id_bits=20 if args.layer == "fused_packed" else None)
-    layer_cls = fr.PerFeatureEmbedding if args.layer == "per_feature" else fr.FusedEmbedding
+    for index, run in enumerate(runs):
+        print(f"[scenario] rank {rank}: run {index + 1}/{len(runs)}: {run}", flush=True)
+        tf.keras.backend.clear_session()
+        run_one(rank, size, name="sparse" if index == 0 else f"sparse_{index}", **run)
+
+
+def run_one(rank, size, layer, optimizer, steps, mode, autograph, out, name):
+    optimizer = {"name": optimizer, "learning_rate": 0.1}
+    features = make_features(optimizer, max_id_bits=20 if layer == "fused_packed" else None)
+    layer_cls = fr.PerFeatureEmbedding if layer == "per_feature" else fr.FusedEmbedding
     options = {"fused_fp16": {"storage": "float16"}, "fused_native": {"table_backend": "native"},
                "fused_admission": {"table_backend": "native", "admission": fr.Admission(3),
-                                   "expiry": fr.Expiry(2, interval=1)}}.get(args.layer, {})
-    model = Model(layer_cls(features, name="sparse", **options))
+                                   "expiry": fr.Expiry(2, interval=1)}}.get(layer, {})
+    model = Model(layer_cls(features, name=name, **options))
     opt = fr.train.make_optimizer(model, default={"name": "sgd", "learning_rate": 0.1})
 
     step = train_step_fn(model, opt)
-    autograph = args.autograph == "on"
+    autograph = autograph == "on"
     forward = tf.function(lambda inputs: model(inputs, training=True)[1], autograph=autograph)
-    train_step = tf.function(step, autograph=autograph) if args.mode == "function" else step
+    train_step = tf.function(step, autograph=autograph) if mode == "function" else step
     first = local_slice(make_batch(0), rank, size)
     outputs = {k: (v.to_tensor() if isinstance(v, tf.RaggedTensor) else v).numpy()
                for k, v in forward(first).items()}
     alltoalls = count_alltoalls(forward, first)
-    losses = [float(train_step(local_slice(make_batch(s), rank, size)).numpy()) for s in range(args.steps)]
+    losses = [float(train_step(local_slice(make_batch(s), rank, size)).numpy()) for s in range(steps)]
     stats = {}
     if hasattr(model.embedding, "statistics"):
         stats = {f"stat/{k}/{s}": int(v) for k, d in model.embedding.statistics().items() for s, v in d.items()}
@@ -168,9 +198,9 @@ def main():
             for i, r in zip(ids, rows):
                 if r is not None:
                     tables[f"table/{f.name}/{i}"] = r
-    save_rank(args.out, rank, dict(losses=np.array(losses), alltoalls=alltoalls, eval_pred=eval_pred,
-                                   kernel=model.dense.kernel.numpy(), bias=model.dense.bias.numpy(),
-                                   **{f"out/{k}": v for k, v in outputs.items()}, **tables, **stats))
+    save_rank(out, rank, dict(losses=np.array(losses), alltoalls=alltoalls, eval_pred=eval_pred,
+                              kernel=model.dense.kernel.numpy(), bias=model.dense.bias.numpy(),
+                              **{f"out/{k}": v for k, v in outputs.items()}, **tables, **stats))
 
 
 def table_rows(layer, feature, ids):
