@@ -148,6 +148,6 @@ setup(
     ext_modules=[Extension(LIB_NAME, sources=SOURCES, depends=HEADERS + CUDA_SOURCES)],
     cmdclass={"build_ext": TFBuildExt},
     python_requires=">=3.9",
-    install_requires=["numpy<2", "pyyaml"],
+    install_requires=["numpy<2", "pyyaml", "orjson"],
     zip_safe=False,
 )

@@ -21,6 +21,7 @@ backend only for the distinct keys that missed, and return what the inner backen
 """
 
 import collections
+import itertools
 import threading
 
 import numpy as np
@@ -34,6 +35,11 @@ ROW_ITEM_BYTES = 4
 # The doorkeeper of CachedBackend.pooled: one bool per slot (1 MiB a group), indexed by the top bits of a key's route.
 _DOORKEEPER_BITS = 20
 _DOORKEEPER_SLOTS = 1 << _DOORKEEPER_BITS
+
+
+def _consume(iterator):
+    """Runs an iterator to its end in C (the itertools recipe), for calls made for their effect on each item."""
+    collections.deque(iterator, maxlen=0)
 
 
 def entry_bytes(dim):
@@ -60,15 +66,11 @@ class LRUPolicy:
 
     def insert(self, entries):
         """New entries, in the order they arrived: each becomes the most recently used."""
-        order = self._order
-        for entry in entries:
-            order[entry] = None
+        self._order.update(zip(entries, itertools.repeat(None)))
 
     def touch(self, entries):
         """Entries that were used, in the order of use."""
-        move_to_end = self._order.move_to_end
-        for entry in entries:
-            move_to_end(entry)
+        _consume(map(self._order.move_to_end, entries))
 
     def pop_victim(self):
         """Removes and returns the entry to evict next."""
@@ -161,8 +163,7 @@ class _GroupSlab:
 
     def slots(self, keys_list):
         """int64 [n] slot of each key, -1 where absent."""
-        get = self.slot_of.get
-        return np.fromiter((get(k, -1) for k in keys_list), np.int64, len(keys_list))
+        return np.fromiter(map(self.slot_of.get, keys_list, itertools.repeat(-1)), np.int64, len(keys_list))
 
     def insert(self, keys_list, rows):
         """Stores rows [m, dim] of m keys that are absent."""
@@ -259,7 +260,7 @@ class AdaptiveCache:
             slots = slab.slots(keys.tolist())
             hit = slots >= 0
             rows = slab.rows[slots[hit]]
-            self._policy.touch([(group, k) for k in keys[hit].tolist()])
+            self._policy.touch(zip(itertools.repeat(group), keys[hit].tolist()))
             n_hits = len(rows)
             self._hits += n_hits
             self._misses += len(keys) - n_hits
@@ -299,7 +300,7 @@ class AdaptiveCache:
             held = slots >= 0
             if held.any():
                 slab.rows[slots[held]] = rows[held]
-                self._policy.touch([(group, k) for k in keys[held].tolist()])
+                self._policy.touch(zip(itertools.repeat(group), keys[held].tolist()))
             new = ~held
             new_keys, new_rows = keys[new], rows[new]
             fit = self._capacity // slab.entry_bytes
@@ -310,7 +311,7 @@ class AdaptiveCache:
             self._evict_to(self._capacity - len(new_keys) * slab.entry_bytes)
             new_list = new_keys.tolist()
             slab.insert(new_list, new_rows)
-            self._policy.insert([(group, k) for k in new_list])
+            self._policy.insert(list(zip(itertools.repeat(group), new_list)))
             self._bytes += len(new_list) * slab.entry_bytes
 
     def clear(self):

@@ -27,6 +27,7 @@ otherwise.
 
 import argparse
 import io
+import itertools
 import json
 import math
 import queue
@@ -39,8 +40,9 @@ from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
+import orjson
 
-from tf_fusedrec.serve.model import FlatIds, InputError
+from tf_fusedrec.serve.model import FlatIds, InputError, RaggedIds
 
 MB = 1 << 20
 _PATH = re.compile(r"^/v1/models/([^/:]+)(?:/versions/\d+)?(:predict|/metadata|/stats)?/?$")
@@ -97,6 +99,20 @@ class _IdCounter:
         return _OutOfInt64(text)
 
 
+def _check_value_count(body, max_instances, max_ids, values_per_instance):
+    """The body as bytes; TooLarge when it holds more JSON values (counted by their separators) than the limits
+    allow."""
+    if isinstance(body, str):
+        body = body.encode("utf-8", "surrogatepass")
+    values = body.count(b",") + body.count(b"[") + body.count(b"{")  # every JSON value but the first follows one
+    allowed = max_ids + max_instances * values_per_instance + 64
+    if values > allowed:
+        raise TooLarge(f"the request holds about {values} JSON values, more than --max-ids ({max_ids} ids) and "
+                       f"--max-instances ({max_instances} instances of up to {values_per_instance} other values) "
+                       f"allow")
+    return body
+
+
 def parse_body(body, max_instances, max_ids=1 << 18, values_per_instance=64):
     """A predict request's JSON body (bytes) -> (columnar inputs {name: [value per instance]}, "instances" or "inputs").
 
@@ -106,14 +122,7 @@ def parse_body(body, max_instances, max_ids=1 << 18, values_per_instance=64):
     instances of values_per_instance other values each allow is refused unparsed, and the parse stops at the
     (max_ids + 1)-th integer.
     """
-    if isinstance(body, str):
-        body = body.encode("utf-8", "surrogatepass")
-    values = body.count(b",") + body.count(b"[") + body.count(b"{")  # every JSON value but the first follows one
-    allowed = max_ids + max_instances * values_per_instance + 64
-    if values > allowed:
-        raise TooLarge(f"the request holds about {values} JSON values, more than --max-ids ({max_ids} ids) and "
-                       f"--max-instances ({max_instances} instances of up to {values_per_instance} other values) "
-                       f"allow")
+    body = _check_value_count(body, max_instances, max_ids, values_per_instance)
     try:
         request = json.loads(body, parse_int=_IdCounter(max_ids))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -149,6 +158,99 @@ def parse_body(body, max_instances, max_ids=1 << 18, values_per_instance=64):
             raise TooLarge(f"input '{name}': {len(values)} instances, at most {max_instances} are accepted "
                            f"(--max-instances)")
     return inputs, "inputs"
+
+
+def _id_column(values):
+    """One id feature's values in a request (an id or a list of ids per instance) -> int64 [B] or RaggedIds (a bare id
+    counts as a list of one, as model.flatten_ids reads it); None unless every id is an int in int64 and every value
+    an id or a flat list of them."""
+    types = set(map(type, values))
+    try:
+        if types == {int}:
+            return np.array(values, np.int64)
+        if not types <= {int, list}:
+            return None
+        rows = values if types == {list} else [v if type(v) is list else [v] for v in values]
+        ids = list(itertools.chain.from_iterable(rows))
+        if not set(map(type, ids)) <= {int}:
+            return None
+        return RaggedIds(np.array(ids, np.int64), np.fromiter(map(len, rows), np.int64, len(rows)))
+    except OverflowError:  # an int outside int64
+        return None
+
+
+def _dense_ints(values):
+    """How many integer literals one dense input's values (a flat list of numbers per instance) hold; None unless each
+    value is such a list of ints in int64 and floats below 2**63 in magnitude (orjson reads an integer literal outside
+    int64 as a float, which the reference parser counts as an id)."""
+    if set(map(type, values)) != {list}:
+        return None
+    numbers = list(itertools.chain.from_iterable(values))
+    types = set(map(type, numbers))
+    if not types <= {float, int} or (numbers and max(map(abs, numbers)) >= 1 << 63):
+        return None
+    return sum(type(x) is int for x in numbers) if int in types else 0
+
+
+def parse_arrays(body, id_names, dense_names, max_instances, max_ids):
+    """A well-formed predict request's JSON body (bytes) -> (columnar inputs, "instances" or "inputs") as parse_body
+    gives them, but each id feature's ids as NumPy arrays (int64 [B] or RaggedIds): orjson parses the body in C and
+    the ids are checked and converted per feature, without a Python call per id.
+
+    None when the body is anything else (not JSON orjson reads, another structure, names or value types, an id outside
+    int64, more ids than max_ids or instances than max_instances): parse_body then finds, and names, what is wrong.
+    Whenever this answers, parse_body answers the same columns (tests/serve/test_parse.py compares them).
+    """
+    try:
+        request = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if type(request) is not dict or len(request) != 1:
+        return None
+    names = set(id_names) | set(dense_names)
+    if "instances" in request:
+        instances, shape = request["instances"], "instances"
+        if type(instances) is not list or not 0 < len(instances) <= max_instances:
+            return None
+        for instance in instances:
+            if type(instance) is not dict or instance.keys() != names:
+                return None
+        columns = {name: [instance[name] for instance in instances] for name in names}
+    elif "inputs" in request:
+        columns, shape = request["inputs"], "inputs"
+        if type(columns) is not dict or columns.keys() != names:
+            return None
+        for values in columns.values():
+            if type(values) is not list or not 0 < len(values) <= max_instances:
+                return None
+    else:
+        return None
+    count = 0
+    for name in dense_names:
+        ints = _dense_ints(columns[name])
+        if ints is None:
+            return None
+        count += ints
+    for name in id_names:
+        ids = _id_column(columns[name])
+        if ids is None:
+            return None
+        columns[name] = ids
+        count += len(ids.values) if isinstance(ids, RaggedIds) else len(ids)
+    if count > max_ids:
+        return None
+    return columns, shape
+
+
+def parse_request(body, id_names, dense_names, max_instances, max_ids=1 << 18, values_per_instance=64):
+    """A predict request's JSON body -> (columnar inputs, "instances" or "inputs"): a well-formed body through
+    parse_arrays (ids as arrays), any other through parse_body, whose answer or error (InputError, TooLarge) is the
+    reference."""
+    body = _check_value_count(body, max_instances, max_ids, values_per_instance)
+    parsed = parse_arrays(body, id_names, dense_names, max_instances, max_ids)
+    if parsed is not None:
+        return parsed
+    return parse_body(body, max_instances, max_ids, values_per_instance)
 
 
 def _values_per_instance(model):
@@ -203,6 +305,7 @@ class Ranker:
         self.max_batch, self.batch_wait_s, self.max_instances = max_batch, batch_wait_s, max_instances
         self.max_ids, self.answer_timeout_s = max_ids, answer_timeout_s
         self.values_per_instance = _values_per_instance(model)
+        self._id_names, self._dense_names = list(model.features), list(model.dense_inputs)
         self._queue = queue.Queue(maxsize=max_queue)
         self._lock = threading.Lock()
         self._counts = {"requests": 0, "instances": 0, "batches": 0, "batched_instances": 0, "errors_400": 0,
@@ -217,8 +320,12 @@ class Ranker:
             self._counts[key] += n
 
     def parse(self, body):
-        """A predict request's body (bytes) -> (columnar inputs, "instances" or "inputs"); InputError or TooLarge."""
-        return parse_body(body, self.max_instances, self.max_ids, self.values_per_instance)
+        """A predict request's body (bytes) -> (columnar inputs, "instances" or "inputs"); InputError or TooLarge.
+
+        A well-formed body is parsed straight into arrays (parse_arrays); any other goes through parse_body, whose
+        answer and errors are the reference."""
+        return parse_request(body, self._id_names, self._dense_names, self.max_instances, self.max_ids,
+                             self.values_per_instance)
 
     def prepare(self, inputs):
         """Checks a request's columnar inputs -> (flats, dense, batch); InputError naming the field."""
