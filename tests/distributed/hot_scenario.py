@@ -1,6 +1,7 @@
 """Training with hot-row replication, for tests/distributed/test_replication.py; runs alone or under horovodrun.
 
     python tests/distributed/hot_scenario.py --layer fused_packed --optimizer adam --hot 5 --steps 8 --out DIR
+    python tests/distributed/hot_scenario.py --run="--hot 0 --out DIR1" --run="--hot 5 --repeek-at 4 --out DIR2"
 
 The features, batches and model of scenario.py. --hot R replicates each group's R most counted pairs (counted over
 the local slices of the first --sample-batches global batches, merged over workers; 0: no replication at all,
@@ -9,12 +10,19 @@ from batches of another seed, moving rows and optimizer slots. Writes DIR/rank{r
 held-out predictions, dense weights, the sharded rows and slot rows it holds (table/..., slot/...) and, rank 0 only,
 the replicated rows and slot rows (hot/..., hotslot/...; every rank checks that its copy equals rank 0's by writing
 a digest), the replication reports (JSON) and per-feature statistics.
+
+--run FLAGS (repeatable) trains several runs in one launch, one after another (the tests' way: the processes,
+TensorFlow's import and Horovod's start are paid once): FLAGS are the single-run flags above, --out included, in one
+shell-quoted string (give it as --run="FLAGS": the value starts with a dash). Each run gets a fresh Keras session and
+its own layer name (sparse, sparse_1, ...: TFRA tables of the same name would share their rows), which shows in no
+output (tables, hot sets and collectives are named after it; the saved keys and reports name features and groups).
 """
 
 import argparse
 import hashlib
 import json
 import os
+import shlex
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -45,8 +53,8 @@ def rows_of(params, layer, g, feature, slots=()):
     return out
 
 
-def main():
-    p = argparse.ArgumentParser()
+def add_run_flags(p):
+    """The flags of one run (without --out)."""
     p.add_argument("--layer", choices=["fused", "fused_packed"], default="fused_packed")
     p.add_argument("--optimizer", default="adam")
     p.add_argument("--hot", default="0", help="R, 0 or auto")
@@ -55,10 +63,51 @@ def main():
     p.add_argument("--repeek-at", type=int, default=None)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--table-backend", choices=["tfra", "native"], default="tfra")
+
+
+class _RunParser(argparse.ArgumentParser):
+    """Parses one --run value; its errors become the --run flag's error."""
+
+    def error(self, message):
+        raise argparse.ArgumentTypeError(message)
+
+
+def parse_run(text):
+    """'--layer ... --out DIR' (a --run value) -> the run's flags (argparse.Namespace)."""
+    p = _RunParser(prog="--run", add_help=False)
+    add_run_flags(p)
     p.add_argument("--out", required=True)
+    try:
+        return p.parse_args(shlex.split(text))
+    except (ValueError, argparse.ArgumentTypeError) as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+
+
+def main():
+    p = argparse.ArgumentParser()
+    add_run_flags(p)
+    p.add_argument("--out", help="the result directory of the one run the flags above describe")
+    p.add_argument("--run", action="append", type=parse_run, default=[],
+                   help="FLAGS: the flags of one run, --out included, in one string; repeatable; replaces the "
+                        "flags above")
     args = p.parse_args()
+    single = {k: v for k, v in vars(args).items() if k != "run"}
+    if args.run and any(v != p.get_default(k) for k, v in single.items()):
+        p.error("--run replaces the single-run flags: give them inside each --run")
+    if not args.run and not args.out:
+        p.error("give either --out (one run) or one or more --run")
+    runs = args.run or [argparse.Namespace(**single)]
 
     comm = comm_lib.init_workers()
+    for index, run in enumerate(runs):
+        flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(run).items() if v is not None)
+        print(f"[hot_scenario] rank {comm.rank}: run {index + 1}/{len(runs)}: {flags}", flush=True)
+        tf.keras.backend.clear_session()
+        run_one(comm, run, name="sparse" if index == 0 else f"sparse_{index}")
+
+
+def run_one(comm, args, name):
+    """Trains one run (args: its flags) with the layer named `name`; writes args.out/rank{r}.npz."""
     rank, size = comm.rank, comm.size
     optimizer = {"name": args.optimizer, "learning_rate": 0.1}
     features = sc.make_features(optimizer, max_id_bits=20 if args.layer == "fused_packed" else None)
@@ -67,7 +116,7 @@ def main():
         hot = fr.HotReplication(rows=None, sample_batches=args.sample_batches, costs=costs)
     else:
         hot = fr.HotReplication(rows=int(args.hot), sample_batches=args.sample_batches) if int(args.hot) else None
-    layer = fr.FusedEmbedding(features, name="sparse", comm=comm, replication=hot, table_backend=args.table_backend)
+    layer = fr.FusedEmbedding(features, name=name, comm=comm, replication=hot, table_backend=args.table_backend)
     model = sc.Model(layer)
     opt = fr.train.make_optimizer(model, default={"name": "sgd", "learning_rate": 0.1})
     reports = {}

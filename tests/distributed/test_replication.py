@@ -11,20 +11,28 @@ steps; then, to 1e-6:
   SGD with packed keys and a re-peek, R chosen by the model (given costs) on both workers alike, and the first on
   native tables (FusedEmbedding(table_backend="native")) against the plain TFRA run;
 * a replicated layer whose hot set is empty (the model chose R = 0) trains like the plain layer.
+
+Every run the tests read (PLANNED: the plain runs, the replicated ones, the empty hot set) trains in one horovodrun
+launch, one after another (hot_scenario.py --run, each with a fresh Keras session and its own layer name), the first
+time a test needs one of them; a failed launch fails every test that needs one of its runs, naming them all.
 """
 
 import json
+import shlex
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.subprocess_runner import run_scenario
+from tests.subprocess_runner import execute, tail, worker_command
 
 pytest.importorskip("horovod.tensorflow", reason="Horovod (horovod.tensorflow) is not importable")
 
 SCENARIO = Path(__file__).resolve().with_name("hot_scenario.py")
-TIMEOUT_S = 300
+WORKERS = 2
+LAUNCH_TIMEOUT_S = 240  # a launch, plus PER_RUN_TIMEOUT_S for each run it trains
+PER_RUN_TIMEOUT_S = 120
 RTOL, ATOL = 1e-6, 1e-7
 CONFIGS = {  # name: (layer, optimizer, extra flags)
     "adam_packed_repeek": ("fused_packed", "adam", ["--hot", "5", "--repeek-at", "4"]),
@@ -35,20 +43,77 @@ CONFIGS = {  # name: (layer, optimizer, extra flags)
     "adam_packed_repeek_native": ("fused_packed", "adam",
                                   ["--hot", "5", "--repeek-at", "4", "--table-backend", "native"]),
 }
+PLAIN = ["--hot", "0"]
+EMPTY = ("fused_packed", "adam", ["--hot", "auto", "--costs", "1,1e-12"])  # the model chooses R = 0
+
+
+def planned():
+    """Every run (layer, optimizer, flags tuple) the tests of this module read, in the order they train."""
+    runs = []
+    for layer, optimizer, flags in list(CONFIGS.values()) + [EMPTY]:
+        for run in [(layer, optimizer, tuple(PLAIN)), (layer, optimizer, tuple(flags))]:
+            if run not in runs:
+                runs.append(run)
+    return runs
+
+
+PLANNED = planned()
+
+
+def describe(run):
+    layer, optimizer, flags = run
+    return f"{layer} {optimizer} {' '.join(flags)}"
+
+
+def run_scenarios(root, runs):
+    """Runs hot_scenario.py once on WORKERS workers, training each of `runs` ((layer, optimizer, flags tuple)) in
+    turn into its own directory under `root` -> {run: [per rank {key: array}]}. A failed launch raises
+    AssertionError naming every run it held and the log's tail (whose "[hot_scenario] ... run i/n" lines say which
+    one was training)."""
+    args, dirs = [SCENARIO], {}
+    for index, run in enumerate(runs):
+        layer, optimizer, flags = run
+        dirs[run] = out = Path(root) / f"run{index}"
+        args.append("--run=" + shlex.join(["--layer", layer, "--optimizer", optimizer, "--out", str(out), *flags]))
+    cmd = worker_command(args, WORKERS)
+    name = f"{WORKERS} workers: " + ", ".join(describe(run) for run in runs)
+    timeout = LAUNCH_TIMEOUT_S + PER_RUN_TIMEOUT_S * len(runs)
+    start = time.monotonic()
+    rc, log, _ = execute(cmd, timeout, merge_stderr=True)
+    took = time.monotonic() - start
+    if rc is None:
+        raise AssertionError(f"{name}: timed out after {timeout} s: {' '.join(cmd)}\n{tail(log)}")
+    if rc != 0:
+        raise AssertionError(f"{name}: exit status {rc} after {took:.0f} s: {' '.join(cmd)}\n{tail(log)}")
+    results = {}
+    for run, out in dirs.items():
+        results[run] = []
+        for r in range(WORKERS):
+            with np.load(out / f"rank{r}.npz") as z:
+                results[run].append({k: z[k] for k in z.files})
+    return results
+
+
 @pytest.fixture(scope="session")
-def runs():
-    """The scenario runs made so far in this pytest process: a plain run serves several tests (tests/conftest.py
-    keeps the tests of a module with such a fixture on one xdist worker)."""
-    return {}
+def runs(tmp_path_factory):
+    """runs(layer, optimizer, flags) -> [per rank {key: array}], each run trained once per pytest process: the first
+    call trains all of PLANNED in one launch (a plain run serves several tests; tests/conftest.py keeps the tests of
+    a module with such a fixture on one xdist worker). A run missing from PLANNED still trains, alone."""
+    cache = {}
 
+    def get(layer, optimizer, flags):
+        key = (layer, optimizer, tuple(flags))
+        if key not in cache:
+            todo = [run for run in (PLANNED if key in PLANNED else [key]) if run not in cache]
+            try:
+                cache.update(run_scenarios(tmp_path_factory.mktemp("hot"), todo))
+            except AssertionError as e:  # remembered: a failed launch is not run again
+                cache.update(dict.fromkeys(todo, e))
+        if isinstance(cache[key], AssertionError):
+            pytest.fail(str(cache[key]), pytrace=False)
+        return cache[key]
 
-def run(tmp_path_factory, layer, optimizer, flags, cache):
-    key = (layer, optimizer, tuple(flags))
-    if key not in cache:
-        out = tmp_path_factory.mktemp("hot")
-        args = [SCENARIO, "--layer", layer, "--optimizer", optimizer, "--out", out, *flags]
-        cache[key] = run_scenario(f"{layer} {optimizer} {' '.join(flags)}", args, 2, out, TIMEOUT_S)
-    return cache[key]
+    return get
 
 
 def union(ranks):
@@ -79,10 +144,10 @@ def assert_trains_alike(hot, plain, name):
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_replication_trains_like_no_replication(tmp_path_factory, runs, name):
+def test_replication_trains_like_no_replication(runs, name):
     layer, optimizer, flags = CONFIGS[name]
-    plain = run(tmp_path_factory, layer, optimizer, ["--hot", "0"], runs)
-    hot = run(tmp_path_factory, layer, optimizer, flags, runs)
+    plain = runs(layer, optimizer, PLAIN)
+    hot = runs(layer, optimizer, flags)
     assert_trains_alike(hot, plain, name)
     assert any(k.startswith("hot/") for k in hot[0]), f"{name}: no row was replicated"
     assert str(hot[0]["hot_digest"]) == str(hot[1]["hot_digest"]), f"{name}: the replicas differ"
@@ -98,11 +163,11 @@ def test_replication_trains_like_no_replication(tmp_path_factory, runs, name):
         assert all(g["chosen_by"] == "model" and g["rows"] > 0 for g in reports[0]["chosen"]), reports[0]
 
 
-def test_empty_hot_set_trains_like_no_replication(tmp_path_factory, runs):
+def test_empty_hot_set_trains_like_no_replication(runs):
     """A replicated layer whose model chose R = 0 (a replicated row costs 1 s): its hot path is switched off by
     tf.cond (no flag allreduce, no search), on both workers alike, and it trains like the plain layer."""
-    plain = run(tmp_path_factory, "fused_packed", "adam", ["--hot", "0"], runs)
-    empty = run(tmp_path_factory, "fused_packed", "adam", ["--hot", "auto", "--costs", "1,1e-12"], runs)
+    plain = runs("fused_packed", "adam", PLAIN)
+    empty = runs(*EMPTY)
     assert_trains_alike(empty, plain, "empty hot set")
     reports = [json.loads(str(r["reports"])) for r in empty]
     assert reports[0] == reports[1] and all(g["rows"] == 0 for g in reports[0]["chosen"]), reports[0]
