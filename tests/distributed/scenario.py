@@ -8,7 +8,8 @@ Each worker takes its contiguous slice of a deterministic global batch (so N wor
 worker sees), trains a linear model on top of the embeddings with the loss averaged over its local batch, and
 writes DIR/rank{r}.npz with: the first step's outputs for its slice, the loss per step, held-out predictions
 (training=False) after the last step, the dense weights, its
-table contents keyed by (feature, id), the forward graph's all-to-all count, and per-feature statistics.
+table contents keyed by (feature, id), the forward graph's all-to-all and fused sender op counts, and per-feature
+statistics.
 """
 
 import argparse
@@ -21,6 +22,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import numpy as np  # noqa: E402
 
 import tf_fusedrec as fr  # noqa: E402
+from tf_fusedrec.distributed import group_lookup  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 GLOBAL_BATCH = 16
@@ -101,9 +103,12 @@ def train_step_fn(model, opt):
     return step
 
 
-def count_alltoalls(fn, *args):
+def count_ops(fn, *args, op_type="HorovodAlltoall"):
     graph = fn.get_concrete_function(*args).graph
-    return sum(1 for op in graph.get_operations() if op.type == "HorovodAlltoall")
+    return sum(1 for op in graph.get_operations() if op.type == op_type)
+
+
+count_alltoalls = count_ops
 
 
 def init_workers():
@@ -122,7 +127,7 @@ def save_rank(out, rank, arrays):
     np.savez(os.path.join(out, f"rank{rank}.npz"), **arrays)
 
 
-LAYERS = ["fused", "fused_packed", "fused_fp16", "fused_native", "fused_admission", "per_feature"]
+LAYERS = ["fused", "fused_chain", "fused_packed", "fused_fp16", "fused_native", "fused_admission", "per_feature"]
 
 
 def parse_run(text):
@@ -161,6 +166,8 @@ def main():
     for index, run in enumerate(runs):
         print(f"[scenario] rank {rank}: run {index + 1}/{len(runs)}: {run}", flush=True)
         tf.keras.backend.clear_session()
+        # fused_chain: the fused layer sending its keys through the op chain the fused sender op replaces.
+        group_lookup.FUSED_SENDER = run["layer"] != "fused_chain"
         run_one(rank, size, name="sparse" if index == 0 else f"sparse_{index}", **run)
 
 
@@ -182,6 +189,7 @@ def run_one(rank, size, layer, optimizer, steps, mode, autograph, out, name):
     outputs = {k: (v.to_tensor() if isinstance(v, tf.RaggedTensor) else v).numpy()
                for k, v in forward(first).items()}
     alltoalls = count_alltoalls(forward, first)
+    sender_ops = count_ops(forward, first, op_type="FusedRec>FusedSender")
     losses = [float(train_step(local_slice(make_batch(s), rank, size)).numpy()) for s in range(steps)]
     stats = {}
     if hasattr(model.embedding, "statistics"):
@@ -198,8 +206,8 @@ def run_one(rank, size, layer, optimizer, steps, mode, autograph, out, name):
             for i, r in zip(ids, rows):
                 if r is not None:
                     tables[f"table/{f.name}/{i}"] = r
-    save_rank(out, rank, dict(losses=np.array(losses), alltoalls=alltoalls, eval_pred=eval_pred,
-                              kernel=model.dense.kernel.numpy(), bias=model.dense.bias.numpy(),
+    save_rank(out, rank, dict(losses=np.array(losses), alltoalls=alltoalls, sender_ops=sender_ops,
+                              eval_pred=eval_pred, kernel=model.dense.kernel.numpy(), bias=model.dense.bias.numpy(),
                               **{f"out/{k}": v for k, v in outputs.items()}, **tables, **stats))
 
 

@@ -10,7 +10,8 @@ of a worker count run in one launch, one after another); the tests then compare 
 * sharding: each (feature, id) row on exactly one rank, owner_of(id, 2), and exactly the rows the batches touched;
 * one all-to-all pair per spec group (fused) vs per feature (per_feature), none with 1 worker;
 * per-feature statistics survive fusion (ids, unique_sent, unique_looked_up checked against NumPy);
-* eager training steps == tf.function steps.
+* eager training steps == tf.function steps;
+* the fused sender op == the op chain it replaces (2 workers, bit for bit).
 
 Most runs trace with ``--autograph off`` (about half the time of a run); the main configuration (2 workers, fused,
 Adagrad, tf.function) keeps the default AutoGraph path, so comparisons against it also cover that path.
@@ -37,7 +38,7 @@ RUN_TIMEOUT_S = 240  # a launch, plus PER_RUN_TIMEOUT_S for each configuration i
 PER_RUN_TIMEOUT_S = 120
 OPTIMIZERS = ["sgd", "adagrad"]
 # Runs that keep AutoGraph on (scenario.py's default); every other run passes --autograph off.
-AUTOGRAPH_ON = {(2, "fused", "adagrad", "function")}
+AUTOGRAPH_ON = {(2, "fused", "adagrad", "function"), (2, "fused_chain", "adagrad", "function")}
 
 
 sc = load_script(SCENARIO, "fusedrec_distributed_scenario")
@@ -126,7 +127,8 @@ PLANNED = {
         ("fused_native", "adagrad"), ("fused_admission", "adagrad"), ("fused_fp16", "adagrad")],
     2: [("fused", "sgd"), ("fused", "adagrad"), ("per_feature", "sgd"), ("per_feature", "adagrad"),
         ("fused_packed", "adagrad"), ("fused_native", "adagrad"), ("fused_native", "adam"), ("fused", "adam"),
-        ("fused_admission", "adagrad"), ("fused_fp16", "adagrad"), ("fused", "adagrad", STEPS, "eager")],
+        ("fused_admission", "adagrad"), ("fused_fp16", "adagrad"), ("fused", "adagrad", STEPS, "eager"),
+        ("fused_chain", "adagrad")],
 }
 
 
@@ -396,6 +398,20 @@ def test_statistics(scenario, workers):
 # --------------------------------------------------------------------------------------------------------------
 # 6. Eager training steps == tf.function steps
 # --------------------------------------------------------------------------------------------------------------
+
+def test_fused_sender_equals_the_op_chain_on_two_workers(scenario):
+    """The fused sender op (group_lookup.FusedSender, the default) and the op chain it replaces (ChainSender) give the
+    same training bit for bit: outputs, losses, tables, dense weights, held-out predictions, statistics."""
+    fused, chain = scenario(2, "fused", "adagrad"), scenario(2, "fused_chain", "adagrad")
+    for r in range(2):
+        # The runs really differ in their sender: one fused op per group, or none (the chain).
+        senders = int(fused.ranks[r]["sender_ops"]), int(chain.ranks[r]["sender_ops"])
+        assert senders == (NUM_GROUPS, 0), (r, senders)
+        assert sorted(fused.ranks[r]) == sorted(chain.ranks[r]), (r, set(fused.ranks[r]) ^ set(chain.ranks[r]))
+        for key, value in chain.ranks[r].items():
+            if key != "sender_ops":
+                np.testing.assert_array_equal(fused.ranks[r][key], value, err_msg=f"rank {r}: {key}")
+
 
 def test_eager_equals_function(scenario):
     # Eager over all STEPS costs less than two short runs: it skips the training step's tracing.
