@@ -4,9 +4,11 @@ would make a child believe it is a Horovod worker."""
 
 import importlib.util
 import os
+import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +82,37 @@ def run_scenario(name, args, workers, out, timeout):
         with np.load(Path(out) / f"rank{r}.npz") as z:
             ranks.append({k: z[k] for k in z.files})
     return ranks
+
+
+def run_scenarios(script, runs, workers, root, launch_timeout, per_run_timeout):
+    """Runs a scenario script that takes a repeatable ``--run="FLAGS"`` (one run's own flags, parsed by its own parser;
+    hot_scenario.py, pipeline_scenario.py) ONCE, alone or under horovodrun, training each run in turn into its own
+    directory under `root`: the processes, TensorFlow's import and Horovod's start are paid once, not per run.
+
+    runs: {key: [flags]} in training order (the script adds nothing; --out is added here). -> {key: [per rank {name:
+    array}]}. A failed or timed-out launch raises AssertionError naming every run it held, the command and the log's
+    tail (the scripts print "rank R: run i/n: ..." before each run, so the tail says which one was training)."""
+    args, dirs = [script], {}
+    for index, (key, flags) in enumerate(runs.items()):
+        dirs[key] = out = Path(root) / f"run{index}"
+        args.append("--run=" + shlex.join([str(f) for f in flags] + ["--out", str(out)]))
+    cmd = worker_command(args, workers)
+    what = f"{Path(script).name}, {workers} worker(s): " + "; ".join(" ".join(map(str, f)) for f in runs.values())
+    timeout = launch_timeout + per_run_timeout * len(runs)
+    start = time.monotonic()
+    rc, log, _ = execute(cmd, timeout, merge_stderr=True)
+    took = time.monotonic() - start
+    if rc is None:
+        raise AssertionError(f"{what}: timed out after {timeout} s: {' '.join(cmd)}\n{tail(log)}")
+    if rc != 0:
+        raise AssertionError(f"{what}: exit status {rc} after {took:.0f} s: {' '.join(cmd)}\n{tail(log)}")
+    results = {}
+    for key, out in dirs.items():
+        results[key] = []
+        for r in range(workers):
+            with np.load(out / f"rank{r}.npz") as z:
+                results[key].append({k: z[k] for k in z.files})
+    return results
 
 
 def load_script(path, name):

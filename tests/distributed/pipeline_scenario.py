@@ -4,6 +4,8 @@ schedules in one process, one model per schedule, all from the same initial stat
     python tests/distributed/pipeline_scenario.py --optimizer adagrad --encoding hashed --out DIR \
         --schedules sync,dbp,fwp2,fwp4c
     horovodrun -np 2 -H localhost:2 --gloo python tests/distributed/pipeline_scenario.py ...
+    python tests/distributed/pipeline_scenario.py --run="--schedules sync,dbp --out DIR1" \
+        --run="--optimizer sgd --encoding packed --schedules sync,fwp4c --out DIR2"
 
 A schedule is sync, dbp, fwpK (fwp with K micro-batches) or fwpKc (with sample clustering), optionally followed by
 _kN: N steps per call (TrainPipeline(steps_per_call=N), trained through progress_many). The data is a finite
@@ -13,10 +15,18 @@ error and leave the tables as they were after step S - 1.
 
 Writes DIR/rank{r}.npz with, per schedule X: X/losses, X/kernel, X/bias, X/table/{feature}/{id} rows this worker
 holds, X/slot/{name}/{feature}/{id} their optimizer slots, X/error (the error text, when one was raised).
+
+--run FLAGS (repeatable) trains several runs in one launch, one after another (the tests' way: the processes,
+TensorFlow's import and Horovod's start are paid once): FLAGS are the single-run flags above, --out included, in one
+shell-quoted string (give it as --run="FLAGS": the value starts with a dash). Each run gets a fresh Keras session and
+its own layer name (sparse, sparse_1, ...: TFRA tables of the same name would share their rows), which shows in no
+output (tables and collectives are named after it; the saved keys name schedules, features and slots, and the
+errors name features and ranks).
 """
 
 import argparse
 import os
+import shlex
 import sys
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
@@ -86,12 +96,12 @@ def slot_rows(optimizer, layer, feature, ids):
     return out
 
 
-def train(name, args, rank, size):
+def train(name, args, rank, size, layer_name="sparse"):
     schedule, micro_batches, cluster, steps_per_call = parse_schedule(name)
     optimizer_spec = {"name": args.optimizer, "learning_rate": 0.1}
     features = sc.make_features(optimizer_spec, max_id_bits=20 if args.encoding == "packed" else None)
     with tf.compat.v1.variable_scope(name):
-        layer = fr.FusedEmbedding(features, name="sparse")
+        layer = fr.FusedEmbedding(features, name=layer_name)
     model = PredictionModel(layer)
     optimizer = fr.train.make_optimizer(model, default={"name": "sgd", "learning_rate": 0.1})
     pipe = fr.train.TrainPipeline(model, optimizer, mse, dataset(args.steps, rank, size, args.bad_step, args.bad_rank),
@@ -117,20 +127,63 @@ def train(name, args, rank, size):
     return result
 
 
-def main():
-    p = argparse.ArgumentParser()
+def add_run_flags(p):
+    """The flags of one run (without --out)."""
     p.add_argument("--optimizer", default="adagrad")
     p.add_argument("--encoding", choices=["hashed", "packed"], default="hashed")
     p.add_argument("--schedules", default="sync,dbp,fwp2")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--bad-step", type=int)
     p.add_argument("--bad-rank", type=int, help="only this rank's batch --bad-step is bad (default: every rank's)")
+
+
+class _RunParser(argparse.ArgumentParser):
+    """Parses one --run value; its errors become the --run flag's error."""
+
+    def error(self, message):
+        raise argparse.ArgumentTypeError(message)
+
+
+def parse_run(text):
+    """'--optimizer ... --out DIR' (a --run value) -> the run's flags (argparse.Namespace)."""
+    p = _RunParser(prog="--run", add_help=False)
+    add_run_flags(p)
     p.add_argument("--out", required=True)
+    try:
+        return p.parse_args(shlex.split(text))
+    except (ValueError, argparse.ArgumentTypeError) as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+
+
+def main():
+    p = argparse.ArgumentParser()
+    add_run_flags(p)
+    p.add_argument("--out", help="the result directory of the one run the flags above describe")
+    p.add_argument("--run", action="append", type=parse_run, default=[],
+                   help="FLAGS: the flags of one run, --out included, in one string; repeatable; replaces the "
+                        "flags above")
     args = p.parse_args()
+    single = {k: v for k, v in vars(args).items() if k != "run"}
+    if args.run and any(v != p.get_default(k) for k, v in single.items()):
+        p.error("--run replaces the single-run flags: give them inside each --run")
+    if not args.run and not args.out:
+        p.error("give either --out (one run) or one or more --run")
+    runs = args.run or [argparse.Namespace(**single)]
+
     rank, size = sc.init_workers()
+    for index, run in enumerate(runs):
+        flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(run).items() if v is not None)
+        print(f"[pipeline_scenario] rank {rank}: run {index + 1}/{len(runs)}: {flags}", flush=True)
+        tf.keras.backend.clear_session()
+        run_one(run, rank, size, layer_name="sparse" if index == 0 else f"sparse_{index}")
+
+
+def run_one(args, rank, size, layer_name):
+    """Trains each schedule of one run (args: its flags) with layers named `layer_name` (one variable scope per
+    schedule); writes args.out/rank{r}.npz."""
     saved = {}
     for name in args.schedules.split(","):
-        for key, value in train(name, args, rank, size).items():
+        for key, value in train(name, args, rank, size, layer_name).items():
             saved[f"{name}/{key}"] = value
     sc.save_rank(args.out, rank, saved)
 

@@ -4,6 +4,11 @@ weight and loss of dbp and fwp (k = 2, 4; sample clustering on and off) must equ
 and Adagrad, hashed and packed groups, multi-hot (dense with padding, ragged with empty rows) features.
 Also: 2 workers == 1 worker under the pipelines, and a bad batch on one worker stops every worker, under every
 schedule, at its own step with the layer's error naming the rank, leaving the tables as the previous step left them.
+
+The runs of a worker count (RUNS) train in one launch, one after another (pipeline_scenario.py --run, each with a fresh
+Keras session and its own layer name), the first time a test needs one of them; the bad-batch run trains last (its
+errors are caught and saved, the processes go on, and nothing trains after it); a failed launch fails every test that
+needs one of its runs, naming them all.
 """
 
 from __future__ import annotations
@@ -14,13 +19,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.subprocess_runner import run_scenario
+from tests import subprocess_runner
 
 pytest.importorskip("horovod.tensorflow", reason="Horovod (horovod.tensorflow) is not importable")
 
 SCENARIO = Path(__file__).resolve().with_name("pipeline_scenario.py")
 RTOL, ATOL = 1e-6, 1e-7
-RUN_TIMEOUT_S = 600
+LAUNCH_TIMEOUT_S = 300  # a launch, plus PER_RUN_TIMEOUT_S for each run it trains
+PER_RUN_TIMEOUT_S = 300
 STEPS = 6
 
 RUNS = {
@@ -31,23 +37,40 @@ RUNS = {
     "bad_w2": (2, "adagrad", "hashed", "sync,dbp,fwp2", ["--bad-step", "3", "--bad-rank", "1"]),
     "three_steps_w2": (2, "adagrad", "hashed", "sync", ["--steps", "3"]),
 }
+# Runs whose batches raise (caught and saved by the scenario): each trains after every other run of its launch, so
+# whatever a stopped pipeline leaves behind reaches no other run.
+LAST = {"bad_w2"}
+
+
+def planned(workers):
+    """The RUNS of `workers` workers, in the order one launch trains them."""
+    return sorted((name for name, r in RUNS.items() if r[0] == workers), key=lambda name: name in LAST)
+
+
+def run_scenarios(root, workers, names):
+    """Trains the RUNS `names` in one launch with `workers` workers -> {name: [per-rank dict of arrays]}."""
+    flags = {}
+    for name in names:
+        _, optimizer, encoding, schedules, extra = RUNS[name]
+        flags[name] = ["--optimizer", optimizer, "--encoding", encoding, "--schedules", schedules,
+                       "--steps", STEPS] + extra
+    return subprocess_runner.run_scenarios(SCENARIO, flags, workers, root, LAUNCH_TIMEOUT_S, PER_RUN_TIMEOUT_S)
 
 
 @pytest.fixture(scope="session")
 def run(tmp_path_factory):
-    """run(name) -> [per-rank dict of arrays], each configuration run once per session."""
+    """run(name) -> [per-rank dict of arrays], each configuration run once per session: the first call for a worker
+    count trains all its RUNS in one launch."""
     cache = {}
 
     def get(name):
         if name not in cache:
-            workers, optimizer, encoding, schedules, extra = RUNS[name]
-            out = tmp_path_factory.mktemp(name)
-            args = [SCENARIO, "--optimizer", optimizer, "--encoding", encoding, "--schedules", schedules,
-                    "--steps", str(STEPS), "--out", out] + extra
+            workers = RUNS[name][0]
+            todo = [n for n in planned(workers) if n not in cache]
             try:
-                cache[name] = run_scenario(name, args, workers, out, RUN_TIMEOUT_S)
-            except AssertionError as e:  # remembered: a failed configuration is not run again
-                cache[name] = e
+                cache.update(run_scenarios(tmp_path_factory.mktemp(f"w{workers}"), workers, todo))
+            except AssertionError as e:  # remembered: a failed launch is not run again
+                cache.update(dict.fromkeys(todo, e))
         if isinstance(cache[name], AssertionError):
             pytest.fail(str(cache[name]), pytrace=False)
         return cache[name]

@@ -18,14 +18,12 @@ time a test needs one of them; a failed launch fails every test that needs one o
 """
 
 import json
-import shlex
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.subprocess_runner import execute, tail, worker_command
+from tests import subprocess_runner
 
 pytest.importorskip("horovod.tensorflow", reason="Horovod (horovod.tensorflow) is not importable")
 
@@ -60,38 +58,10 @@ def planned():
 PLANNED = planned()
 
 
-def describe(run):
-    layer, optimizer, flags = run
-    return f"{layer} {optimizer} {' '.join(flags)}"
-
-
 def run_scenarios(root, runs):
-    """Runs hot_scenario.py once on WORKERS workers, training each of `runs` ((layer, optimizer, flags tuple)) in
-    turn into its own directory under `root` -> {run: [per rank {key: array}]}. A failed launch raises
-    AssertionError naming every run it held and the log's tail (whose "[hot_scenario] ... run i/n" lines say which
-    one was training)."""
-    args, dirs = [SCENARIO], {}
-    for index, run in enumerate(runs):
-        layer, optimizer, flags = run
-        dirs[run] = out = Path(root) / f"run{index}"
-        args.append("--run=" + shlex.join(["--layer", layer, "--optimizer", optimizer, "--out", str(out), *flags]))
-    cmd = worker_command(args, WORKERS)
-    name = f"{WORKERS} workers: " + ", ".join(describe(run) for run in runs)
-    timeout = LAUNCH_TIMEOUT_S + PER_RUN_TIMEOUT_S * len(runs)
-    start = time.monotonic()
-    rc, log, _ = execute(cmd, timeout, merge_stderr=True)
-    took = time.monotonic() - start
-    if rc is None:
-        raise AssertionError(f"{name}: timed out after {timeout} s: {' '.join(cmd)}\n{tail(log)}")
-    if rc != 0:
-        raise AssertionError(f"{name}: exit status {rc} after {took:.0f} s: {' '.join(cmd)}\n{tail(log)}")
-    results = {}
-    for run, out in dirs.items():
-        results[run] = []
-        for r in range(WORKERS):
-            with np.load(out / f"rank{r}.npz") as z:
-                results[run].append({k: z[k] for k in z.files})
-    return results
+    """Trains `runs` ((layer, optimizer, flags tuple)) in one launch on WORKERS workers -> {run: [per rank dict]}."""
+    flags = {run: ["--layer", run[0], "--optimizer", run[1], *run[2]] for run in runs}
+    return subprocess_runner.run_scenarios(SCENARIO, flags, WORKERS, root, LAUNCH_TIMEOUT_S, PER_RUN_TIMEOUT_S)
 
 
 @pytest.fixture(scope="session")
