@@ -25,6 +25,9 @@ OK, FAIL_500, FAIL_400 = {"x": 1}, {"x": 2, "status": 500}, {"x": 3, "status": 4
 
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    # The listen backlog (socketserver's default is 5): an open loop opens a connection per request in flight, and on a
+    # busy machine more than 5 can wait to be accepted, which the kernel would refuse (a "connection" error).
+    request_queue_size = 256
 
     def __init__(self, delay_s=0.0, with_stats=True):
         super().__init__(("127.0.0.1", 0), _Handler)
