@@ -380,10 +380,25 @@ def test_slow_clients_get_408_and_busy_connections_beyond_the_cap_get_503(tight,
     well_formed(tight, trained[1])
 
 
+class _WatchedLock:
+    """A lock that records when someone starts waiting for it (the batcher, once it has gathered its batch)."""
+
+    def __init__(self):
+        self.inner, self.waiting = threading.Lock(), threading.Event()
+
+    def __enter__(self):
+        self.waiting.set()
+        self.inner.acquire()
+
+    def __exit__(self, *exc):
+        self.inner.release()
+
+
 def test_queue_overflow_gets_503(tight, trained):
     """With the model busy (its lock held here), one request waits in the batcher and --max-queue (1) more in the
     queue; the next is answered 503 naming --max-queue at once, and the waiting two are answered once the model is
-    free."""
+    free. The second request is sent only once the batcher waits for the model's lock: before, a batcher slow to be
+    scheduled could still take it into the first batch (its 2 ms gathering window started, not yet ended)."""
     local = trained[1]
     batches = [instances_of(sc.make_batch(4000 + i))[:2] for i in range(3)]
     answers = [None] * 3
@@ -392,19 +407,23 @@ def test_queue_overflow_gets_503(tight, trained):
         answers[i] = post(f"{tight.url}:predict", {"instances": batches[i]}, timeout=30)
 
     ranker = tight.ranker
-    before = ranker.stats()["requests"]
     threads = [threading.Thread(target=ask, args=(i,), daemon=True) for i in range(2)]
-    with ranker.model._lock:  # noqa: SLF001  (the dense model's lock: the batcher's call waits for it)
-        threads[0].start()
-        wait_for(lambda: ranker.stats()["requests"] == before + 1 and ranker.stats()["queue_depth"] == 0,
-                 "the first request taken by the batcher")
-        threads[1].start()
-        wait_for(lambda: ranker.stats()["queue_depth"] == 1, "the second request queued")
-        ask(2)
-        status, answer = answers[2]
-        assert status == 503 and "1 requests are already waiting (--max-queue)" in answer["error"], answers[2]
-    for t in threads:
-        t.join(30)
+    model_lock, watched = ranker.model._lock, _WatchedLock()  # noqa: SLF001  (the dense model's lock)
+    ranker.model._lock = watched  # noqa: SLF001
+    try:
+        with watched.inner:
+            threads[0].start()
+            assert watched.waiting.wait(10), "the first request reached the model within 10 s"
+            assert ranker.stats()["queue_depth"] == 0
+            threads[1].start()
+            wait_for(lambda: ranker.stats()["queue_depth"] == 1, "the second request queued", timeout=10)
+            ask(2)
+            status, answer = answers[2]
+            assert status == 503 and "1 requests are already waiting (--max-queue)" in answer["error"], answers[2]
+        for t in threads:
+            t.join(30)
+    finally:
+        ranker.model._lock = model_lock  # noqa: SLF001
     for i in range(2):
         status, answer = answers[i]
         assert status == 200, answer
