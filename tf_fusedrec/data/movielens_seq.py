@@ -260,7 +260,7 @@ def _split(data: _Ratings, test_fraction: float, held_out: bool) -> _Split:
 
 def movielens_seq_samples(data_dir, spec: Optional[MovieLensSeqSpec] = None, rank: int = 0, num_ranks: int = 1,
                           held_out: bool = False, shuffle: bool = False, seed: int = 0,
-                          epochs: Optional[int] = 1) -> Iterator[dict]:
+                          epochs: Optional[int] = 1, start: int = 0) -> Iterator[dict]:
     """This worker's samples of a MovieLens-1M split, one dict per rating with a history (see the module docstring).
 
     The files are read and the cap checked when this is called (errors surface here, not at the first ``next``).
@@ -273,6 +273,8 @@ def movielens_seq_samples(data_dir, spec: Optional[MovieLensSeqSpec] = None, ran
       shuffle: each epoch in the order of a permutation seeded with ``[seed, epoch]`` (else in (UserID, t) order).
       seed: the shuffle's seed, an int >= 0.
       epochs: passes over the split, an int >= 1, or None: endless.
+      start: the first sample of this worker's stream to yield (its samples over all epochs counted from 0): the
+        stream resumed after `start` samples, without making the skipped ones.
 
     Returns:
       An iterator of dicts: ``"index"`` (int, the sample's position in the split in (UserID, t) order), ``"tokens"``
@@ -292,6 +294,8 @@ def movielens_seq_samples(data_dir, spec: Optional[MovieLensSeqSpec] = None, ran
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
     if epochs is not None and (not _is_int(epochs) or epochs < 1):
         raise ValueError(f"epochs must be an int >= 1 or None (endless), got {epochs!r}")
+    if not _is_int(start) or start < 0:
+        raise ValueError(f"start must be an int >= 0, got {start!r}")
     data = _load(data_dir)
     if spec.vocab is not None and data.max_movie_id >= spec.vocab:
         raise ValueError(f"movies.dat has MovieID {data.max_movie_id}, not below the vocab {spec.vocab} of the "
@@ -310,10 +314,10 @@ def movielens_seq_samples(data_dir, spec: Optional[MovieLensSeqSpec] = None, ran
                          f"{int(split.position[last])} movies in the {which} split, more "
                          f"than the cap max_length={cap}; raise max_length or set truncate: true to keep the last "
                          f"{cap} movies")
-    return _generate(data, split, spec, rank, num_ranks, bool(shuffle), int(seed), epochs)
+    return _generate(data, split, spec, rank, num_ranks, bool(shuffle), int(seed), epochs, int(start))
 
 
-def _generate(data, split, spec, rank, num_ranks, shuffle, seed, epochs):
+def _generate(data, split, spec, rank, num_ranks, shuffle, seed, epochs, start):
     size = split.row.size
     first = data.offsets[:-1][split.row]      # each sample's user's first rating
     ends = first + split.position             # the target's rating, one past the history
@@ -322,10 +326,12 @@ def _generate(data, split, spec, rank, num_ranks, shuffle, seed, epochs):
     labels = np.stack([rating >= 4, rating == 5], axis=1).astype(np.float32)
     targets = data.movies[ends]
     contexts = [(name, data.contexts[name][split.row]) for name in spec.contexts]
-    epoch = 0
+    per_epoch = len(range(rank, size, num_ranks))  # this worker's samples of an epoch
+    epoch, skip = divmod(start, per_epoch) if per_epoch else (0, 0)
     while epochs is None or epoch < epochs:
         order = np.random.default_rng([seed, epoch]).permutation(size) if shuffle else np.arange(size)
-        for i in order[rank::num_ranks]:
+        mine, skip = order[rank::num_ranks][skip:], 0
+        for i in mine:
             i = int(i)
             sample = {"index": i, "tokens": int(ends[i] - starts[i]), spec.feature: data.movies[starts[i]:ends[i]],
                       spec.target: targets[i]}

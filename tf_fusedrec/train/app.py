@@ -15,7 +15,9 @@ step runs through fr.train.TrainPipeline with the chosen schedule (train/pipelin
 `train.checkpoint_full_every`, only the rows and slots changed since the previous checkpoint, between full ones), rank
 0 the dense weights, published atomically as DIR/ckpt-{step}/ with a manifest of sha256 sums. A later run with the same
 --model-dir resumes from the newest checkpoint every worker sees, with any number of workers, at the same data
-position (batches are a function of (seed, rank, step)); rank 0 writes TensorBoard summaries under DIR/tensorboard.
+position (batches are a function of (seed, rank, step)); a sequence config's batches are not (token-balanced ones hold
+different sample counts), so its manifest holds each worker's position in its sample stream and the run resumes there,
+on the worker count that wrote it only. Rank 0 writes TensorBoard summaries under DIR/tensorboard.
 """
 
 import argparse
@@ -361,9 +363,9 @@ def run(args):
         if rank == 0:
             print(f"resumed from {restored['directory']} at step {start} (written by {restored['workers']} "
                   f"worker(s), restored onto {size}); bytes read per rank: {bytes_read}", file=sys.stderr)
+    position = None  # a sequence run's: where this worker's batches stand in its sample stream
     if restored is not None and sequences:
-        raise ValueError("resuming a sequence config is not supported yet: the position of a worker's sample stream "
-                         "after token-balanced steps is not a function of the step; start a new --model-dir")
+        position = experiment.position_of_checkpoint(restored, rank, size)
     if start >= steps:
         raise ValueError(f"--model-dir is already at step {start} >= --steps {steps}; ask for more steps")
     hot_reports = None
@@ -376,7 +378,7 @@ def run(args):
     # Endless: the pipeline prefetches one batch past the last step (its ids only; no table changes).
     loss_fn = experiment.binary_cross_entropy()
     if sequences:
-        sequence_batches = experiment.SequenceBatches(config, batch_size, rank, size, balance)
+        sequence_batches = experiment.SequenceBatches(config, batch_size, rank, size, balance, position=position)
         dataset = sequence_batches.dataset()
         loss_fn = experiment.global_mean_loss(comm)
     else:
@@ -429,7 +431,7 @@ def run(args):
                         config, batch_size, rank, size, step, replication.sample_batches), optimizer)
                 report_hot(hot_reports, rank, f"re-peeked at step {step}")
             with watchdog.guard(f"the checkpoint of step {step}"):
-                checkpointer.save()
+                checkpointer.save(stream_position=sequence_batches.position_after(step - start) if sequences else None)
 
     result = {
         "config": config.name,

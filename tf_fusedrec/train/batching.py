@@ -4,12 +4,14 @@ User sequences have long-tailed lengths: with a fixed number of samples per work
 that drew the longest sequences. :class:`TokenBatcher` cuts each worker's stream of samples into batches whose token
 counts are closest to a target, so workers get different numbers of samples with similar token counts.
 :func:`fixed_batches` is the unbalanced baseline, :func:`to_dataset` turns either into a ``tf.data.Dataset`` of
-ragged batches (:func:`batch_signature`, :func:`collate`).
+ragged batches (:func:`batch_signature`, :func:`collate`). A :class:`StreamPosition` says where a worker's batches
+stand in its stream, so that a resumed run cuts the batches the uninterrupted one would have cut next.
 
 Different sample counts per worker would bias the usual per-worker mean loss: train/weighting.py's global-count
 weighting makes the update exact again.
 """
 
+import collections
 import collections.abc
 import itertools
 
@@ -17,6 +19,16 @@ import numpy as np
 import tensorflow as tf
 
 DEFAULT_BUFFER_SIZE = 1024
+
+StreamPosition = collections.namedtuple("StreamPosition", ["samples", "buffered"], defaults=(0,))
+StreamPosition.__doc__ = """Where a worker's batches stand in its sample stream, what a checkpoint records to resume it.
+
+samples: the samples of the stream that the batches so far hold (the next batch starts at this position).
+buffered: how many samples after them a TokenBatcher had already read into its buffer (0 for fixed_batches). A
+  resumed batcher starts the stream at `samples` and reads `buffered` samples as its first fill
+  (``TokenBatcher(...)(stream, buffered=...)``): its fills then end where the uninterrupted batcher's did, so it cuts
+  the same batches (a cut can depend on where a fill ended: empty sequences right behind the closest cut join the
+  batch only when they are buffered)."""
 
 
 def _positive_int(value, what):
@@ -123,30 +135,45 @@ class TokenBatcher:
                              f"max_sequence_tokens={self.max_sequence_tokens}")
         return int(tokens)
 
-    def __call__(self, stream):
-        """Yields the batches of `stream` (an iterable of samples): lists of samples, in stream order."""
+    def __call__(self, stream, buffered=0):
+        """Yields the batches of `stream` (an iterable of samples): lists of samples, in stream order.
+
+        buffered: resuming (StreamPosition.buffered): the first `buffered` samples of `stream` are the ones the
+          batcher being resumed had read past its last batch; they are read as one fill before the usual ones.
+        """
+        for batch, _ in self.cuts(stream, buffered):
+            yield batch
+
+    def cuts(self, stream, buffered=0):
+        """Like calling the batcher, but yields ``(batch, buffered)``: each batch and how many samples of the stream
+        the batcher has read past it (the StreamPosition.buffered that resumes the batcher after this batch)."""
+        buffered = int(buffered)
+        if buffered < 0:
+            raise ValueError(f"TokenBatcher: buffered must be >= 0, got {buffered}")
         source = iter(stream)
         samples, tokens = [], []
-        buffered, read, ended = 0, 0, False
+        buffered_tokens, read, ended = 0, 0, False
+        fill = buffered or self.buffer_size  # the first fill: a resumed batcher's buffer
         while True:
-            while buffered < self.target_tokens and not ended:
-                chunk = list(itertools.islice(source, self.buffer_size))
-                ended = len(chunk) < self.buffer_size
+            while buffered_tokens < self.target_tokens and not ended:  # true at first (0 tokens buffered)
+                chunk = list(itertools.islice(source, fill))
+                ended = len(chunk) < fill
+                fill = self.buffer_size
                 for sample in chunk:
                     t = self._tokens(sample, read)
                     read += 1
                     samples.append(sample)
                     tokens.append(t)
-                    buffered += t
-            if buffered < self.target_tokens:  # the stream has ended
+                    buffered_tokens += t
+            if buffered_tokens < self.target_tokens:  # the stream has ended
                 if samples:
-                    yield samples
+                    yield samples, 0
                 return
             k = closest_cut(np.cumsum(tokens), self.target_tokens)
             batch, samples = samples[:k], samples[k:]
-            buffered -= sum(tokens[:k])
+            buffered_tokens -= sum(tokens[:k])
             tokens = tokens[k:]
-            yield batch
+            yield batch, len(samples)
 
 
 def _length_of_sequence(sample):

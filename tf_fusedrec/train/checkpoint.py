@@ -30,6 +30,11 @@ Admission counts (FusedEmbedding(admission=...)): every checkpoint, full or delt
 (``t{t}.counts.keys``, ``.values``, ``.ids``), restored from the newest checkpoint of a chain with the rows' owner
 filter; a checkpoint without them (older, or written without admission) restores empty counts.
 
+Data positions: batches are a function of the step, except a sequence run's (token-balanced batches hold different
+sample counts): save(stream_position=...) records each rank's position in its sample stream in the manifest
+(``stream_positions``, one list of ints per rank, gathered with the shards' digests: no extra collective), and
+restore() returns them; the train app refuses to continue them on another worker count.
+
 Restoring (`restore`): the ranks allgather the steps they see published and take the newest one all of them see; each
 rank then follows its chain back to the full checkpoint, checks the sha256 of every file it is going to read, and
 the ranks agree (allgather) before reading anything, so a missing link or a corrupt or missing file stops every rank
@@ -287,8 +292,13 @@ class Checkpointer:
             return FULL
         return DELTA
 
-    def save(self):
-        """Writes and publishes the checkpoint of the current step (every rank calls it); -> its directory."""
+    def save(self, stream_position=None):
+        """Writes and publishes the checkpoint of the current step (every rank calls it); -> its directory.
+
+        stream_position: None, or this rank's position in its training data, ints (as many on every rank; the train
+          app's sequence runs give their batching.StreamPosition, whose batches are not a function of the step):
+          the manifest lists every rank's as "stream_positions", which restore() returns.
+        """
         self._build_slots()
         rank, size = self.comm.rank, self.comm.size
         step = int(self.step.numpy())
@@ -327,7 +337,8 @@ class Checkpointer:
             dense_bytes = len(dense)
         # Every rank's shard digest reaches every rank; the collective is also the barrier before publishing.
         digest = np.frombuffer(bytes.fromhex(files[shard_name(rank, size)][0]), np.uint8).astype(np.int64)
-        row = np.concatenate([digest, [len(shard), dense_bytes]])[None, :]
+        position = [] if stream_position is None else [int(x) for x in stream_position]
+        row = np.concatenate([digest, np.array([len(shard), dense_bytes] + position, np.int64)])[None, :]
         gathered = self.comm.allgather(tf.constant(row), name=f"FusedRec/checkpoint/save/{step}").numpy()
         final = step_dir(self.model_dir, step)
         if rank == 0:
@@ -339,6 +350,8 @@ class Checkpointer:
                 "tables": [t.name for t in self.tables], "replicated": [t.name for t in self.replicated],
                 "files": {name: {"sha256": digest, "bytes": nbytes} for name, (digest, nbytes) in sorted(files.items())},
             }
+            if stream_position is not None:
+                manifest["stream_positions"] = gathered[:, digest.size + 2:].tolist()
             _write_atomic(os.path.join(staging, MANIFEST), json.dumps(manifest, indent=1).encode())
             if os.path.exists(final):
                 shutil.rmtree(final)
@@ -458,7 +471,8 @@ class Checkpointer:
         Returns:
           None when there is none, else {"step", "directory", "workers" (who wrote it), "files" (its files this rank
           read), "chain" ([{"step", "kind", "workers", "files"}] from the full checkpoint on: what was applied, in
-          order), "bytes_read" (the whole chain's)}.
+          order), "bytes_read" (the whole chain's), "stream_positions" (every old rank's save(stream_position=...),
+          a list of int lists, or None)}.
 
         Raises:
           CheckpointError: on every rank, naming the file, when a file to read or a link of the chain is missing or
@@ -494,7 +508,8 @@ class Checkpointer:
                 "files": newest.names,
                 "chain": [{"step": link.step, "kind": link.manifest.get("kind", FULL),
                            "workers": link.manifest["workers"], "files": link.names} for link in links],
-                "bytes_read": sum(len(c) for c in contents.values())}
+                "bytes_read": sum(len(c) for c in contents.values()),
+                "stream_positions": newest.manifest.get("stream_positions")}
 
     def _check_tables(self, link):
         manifest, directory = link.manifest, link.directory

@@ -107,22 +107,23 @@ def make_dataset(config, batch_size, rank, size, held_out=False, start_step=0, s
 BALANCE_MODES = ("tokens", "none")
 
 
-def sequence_samples(config, rank, size, held_out=False):
+def sequence_samples(config, rank, size, held_out=False, start=0):
     """This worker's sample dicts of a sequence source (data.source in config.SEQUENCE_SOURCES; each dict: the
     sequence feature int64 [L], the other features int64 [], "labels" float32 [2], "tokens" L): what SequenceBatches
     cuts into batches. Training (held_out False) is endless; the held-out stream is endless for grm_synthetic and one
-    shuffled pass over the test split for movielens_seq."""
+    shuffled pass over the test split for movielens_seq. `start`: the stream from its start-th sample on (the
+    skipped samples are not made)."""
     from tf_fusedrec import data  # noqa: PLC0415
 
     d = config.data
     if d.source == "grm_synthetic":
-        return data.grm_samples(config, seed=d.seed, rank=rank, num_ranks=size, held_out=held_out)
+        return data.grm_samples(config, seed=d.seed, rank=rank, num_ranks=size, held_out=held_out, start=start)
     if d.source == "movielens_seq":
         from tf_fusedrec.data import movielens_seq  # noqa: PLC0415
 
         return movielens_seq.movielens_seq_samples(
             d.path, movielens_seq.MovieLensSeqSpec.from_config(config), rank=rank, num_ranks=size,
-            held_out=held_out, shuffle=True, seed=d.seed, epochs=1 if held_out else None)
+            held_out=held_out, shuffle=True, seed=d.seed, epochs=1 if held_out else None, start=start)
     from tf_fusedrec.config import SEQUENCE_SOURCES  # noqa: PLC0415
 
     raise ValueError(f"data.source {d.source!r} is not a sequence source {SEQUENCE_SOURCES}")
@@ -153,40 +154,86 @@ class SequenceBatches:
     (MTGRBoost's dynamic sequence batching: each batch's token count is the closest cut to batch_size x the mean
     sequence length, so workers get different sample counts and similar token counts) or of a fixed sample count.
     Records each batch's (samples, tokens) in `counts`, in the order the batches are made (tf.data prefetches, so it
-    may run a few batches ahead of training).
+    may run a few batches ahead of training), and the StreamPosition after each, so that `position_after(n)`, the
+    position after the first n batches training consumed, can be checkpointed.
 
     Args:
       config: the ExperimentConfig.
       batch_size: samples per worker and step (fixed), or the sample count whose mean token count is the target.
       rank, size: this worker's share of the samples.
       balance: "tokens" or "none".
+      position: a batching.StreamPosition to resume from (a checkpoint's, see `position_of_checkpoint`): the batches
+        are those that followed it in the run that recorded it (same config, batch size, balance and worker count).
+        None: the stream's start.
     """
 
-    def __init__(self, config, batch_size, rank, size, balance):
+    def __init__(self, config, batch_size, rank, size, balance, position=None):
         from tf_fusedrec.train import batching  # noqa: PLC0415
 
         if balance not in BALANCE_MODES:
             raise ValueError(f"--balance must be one of {BALANCE_MODES}, got {balance!r}")
         self.config, self.batch_size, self.rank, self.size, self.balance = config, batch_size, rank, size, balance
-        # The target: batch_size x the mean length of this worker's first 4096 samples (deterministic).
+        # The target: batch_size x the mean length of this worker's first 4096 samples (deterministic; also when
+        # resuming).
         first = [s["tokens"] for _, s in zip(range(4096), sequence_samples(config, rank, size))]
         self.target_tokens = max(1, int(round(batch_size * float(np.mean(first)))))
+        self.start = batching.StreamPosition(0, 0) if position is None else batching.StreamPosition(*position)
         self.counts = []
+        self._positions = []  # the StreamPosition after each batch made
         self.signature = sequence_signature(config)
         self._batching = batching
 
     def _batches(self):
-        samples = sequence_samples(self.config, self.rank, self.size)
+        samples = sequence_samples(self.config, self.rank, self.size, start=self.start.samples)
         if self.balance == "tokens":
-            batches = self._batching.TokenBatcher(self.target_tokens, tokens_of=lambda s: s["tokens"])(samples)
-        else:
-            batches = self._batching.fixed_batches(samples, self.batch_size)
-        for batch in batches:
+            batcher = self._batching.TokenBatcher(self.target_tokens, tokens_of=lambda s: s["tokens"])
+            cuts = batcher.cuts(samples, buffered=self.start.buffered)
+        else:  # a fixed batch reads nothing past itself
+            cuts = ((batch, 0) for batch in self._batching.fixed_batches(samples, self.batch_size))
+        consumed = self.start.samples
+        for batch, buffered in cuts:
+            consumed += len(batch)
             self.counts.append((len(batch), sum(s["tokens"] for s in batch)))
+            self._positions.append(self._batching.StreamPosition(consumed, buffered))
             yield batch
 
     def dataset(self):
+        """The batches from `position` on (iterate it once: the records describe one pass)."""
         return self._batching.to_dataset(self._batches, self.signature, label_key="labels")
+
+    def position_after(self, batches):
+        """The StreamPosition after the first `batches` batches of the dataset (those training has consumed by
+        then, whatever tf.data made ahead of them)."""
+        if batches == 0:
+            return self.start
+        if not 0 < batches <= len(self._positions):
+            raise ValueError(f"position_after({batches}): {len(self._positions)} batches were made")
+        return self._positions[batches - 1]
+
+
+def position_of_checkpoint(restored, rank, size):
+    """This worker's batching.StreamPosition in a sequence run's checkpoint (what Checkpointer.restore returned).
+
+    A sequence checkpoint resumes onto the worker count that wrote it only: worker r of N owns the samples r, r + N,
+    ... of the stream and, with token-balanced batches, the workers have consumed different numbers of them, so no
+    other split continues the same stream (neither the samples nor the steps of the uninterrupted run).
+
+    Raises:
+      ValueError: the checkpoint holds no stream positions, or was written by another worker count (naming both).
+    """
+    from tf_fusedrec.train import batching  # noqa: PLC0415
+
+    positions = restored.get("stream_positions")
+    if positions is None:
+        raise ValueError(f"checkpoint {restored['directory']} holds no sample-stream positions (written before "
+                         f"sequence runs could resume): a sequence config cannot continue from it; start a new "
+                         f"--model-dir")
+    if restored["workers"] != size or len(positions) != size:
+        raise ValueError(f"checkpoint {restored['directory']} of a sequence config was written by "
+                         f"{restored['workers']} worker(s), this run has {size}: a sequence run resumes onto the "
+                         f"worker count that wrote it only (each worker continues its own sample stream); start "
+                         f"{restored['workers']} worker(s), or a new --model-dir")
+    return batching.StreamPosition(*positions[rank])
 
 
 def global_mean_loss(comm):
