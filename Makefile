@@ -43,8 +43,9 @@ demo: build
 # spread one by one (pytest is pinned to 8.4.2: with pytest 9 pytest-xdist 3.8 groups nothing).
 PYTEST_PARALLEL := -n 2 --dist loadgroup
 
+# The whole suite prints its 30 slowest setups and calls, so a slow run (CI's included) names its slow tests.
 test: build bazel
-	TF_FUSEDREC_REQUIRE_HOROVOD=1 $(PY) -m pytest $(PYTEST_PARALLEL) tests
+	TF_FUSEDREC_REQUIRE_HOROVOD=1 $(PY) -m pytest $(PYTEST_PARALLEL) --durations=30 tests
 	TF_FUSEDREC_OPS_LIB=$(CURDIR)/$(BAZEL_LIB) $(PY) -m pytest $(PYTEST_PARALLEL) tests/ops
 
 # The fast tier: in-process unit and oracle tests only (no horovodrun, servers, clusters or nvcc; tests/conftest.py
