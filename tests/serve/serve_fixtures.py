@@ -8,7 +8,8 @@ The manifest's features and dense entries are placeholders: the embedding server
 
 Also, for the tests that serve a real model: trained_export (the scenario DLRM of export_scenario.py, trained briefly
 and exported once per test process), RankerThread (the ranker built from its command-line flags, serving from a
-thread of the test process on loopback), and HTTP helpers (post, get, raw_http).
+thread of the test process on loopback), HTTP helpers (post, get, raw_http), and reserved_port (a port for a server
+started in a subprocess).
 """
 
 import json
@@ -24,6 +25,7 @@ import numpy as np
 
 from tf_fusedrec import initializers
 from tf_fusedrec.export import format as fmt
+from tf_fusedrec.serve import bench as serve_bench
 
 INITIALIZER = {"class_name": "Hashed", "config": {"seed": 0, "stddev": 0.05}}
 GROUPS = (("packed", "packed", ("a", "b"), 4), ("hashed", "hashed", ("c", "d", "e"), 8))
@@ -69,6 +71,13 @@ def write_fake_export(export_dir, keys_per_feature=700, parts=3, seed=0, source=
     source = source if source is not None else {"fixture": "tests/serve/serve_fixtures.py", "seed": seed}
     fmt.write_manifest(export_dir, {"features": features, "groups": groups, "dense": {}, "source": source})
     return export_dir
+
+
+def reserved_port():
+    """A free loopback port for a server a subprocess starts seconds later, held for it meanwhile (see
+    tf_fusedrec.serve.bench.free_port: bind(0) hands it to no other socket while the child's SO_REUSEADDR server can
+    bind it; a port only bound and closed is anyone's until the child binds it)."""
+    return serve_bench.free_port()
 
 
 # --- a trained export and the ranker in this process -------------------------------------------------------------
@@ -168,7 +177,7 @@ def get(url):
         return json.loads(r.read())
 
 
-def raw_http(port, data, timeout=10.0):
+def raw_http(port, data, timeout=30.0):
     """Bytes sent as they are on a new loopback connection -> (status, decoded JSON body), reading until the server
     closes the connection or the answer's Content-Length is in."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:

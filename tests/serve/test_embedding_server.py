@@ -10,7 +10,6 @@ absolute path, and malformed requests of every kind get INVALID_ARGUMENT naming 
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,12 +30,9 @@ from tf_fusedrec.serve.client import RangeTable, RemoteBackend, ServerBusy, Serv
 GROUPS = ("packed", "hashed")
 TABLES = serve_fixtures.fake_tables()
 READY_TIMEOUT_S = 120  # a subprocess imports TensorFlow before it serves; the machine is shared
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# A lookup's deadline where a test checks what is answered, not how fast: a burst of lookups queued behind one
+# computing thread must not run into RemoteBackend's default 5 s on a busy machine.
+LOOKUP_TIMEOUT_S = 60
 
 
 def query(rng, group, trained=400, untrained=150, repeats=100):
@@ -141,8 +137,8 @@ def processes(export):
     even range 1 of 2 (explicit --start/--end), "victim" holds everything and is killed and restarted."""
     start, end = fmt.even_ranges(2)[1]
     middle = (start + end) // 2
-    procs = {"split": ServerProcess(export, free_port(), "--start", hex(middle), "--end", hex(end)),
-             "victim": ServerProcess(export, free_port(), "--shard", "0", "--num-shards", "1")}
+    procs = {"split": ServerProcess(export, serve_fixtures.reserved_port(), "--start", hex(middle), "--end", hex(end)),
+             "victim": ServerProcess(export, serve_fixtures.reserved_port(), "--shard", "0", "--num-shards", "1")}
     procs["split_range"] = (middle, end)
     yield procs
     for name in ("split", "victim"):
@@ -343,7 +339,7 @@ def big_query(seed, n=20000):
 def test_credits_bound_inflight(export, local, narrow_server):
     address = f"127.0.0.1:{narrow_server.port}"
     base = narrow_server.credits_state()
-    with RemoteBackend(export, [address]) as remote:
+    with RemoteBackend(export, [address], timeout_s=LOOKUP_TIMEOUT_S) as remote:
         assert remote.stats()["servers"][address]["credits"] == 2
         queries = [big_query(seed) for seed in range(20)]
         results = burst([lambda q=q: remote.rows("hashed", *q) for q in queries])
@@ -363,8 +359,9 @@ def test_credits_bound_inflight(export, local, narrow_server):
 def test_credits_are_shared_among_clients(export, local, narrow_server):
     address = f"127.0.0.1:{narrow_server.port}"
     base = narrow_server.credits_state()
-    with RemoteBackend(export, [address]) as a, RemoteBackend(export, [address]) as b:
-        deadline = time.monotonic() + 10
+    with RemoteBackend(export, [address], timeout_s=LOOKUP_TIMEOUT_S) as a, \
+            RemoteBackend(export, [address], timeout_s=LOOKUP_TIMEOUT_S) as b:
+        deadline = time.monotonic() + 30
         while time.monotonic() < deadline and any(x.stats()["servers"][address]["credits"] != 1 for x in (a, b)):
             time.sleep(0.02)
         assert [x.stats()["servers"][address]["credits"] for x in (a, b)] == [1, 1]
@@ -394,7 +391,7 @@ def test_server_refuses_beyond_max_inflight(export, local, narrow_server):
     assert state.high_water <= 2 and state.rejected - base.rejected == len(refused)
 
     # A client whose credits are stale (more than the server grants) retries the refused lookups.
-    with RemoteBackend(export, [address], credits_poll_s=3600) as remote:
+    with RemoteBackend(export, [address], credits_poll_s=3600, timeout_s=LOOKUP_TIMEOUT_S) as remote:
         remote._servers[address].gate.set_limit(12)
         queries = [big_query(seed, 30000) for seed in range(12)]
         results = burst([lambda q=q: remote.rows("hashed", *q) for q in queries])
@@ -440,8 +437,10 @@ def test_no_credit_in_time_names_the_server(export, narrow_server):
         began = time.monotonic()
         with pytest.raises(ServerBusy, match=f"server {address}, group 'packed': no credit"):
             remote.rows("packed", [1, 2], [0, 1])
-        assert time.monotonic() - began < 2.0
+        assert time.monotonic() - began < 4.0  # its 0.3 s, not the default 5 s
         gate.release()
+        # The lookup that follows opens the lookup channel: more than 0.3 s on a busy machine.
+        remote.timeout_s = LOOKUP_TIMEOUT_S
         assert remote.rows("packed", [1, 2], [0, 1]).shape == (2, 4)
 
 
@@ -655,7 +654,8 @@ def test_unknown_group_and_bad_arguments_client_side(export, clusters):
 
 def test_replica_failover(export, local, clusters):
     live = addresses(clusters[1])[0]
-    dead, dead_too = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    # Nobody listens on a reserved port, and no other process is given it meanwhile.
+    dead, dead_too = (f"127.0.0.1:{serve_fixtures.reserved_port()}" for _ in range(2))
     ids, categories = query(np.random.default_rng(5), "hashed")
     with RemoteBackend(export, RangeTable([(0, fmt.HASH_SPACE, [dead, live])]), timeout_s=5) as remote:
         assert np.array_equal(remote.rows("hashed", ids, categories), local.rows("hashed", ids, categories))
@@ -699,21 +699,21 @@ def test_killed_server_fails_fast_and_recovers(export, local, processes):
             began = time.monotonic()
             with pytest.raises(ServerUnavailable, match=f"server {victim.address}, group 'packed'"):
                 remote.rows("packed", ids, categories)
-            assert time.monotonic() - began < 3.0
-        deadline = time.monotonic() + 5
+            assert time.monotonic() - began < 8.0  # failed, not waited for the 10 s deadline
+        deadline = time.monotonic() + 30
         while remote.stats()["servers"][victim.address]["up"] and time.monotonic() < deadline:
             time.sleep(0.05)
         assert remote.stats()["servers"][victim.address]["up"] is False
 
         restarted = processes["victim"] = ServerProcess(export, victim.port, "--shard", "0", "--num-shards", "1")
         restarted.wait_ready()
-        deadline, answer = time.monotonic() + 15, None
+        deadline, answer = time.monotonic() + 60, None
         while answer is None and time.monotonic() < deadline:
             try:
                 answer = remote.rows("packed", ids, categories)
             except ServerUnavailable:
                 time.sleep(0.1)
-        assert answer is not None, "no lookup succeeded within 15 s of the server's restart"
+        assert answer is not None, "no lookup succeeded within 60 s of the server's restart"
         assert np.array_equal(answer, want)
 
     # SIGTERM: a graceful stop, after the start-up line and "ready".

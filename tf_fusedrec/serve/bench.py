@@ -74,9 +74,18 @@ def child_env():
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port, held for the child that binds it seconds later (after its TensorFlow import): closed by
+    the accepting side first, it waits in TIME_WAIT, in which Linux gives it to no other socket's bind(0), while the
+    child's server (gRPC, socketserver: SO_REUSEADDR) may bind it. A port only bound and closed is anyone's."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)):
+            accepted, _ = listener.accept()
+            accepted.close()
+    return port
 
 
 def _tail(path, n=3000):
