@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Row storage of the GRM's tables on grm_synthetic, 2 workers (MTGRBoost §5.2's mixed precision): float32, float16,
-# and float16 with the 2000 most read rows per group replicated in float32 (--hot 2000: mixed); a fourth run bounds
-# the float32 tables by eviction instead (--evict-capacity EVICT rows per group and worker, LFU, every 50 steps).
+# Row storage of the GRM's tables on grm_synthetic, 2 workers (MTGRBoost §5.2's mixed precision): float32, float16
+# (each update rounded to nearest), float16s (float16 with stochastic rounding: --table-rounding stochastic), and
+# float16 with the 2000 most read rows per group replicated in float32 (--hot 2000: mixed); a fifth run bounds the
+# float32 tables by eviction instead (--evict-capacity EVICT rows per group and worker, LFU, every 50 steps). The
+# control float32tfra trains float32 on the TFRA backend: the same arithmetic as the native default to ~1e-6, other
+# last bits, so its AUC against float32 measures how far a change of last bits alone moves a 300-step run.
 # Each run trains the same batches (--balance none) for STEPS steps and evaluates on EVAL_BATCHES held-out batches per
-# worker; the four runs repeat for each data seed in SEEDS (a model trained with other rounding follows another
+# worker; the runs repeat for each data seed in SEEDS (a model trained with other rounding follows another
 # trajectory: the spread over seeds says how much of an AUC difference is that). Table bytes (rows; optimizer slots
 # apart), rows over time, held-out AUC per task -> $OUT/storage_bench.json and the README's table.
 # A run whose summary is already in $OUT/runs is reused (FORCE=1 runs it again); MODES picks the modes (float32 is
 # the reference of each seed and always included).
-#   scripts/bench_grm_storage.sh [OUT=docs/grm] [SEEDS="0 1"] [MODES="float32 float16 mixed evict"] [STEPS=300]
-#       [BATCH=128] [EVAL_BATCHES=32] [EVICT=10000] [FORCE=1] [SUMMARY=storage_bench.json]
+#   scripts/bench_grm_storage.sh [OUT=docs/grm] [SEEDS="0 1"] [MODES="float32 float16 float16s mixed evict"]
+#       [STEPS=300] [BATCH=128] [EVAL_BATCHES=32] [EVICT=10000] [FORCE=1] [SUMMARY=storage_bench.json]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-docs/grm}; SEEDS=${SEEDS:-0 1}; STEPS=${STEPS:-300}; BATCH=${BATCH:-128}; EVAL_BATCHES=${EVAL_BATCHES:-32}
@@ -20,6 +23,8 @@ mkdir -p "$OUT/runs"
 CONFIGS=$(mktemp -d)
 trap 'rm -rf "$CONFIGS"' EXIT
 declare -A MODE_ARGS=([float32]="--table-storage float32" [float16]="--table-storage float16"
+                      [float16s]="--table-storage float16 --table-rounding stochastic"
+                      [float32tfra]="--table-storage float32 --table-backend tfra"
                       [mixed]="--table-storage float16 --hot 2000 --hot-sample-batches 20"
                       [evict]="--evict-capacity $EVICT --evict-interval 50")
 for seed in $SEEDS; do
@@ -44,7 +49,8 @@ import json, os, sys
 import numpy as np
 out, seeds = sys.argv[1], sys.argv[2].split()
 steps, batch, eval_batches, evict = map(int, sys.argv[3:7])
-modes = tuple(m for m in ("float32", "float16", "mixed", "evict") if m in sys.argv[7].split())
+modes = tuple(m for m in ("float32", "float16", "float16s", "mixed", "evict", "float32tfra")
+              if m in sys.argv[7].split())
 runs = []
 for seed in seeds:
     for mode in modes:
@@ -66,7 +72,7 @@ for mode in modes:
                      "all_bytes_vs_float32": float(np.mean([r["all_bytes_vs_float32"] for r in mine])),
                      "auc_minus_float32": {t: [r["auc_minus_float32"][t] for r in mine] for t in ("click", "conversion")},
                      "rows_at_end": [sum(w[-1] for w in r["table_rows_over_time"]["rows_per_worker"]) for r in mine]}
-result = {"command": f"scripts/bench_grm_storage.sh (SEEDS='{' '.join(seeds)}' MODES='{' '.join(modes)}' "
+result = {"command": f"scripts/bench_grm_storage.sh (OUT={out} SEEDS='{' '.join(seeds)}' MODES='{' '.join(modes)}' "
                      f"STEPS={steps} BATCH={batch} EVAL_BATCHES={eval_batches} EVICT={evict})",
           "summary": summary, "runs": runs}
 json.dump(result, open(f"{out}/{sys.argv[8]}", "w"), indent=1)

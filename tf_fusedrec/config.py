@@ -382,6 +382,7 @@ class TrainConfig:
 
 
 TABLE_BACKENDS = ("native", "tfra")
+TABLE_ROUNDINGS = ("nearest", "stochastic")
 
 
 @dataclasses.dataclass
@@ -389,6 +390,9 @@ class EmbeddingConfig:
     # FusedEmbedding's tables: native (the default of the train app and the bench: the same training, measured faster,
     # README "Table backends") | tfra. The per-feature baseline is always TFRA.
     table_backend: str = "native"
+    # How float16 table storage (--table-storage float16) rounds an updated row: nearest | stochastic (unbiased; see
+    # FusedEmbedding's rounding). float32 storage ignores it.
+    table_rounding: str = "nearest"
     # FusedEmbedding's table policies (tf_fusedrec/distributed/admission.py; the per-feature baseline has none):
     admission_min_count: Any = None  # fr.Admission(min_count): an id gets a row once read this often; null: at once
     expiry_steps: Any = None  # fr.Expiry(steps, interval): rows not updated for this many steps go; null: they stay
@@ -504,6 +508,9 @@ def parse_config(raw, where="config"):
     if embedding.table_backend not in TABLE_BACKENDS:
         raise ValueError(f"{where}.embedding.table_backend: must be one of {TABLE_BACKENDS}, got "
                          f"{embedding.table_backend!r}")
+    if embedding.table_rounding not in TABLE_ROUNDINGS:
+        raise ValueError(f"{where}.embedding.table_rounding: must be one of {TABLE_ROUNDINGS}, got "
+                         f"{embedding.table_rounding!r}")
     for key, optional in (("admission_min_count", True), ("expiry_steps", True), ("expiry_interval", False)):
         value = getattr(embedding, key)
         if not (optional and value is None) and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

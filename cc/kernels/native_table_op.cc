@@ -43,6 +43,7 @@ Status NativeTableConfig::FromAttrs(OpKernelConstruction* ctx, NativeTableConfig
   TF_RETURN_IF_ERROR(ctx->GetAttr("optimizer", &c->optimizer));
   TF_RETURN_IF_ERROR(ctx->GetAttr("slot_init", &c->slot_init));
   TF_RETURN_IF_ERROR(ctx->GetAttr("storage", &c->storage));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("rounding", &c->rounding));
   TF_RETURN_IF_ERROR(ctx->GetAttr("init", &c->init));
   TF_RETURN_IF_ERROR(ctx->GetAttr("seed", &c->seed));
   TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "mean", &c->mean));
@@ -79,6 +80,17 @@ Status NativeTableConfig::FromAttrs(OpKernelConstruction* ctx, NativeTableConfig
   } else {
     return error("storage must be float32 or float16, got '", c->storage, "'");
   }
+  if (c->rounding == "nearest") {
+    c->rounding_kind = RowRounding::kNearest;
+  } else if (c->rounding == "stochastic") {
+    c->rounding_kind = RowRounding::kStochastic;
+    if (c->storage_kind != RowStorage::kFloat16) {
+      return error("rounding stochastic needs storage float16 (float32 rows are not rounded), got storage ",
+                   c->storage);
+    }
+  } else {
+    return error("rounding must be nearest or stochastic, got '", c->rounding, "'");
+  }
   if (c->init == "hashed" || c->init == "normal" || c->init == "truncated_normal") {
     if (!(c->stddev > 0)) return error("init ", c->init, " needs stddev > 0, got ", c->stddev);
   } else if (c->init == "uniform") {
@@ -107,15 +119,15 @@ std::string NativeTableConfig::DebugString() const {
     return s;
   };
   return strings::StrCat("name=", name, " dim=", dim, " optimizer=", optimizer, " slot_init=[", join(slot_init),
-                         "] storage=", storage, " init=", init, " seed=", seed, " mean=", mean, " stddev=", stddev,
-                         " minval=", minval, " maxval=", maxval, " value=", value, " salts=[", join(salts),
-                         "] track_access=", track_access);
+                         "] storage=", storage, " rounding=", rounding, " init=", init, " seed=", seed,
+                         " mean=", mean, " stddev=", stddev, " minval=", minval, " maxval=", maxval,
+                         " value=", value, " salts=[", join(salts), "] track_access=", track_access);
 }
 
 bool NativeTableConfig::operator==(const NativeTableConfig& o) const {
   return name == o.name && dim == o.dim && optimizer == o.optimizer && slot_init == o.slot_init &&
-         storage == o.storage && init == o.init && seed == o.seed && mean == o.mean && stddev == o.stddev &&
-         minval == o.minval && maxval == o.maxval && value == o.value && salts == o.salts &&
+         storage == o.storage && rounding == o.rounding && init == o.init && seed == o.seed && mean == o.mean &&
+         stddev == o.stddev && minval == o.minval && maxval == o.maxval && value == o.value && salts == o.salts &&
          track_access == o.track_access;
 }
 
@@ -134,7 +146,7 @@ struct Float32Rows {
 };
 
 // Rows held as float16 bits: converted to float32 on read; an update computes the new row in float32 and rounds it
-// to the nearest float16 once, when storing.
+// to float16 once, when storing (Store: to nearest; TypedStore::StoreUpdated: the table's rounding).
 struct Float16Rows {
   using Stored = uint16_t;
   static constexpr bool kInPlace = false;
@@ -159,13 +171,16 @@ class TableStore {
                                float* rows) const = 0;
   // Distinct keys only, after Reserve(size() + n).
   virtual void ApplySparse(const int64_t* keys, const float* grads, const int32* categories, const int64_t* ids,
-                           int64_t n, const impl::OptimizerHyper& hyper) = 0;
+                           int64_t n, const impl::OptimizerHyper& hyper, int64_t update_count) = 0;
   virtual void Find(const int64_t* keys, int64_t n, int part, float* values, bool* exists) const = 0;
   // After Reserve(size() + n).
   virtual void Upsert(const int64_t* keys, const float* values, int64_t n, int part) = 0;
   virtual void Remove(const int64_t* keys, int64_t n) = 0;
   virtual void Export(int64_t* keys, float* rows, float* slots) const = 0;
   virtual void AccessStatus(int64_t* keys, int64_t* counts, int64_t* last) const = 0;
+  // Sets the access stats of n keys when every one is held and returns -1; otherwise changes nothing and returns
+  // the position of the first key not held.
+  virtual int64_t SetAccessStatus(const int64_t* keys, const int64_t* counts, const int64_t* last, int64_t n) = 0;
 };
 
 namespace {
@@ -220,14 +235,14 @@ class TypedStore : public TableStore {
   }
 
   void ApplySparse(const int64_t* keys, const float* grads, const int32* categories, const int64_t* ids, int64_t n,
-                   const impl::OptimizerHyper& hyper) override {
+                   const impl::OptimizerHyper& hyper, int64_t update_count) override {
     switch (config_.optimizer_kind) {
       case TableOptimizer::kSgd:
-        return Apply<impl::SgdRule>(keys, grads, categories, ids, n, hyper);
+        return Apply<impl::SgdRule>(keys, grads, categories, ids, n, hyper, update_count);
       case TableOptimizer::kAdagrad:
-        return Apply<impl::AdagradRule>(keys, grads, categories, ids, n, hyper);
+        return Apply<impl::AdagradRule>(keys, grads, categories, ids, n, hyper, update_count);
       case TableOptimizer::kAdam:
-        return Apply<impl::AdamRule>(keys, grads, categories, ids, n, hyper);
+        return Apply<impl::AdamRule>(keys, grads, categories, ids, n, hyper, update_count);
     }
   }
 
@@ -295,6 +310,16 @@ class TypedStore : public TableStore {
     });
   }
 
+  int64_t SetAccessStatus(const int64_t* keys, const int64_t* counts, const int64_t* last, int64_t n) override {
+    std::vector<int64_t> at(n);  // entry indices stay valid: nothing is inserted or removed in between
+    for (int64_t i = 0; i < n; ++i) {
+      at[i] = map_.Find(keys[i]);
+      if (at[i] < 0) return i;
+    }
+    for (int64_t i = 0; i < n; ++i) map_.access(at[i]) = impl::AccessStats{counts[i], last[i]};
+    return -1;
+  }
+
  private:
   void LoadRow(int64_t index, float* out) const {
     const typename Rows::Stored* row = map_.row(index);
@@ -319,9 +344,23 @@ class TypedStore : public TableStore {
     InitSlots(index);
   }
 
+  // The updated float32 row w of `key` into its float16 row, rounded the table's way.
+  void StoreUpdated(int64_t key, int64_t update_count, const float* w, typename Rows::Stored* row) const {
+    if (config_.rounding_kind == RowRounding::kStochastic) {
+      const uint64_t stream = impl::Float16RoundingStream(config_.salts[0], key, update_count);
+      for (int64_t d = 0; d < dim_; ++d) {
+        uint32_t bits;
+        std::memcpy(&bits, &w[d], sizeof(bits));
+        row[d] = impl::StochasticFloat16Bits(bits, impl::Float16RoundingBits(stream, d));
+      }
+    } else {
+      for (int64_t d = 0; d < dim_; ++d) row[d] = Rows::Store(w[d]);
+    }
+  }
+
   template <typename Rule>
   void Apply(const int64_t* keys, const float* grads, const int32* categories, const int64_t* ids, int64_t n,
-             const impl::OptimizerHyper& hyper) {
+             const impl::OptimizerHyper& hyper, int64_t update_count) {
     float* scratch = Scratch();
     impl::PipelinedProbe(
         map_, keys, n,
@@ -340,7 +379,7 @@ class TypedStore : public TableStore {
             float* w = scratch + dim_;  // the first dim_ floats belong to InitEntry
             for (int64_t d = 0; d < dim_; ++d) w[d] = Rows::Load(row[d]);
             Rule::Apply(hyper, g, dim_, w, map_.slots(index));
-            for (int64_t d = 0; d < dim_; ++d) row[d] = Rows::Store(w[d]);
+            StoreUpdated(keys[i], update_count, w, row);
           }
         });
   }
@@ -437,7 +476,7 @@ Status NativeTable::LookupOrInit(const Tensor& keys, const Tensor& categories, c
 }
 
 Status NativeTable::ApplySparse(const Tensor& keys, const Tensor& grads, const Tensor& categories, const Tensor& ids,
-                                const impl::OptimizerHyper& hyper) {
+                                const impl::OptimizerHyper& hyper, int64_t update_count) {
   TF_RETURN_IF_ERROR(CheckCategories(categories));
   const int64_t n = keys.NumElements();
   const int64_t dim = config_.dim;
@@ -485,7 +524,7 @@ Status NativeTable::ApplySparse(const Tensor& keys, const Tensor& grads, const T
 
   mutex_lock lock(mu_);
   TF_RETURN_IF_ERROR(ReserveError(store_->Reserve(store_->size() + u), store_->size() + u));
-  store_->ApplySparse(k, g, c, i, u, hyper);
+  store_->ApplySparse(k, g, c, i, u, hyper, update_count);
   return OkStatus();
 }
 
@@ -533,6 +572,32 @@ Status NativeTable::AccessStatus(const AllocateOutputs& allocate) const {
   TF_RETURN_IF_ERROR(allocate(store_->size(), &out));
   store_->AccessStatus(out[0]->flat<int64_t>().data(), out[1]->flat<int64_t>().data(), out[2]->flat<int64_t>().data());
   out[3]->scalar<int64_t>()() = clock_;
+  return OkStatus();
+}
+
+Status NativeTable::SetAccessStatus(const Tensor& keys, const Tensor& counts, const Tensor& last, int64_t clock) {
+  if (!config_.track_access) {
+    return Error("setting the access status needs a table created with track_access=True");
+  }
+  if (clock < 0) return Error("clock must be >= 0 (training lookups so far), got ", clock);
+  const int64_t n = keys.NumElements();
+  const int64_t* k = keys.flat<int64_t>().data();
+  const int64_t* c = counts.flat<int64_t>().data();
+  const int64_t* l = last.flat<int64_t>().data();
+  for (int64_t i = 0; i < n; ++i) {
+    if (c[i] < 0) return Error("counts must be >= 0, got ", c[i], " for key ", k[i], " at position ", i);
+    if (l[i] < 0 || l[i] > clock) {
+      return Error("last must be in [0, clock] = [0, ", clock, "] (the clock of a key's last training lookup), got ",
+                   l[i], " for key ", k[i], " at position ", i);
+    }
+  }
+  mutex_lock lock(mu_);
+  const int64_t missing = store_->SetAccessStatus(k, c, l, n);
+  if (missing >= 0) {
+    return Error("key ", k[missing], " at position ", missing, " is not in the table, so it has no access status to ",
+                 "set (restore its row first); nothing was set");
+  }
+  clock_ = clock;
   return OkStatus();
 }
 
@@ -666,7 +731,10 @@ class NativeTableApplySparseOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ScalarInput(ctx, *table, 6, "beta1", &hyper.beta1));
     OP_REQUIRES_OK(ctx, ScalarInput(ctx, *table, 7, "beta2", &hyper.beta2));
     OP_REQUIRES_OK(ctx, ScalarInput(ctx, *table, 8, "epsilon", &hyper.epsilon));
-    OP_REQUIRES_OK(ctx, table->ApplySparse(keys, grads, categories, ids, hyper));
+    const Tensor& update_count = ctx->input(9);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(update_count.shape()),
+                table->Error("update_count must be a scalar, got shape ", update_count.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, table->ApplySparse(keys, grads, categories, ids, hyper, update_count.scalar<int64_t>()()));
   }
 };
 
@@ -770,6 +838,27 @@ class NativeTableAccessStatusOp : public OpKernel {
   }
 };
 
+class NativeTableSetAccessStatusOp : public OpKernel {
+ public:
+  explicit NativeTableSetAccessStatusOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<NativeTable> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    const Tensor& keys = ctx->input(1);
+    const Tensor& counts = ctx->input(2);
+    const Tensor& last = ctx->input(3);
+    const Tensor& clock = ctx->input(4);
+    const int64_t n = keys.NumElements();
+    OP_REQUIRES_OK(ctx, CheckKeys(*table, keys));
+    OP_REQUIRES_OK(ctx, CheckLength(*table, counts, "counts", n, "keys"));
+    OP_REQUIRES_OK(ctx, CheckLength(*table, last, "last", n, "keys"));
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(clock.shape()),
+                table->Error("clock must be a scalar, got shape ", clock.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, table->SetAccessStatus(keys, counts, last, clock.scalar<int64_t>()()));
+  }
+};
+
 }  // namespace
 
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableCreate").Device(DEVICE_CPU), NativeTableCreateOp);
@@ -781,6 +870,8 @@ REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableRemove").Device(DEVICE_CPU), N
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableSize").Device(DEVICE_CPU), NativeTableSizeOp);
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableExport").Device(DEVICE_CPU), NativeTableExportOp);
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableAccessStatus").Device(DEVICE_CPU), NativeTableAccessStatusOp);
+REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableSetAccessStatus").Device(DEVICE_CPU),
+                        NativeTableSetAccessStatusOp);
 
 }  // namespace fusedrec
 }  // namespace tensorflow

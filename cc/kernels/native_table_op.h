@@ -21,6 +21,7 @@ namespace fusedrec {
 
 enum class TableOptimizer { kSgd, kAdagrad, kAdam };
 enum class RowStorage { kFloat32, kFloat16 };
+enum class RowRounding { kNearest, kStochastic };
 
 // The attributes of FusedRec>NativeTableCreate, validated once by FromAttrs.
 struct NativeTableConfig {
@@ -31,6 +32,10 @@ struct NativeTableConfig {
   std::vector<float> slot_init;  // initial value of each slot of a new key; one per slot
   std::string storage;           // "float32" | "float16" (slots are always float32)
   RowStorage storage_kind = RowStorage::kFloat32;
+  // How an update's float32 row becomes float16: "nearest" | "stochastic" (float16 storage only; impl::
+  // StochasticFloat16Bits). A row written by upsert or a new key's initial row is always rounded to nearest.
+  std::string rounding;
+  RowRounding rounding_kind = RowRounding::kNearest;
   std::string init;  // "hashed" | "constant" | "normal" | "uniform" | "truncated_normal"
   int64_t seed = 0;
   // float64: the hashed initializer multiplies by stddev in double, and a float32 attr would change its last bit.
@@ -76,9 +81,10 @@ class NativeTable : public ResourceBase {
   // is inserted with its slots at slot_init (and, with track_access, counted). rows: float32 [U, dim], allocated.
   Status LookupOrInit(const Tensor& keys, const Tensor& categories, const Tensor& ids, bool insert, Tensor* rows);
 
-  // One optimizer update per distinct key, with the grads of repeated keys summed first.
+  // One optimizer update per distinct key, with the grads of repeated keys summed first. update_count (the
+  // optimizer's 1-based update number) picks the random bits of stochastic rounding.
   Status ApplySparse(const Tensor& keys, const Tensor& grads, const Tensor& categories, const Tensor& ids,
-                     const impl::OptimizerHyper& hyper);
+                     const impl::OptimizerHyper& hyper, int64_t update_count);
 
   // part 0: rows, part p >= 1: slot p - 1. values: float32 [K, dim], exists: bool [K], allocated.
   Status Find(const Tensor& keys, int part, Tensor* values, Tensor* exists);
@@ -90,6 +96,11 @@ class NativeTable : public ResourceBase {
   Status Export(const AllocateOutputs& allocate) const;
   // Outputs keys [K], counts [K], last [K], clock [].
   Status AccessStatus(const AllocateOutputs& allocate) const;
+  // Sets the access stats of keys [K] to (counts[i], last[i]) and the clock to `clock` (a checkpoint's restore).
+  // Every key must be held already (its row restored first): otherwise, or when a count < 0, a last outside
+  // [0, clock] or a clock < 0 is given, nothing is set. A repeated key takes its last entry; other keys keep theirs.
+  // Inputs: keys, counts, last int64 [K] (their lengths checked by the kernel).
+  Status SetAccessStatus(const Tensor& keys, const Tensor& counts, const Tensor& last, int64_t clock);
 
  private:
   Status CheckPart(int part) const;

@@ -42,7 +42,7 @@ Status LookupOrInitShape(InferenceContext* c) {
   return OkStatus();
 }
 
-// table, keys [U], grads [U, dim], categories [U], ids [U], lr, beta1, beta2, epsilon (scalars).
+// table, keys [U], grads [U, dim], categories [U], ids [U], lr, beta1, beta2, epsilon, update_count (scalars).
 Status ApplySparseShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(CheckHandle(c));
   DimensionHandle n = c->UnknownDim();
@@ -51,7 +51,7 @@ Status ApplySparseShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(MergeVector(c, 3, &n));
   TF_RETURN_IF_ERROR(MergeVector(c, 4, &n));
   ShapeHandle unused;
-  for (int i = 5; i <= 8; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
+  for (int i = 5; i <= 9; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
   return OkStatus();
 }
 
@@ -116,6 +116,7 @@ REGISTER_OP("FusedRec>NativeTableCreate")
     .Attr("optimizer: {'sgd', 'adagrad', 'adam'}")
     .Attr("slot_init: list(float) = []")
     .Attr("storage: {'float32', 'float16'} = 'float32'")
+    .Attr("rounding: {'nearest', 'stochastic'} = 'nearest'")
     .Attr("init: {'hashed', 'constant', 'normal', 'uniform', 'truncated_normal'}")
     .Attr("seed: int = 0")
     .Attr("mean: string = '0.0'")
@@ -133,6 +134,9 @@ creating the table on first run. Tables are shared by (container, shared_name); 
 name. Creating with a shared_name that holds a table of another config is an error.
 mean, stddev, minval, maxval, value: float64 values as decimal strings that round-trip (Python's repr): a float
 attr is float32, and the hashed initializer multiplies by stddev in float64.
+rounding: how an update's float32 row is rounded to float16 storage: nearest (even), or stochastic (float16 storage
+only) with random bits a function of (salts[0], key, update_count, column). Upserts and new keys' initial rows are
+rounded to nearest.
 )doc");
 
 REGISTER_OP("FusedRec>NativeTableLookupOrInit")
@@ -159,11 +163,13 @@ REGISTER_OP("FusedRec>NativeTableApplySparse")
     .Input("beta1: float")
     .Input("beta2: float")
     .Input("epsilon: float")
+    .Input("update_count: int64")
     .SetIsStateful()
     .SetShapeFn(ApplySparseShape)
     .Doc(R"doc(
 One in-place optimizer update per distinct key (grads of repeated keys summed first). A missing key is first
-inserted with its initial row from (categories, ids).
+inserted with its initial row from (categories, ids). update_count: the optimizer's 1-based update number, the
+random bits' source with stochastic rounding (ignored otherwise).
 )doc");
 
 REGISTER_OP("FusedRec>NativeTableFind")
@@ -221,6 +227,33 @@ REGISTER_OP("FusedRec>NativeTableAccessStatus")
     .SetIsStateful()
     .SetShapeFn(AccessStatusShape)
     .Doc("Every key with its access count and last access clock, and the table's clock (needs track_access).");
+
+namespace {
+
+// table, keys [K], counts [K], last [K], clock [].
+Status SetAccessStatusShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(CheckHandle(c));
+  DimensionHandle n = c->UnknownDim();
+  for (int i = 1; i <= 3; ++i) TF_RETURN_IF_ERROR(MergeVector(c, i, &n));
+  ShapeHandle unused;
+  return c->WithRank(c->input(4), 0, &unused);
+}
+
+}  // namespace
+
+REGISTER_OP("FusedRec>NativeTableSetAccessStatus")
+    .Input("table: resource")
+    .Input("keys: int64")
+    .Input("counts: int64")
+    .Input("last: int64")
+    .Input("clock: int64")
+    .SetIsStateful()
+    .SetShapeFn(SetAccessStatusShape)
+    .Doc(R"doc(
+Sets the access count and last access clock of keys, and the table's clock (needs track_access; a checkpoint's
+restore). Every key must be in the table (its row restored first), counts >= 0 and 0 <= last <= clock: otherwise
+nothing is set. A repeated key takes its last entry; keys not given keep their stats.
+)doc");
 
 }  // namespace fusedrec
 }  // namespace tensorflow

@@ -9,8 +9,10 @@ other, each model in a variable scope of its own. Actions, in this order:
 
 * --verify LABEL=ROOT: for each case, a fresh model restores ROOT/{case}/delta (full + delta checkpoints) and another
   ROOT/{case}/full (every checkpoint full); each writes its state under LABEL/{case}/{delta|full}/: per table t the
-  sorted keys, rows and slot rows (zero where a slot row does not exist) and exists flags, every dense value
-  (weights, optimizer slots and iterations, the step) and what restore() returned (JSON, "restored");
+  sorted keys, rows and slot rows (zero where a slot row does not exist) and exists flags, with eviction each row's
+  access status (count, last), the table's clock (a dense value: equal on every worker) and this rank's evicted
+  counter (under counters{t}/, keyed by rank), every dense value (weights, optimizer slots and iterations, the step)
+  and what restore() returned (JSON, "restored");
 * --damaged LABEL=DIR: a model of the first case restores DIR (a delta model directory); LABEL/error is the
   CheckpointError's message ("" when it restored);
 * --train LABEL=ROOT --steps S: for each case, a model restores ROOT/{case}/delta when it holds a checkpoint, trains
@@ -35,7 +37,7 @@ import tensorflow as tf  # noqa: E402
 
 import tf_fusedrec as fr  # noqa: E402
 from tf_fusedrec.distributed import comm as comm_lib  # noqa: E402
-from tf_fusedrec.train.checkpoint import CheckpointError, Checkpointer  # noqa: E402
+from tf_fusedrec.train.checkpoint import CheckpointError, Checkpointer, access_status_of  # noqa: E402
 
 SAVE_EVERY = 2
 FULL_EVERY = 10  # saves at 2, 4, 6, 8 give: 2 full (the first), 4, 6, 8 deltas
@@ -83,6 +85,13 @@ def state(checkpointer, prefix):
         for (name, _), (values, exists) in zip(checkpointer._table_slots(table), slots):  # noqa: SLF001
             arrays[f"{prefix}/t{t}/slot/{name}"] = np.where(exists[:, None], values, 0)
             arrays[f"{prefix}/t{t}/exists/{name}"] = exists
+        tracked = checkpointer.access[t]
+        if tracked is not None:
+            counts, lasts, clock = access_status_of(tracked, keys)
+            arrays[f"{prefix}/t{t}/status/counts"], arrays[f"{prefix}/t{t}/status/lasts"] = counts, lasts
+            arrays[f"{prefix}/dense/t{t}/clock"] = clock
+            arrays[f"{prefix}/counters{t}/keys"] = np.array([checkpointer.comm.rank], np.int64)
+            arrays[f"{prefix}/counters{t}/evicted"] = np.array([int(tracked.evicted.numpy())], np.int64)
     for key, v in checkpointer._dense_state():  # noqa: SLF001
         arrays[f"{prefix}/dense/{key}"] = v.numpy()
     return arrays

@@ -127,7 +127,8 @@ def save_rank(out, rank, arrays):
     np.savez(os.path.join(out, f"rank{rank}.npz"), **arrays)
 
 
-LAYERS = ["fused", "fused_chain", "fused_packed", "fused_fp16", "fused_native", "fused_admission", "per_feature"]
+LAYERS = ["fused", "fused_chain", "fused_packed", "fused_fp16", "fused_fp16s", "fused_native", "fused_native_fp16s",
+          "fused_admission", "per_feature"]
 
 
 def parse_run(text):
@@ -175,7 +176,10 @@ def run_one(rank, size, layer, optimizer, steps, mode, autograph, out, name):
     optimizer = {"name": optimizer, "learning_rate": 0.1}
     features = make_features(optimizer, max_id_bits=20 if layer == "fused_packed" else None)
     layer_cls = fr.PerFeatureEmbedding if layer == "per_feature" else fr.FusedEmbedding
+    # fp16s: float16 rows rounded stochastically (tf_fusedrec/distributed/rounding.py).
     options = {"fused_fp16": {"storage": "float16"}, "fused_native": {"table_backend": "native"},
+               "fused_fp16s": {"storage": "float16", "rounding": "stochastic"},
+               "fused_native_fp16s": {"table_backend": "native", "storage": "float16", "rounding": "stochastic"},
                "fused_admission": {"table_backend": "native", "admission": fr.Admission(3),
                                    "expiry": fr.Expiry(2, interval=1)}}.get(layer, {})
     model = Model(layer_cls(features, name=name, **options))

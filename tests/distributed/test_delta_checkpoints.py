@@ -9,7 +9,8 @@ Adagrad; native float16 Adam with eviction; TFRA float16 Adam with eviction):
   1-worker directory to step 8 (a delta written by 2 workers on a chain written by 1) and restore it again.
 
 Each restore from full + deltas equals, bit for bit, the restore of the full checkpoint of the same step (rows, slot
-rows, dense weights and slots, the step), and the trained model it came from; a damaged chain stops every worker
+rows, dense weights and slots, the step; with eviction each row's access status, the clock and every worker's evicted
+counter, also onto another worker count), and the trained model it came from; a damaged chain stops every worker
 with a CheckpointError naming the file; retention keeps whole chains. In-process (one worker): a delta is a small
 fraction of a full checkpoint when few rows change, the full/delta schedule, retention dropping a superseded chain,
 and the config and constructor checks.
@@ -143,6 +144,9 @@ def test_full_plus_deltas_restore_equals_full_restore(runs, label, case):
     assert int(full["dense/step"]) == chain[-1]
     assert_same(delta, full, f"{prefix}: full + deltas vs full")
     assert any(len(v) for k, v in full.items() if k.endswith("/keys")), f"{prefix}: no rows restored"
+    if "evict" in case:  # the access status is compared too
+        assert any(v.any() for k, v in full.items() if k.endswith("/status/counts")), f"{prefix}: no access status"
+        assert all(int(v) == chain[-1] for k, v in full.items() if k.endswith("/clock")), f"{prefix}: clock"
     if any(name.startswith(f"{prefix}/live/") for name in ranks[0]):  # the run that trained and saved them
         live = union(ranks, f"{prefix}/live", trained=True)
         assert_same(delta, live, f"{prefix}: full + deltas vs the trained model")
@@ -172,6 +176,19 @@ def test_checkpoints_written_and_kept(runs, case):
         assert runs.listings[f"{root}/{case}/full"] == ["ckpt-6"]
     assert runs.listings[f"more/{case}/delta"] == ["ckpt-2", "ckpt-4", "ckpt-6", "ckpt-8"]
     assert runs.listings[f"more/{case}/full"] == ["ckpt-8"]
+
+
+@pytest.mark.parametrize("case", ["native_fp16_evict", "tfra_fp16_evict"])
+def test_another_worker_count_keeps_the_evicted_totals(runs, case):
+    """Old worker s's evicted counter goes to new worker s mod M: the same count gives each its own (compared in
+    test_full_plus_deltas_restore_equals_full_restore), another keeps the total."""
+    def totals(label):
+        state = union(runs.ranks[label], f"{label}/{case}/delta")
+        return {k: int(v.sum()) for k, v in state.items() if k.startswith("counters") and k.endswith("/evicted")}
+
+    assert totals("two") and all(totals("two").values()), totals("two")
+    assert totals("two_on_one") == totals("two")
+    assert totals("one_on_two") == totals("one")
 
 
 @pytest.mark.parametrize("case", ["native_fp16_evict", "tfra_fp16_evict"])

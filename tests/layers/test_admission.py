@@ -9,7 +9,8 @@ tf_fusedrec/distributed/admission.py) on one worker, both table backends.
   waiting ids read its row;
 * expiry removes exactly the rows (with their optimizer slots) a simulation says were not updated for `steps` steps;
 * a Checkpointer round trip keeps the counts (training goes on equal), and a checkpoint written without admission
-  restores empty counts;
+  restores empty counts; it keeps expiry's clocks too: the restored layer expires, step after step, the rows the
+  uninterrupted run expires;
 * bad policies and config keys are ValueErrors naming them.
 The 2-worker run is tests/distributed/test_horovod.py::test_admission_two_workers_equal_one_worker.
 """
@@ -311,6 +312,45 @@ def test_checkpoint_keeps_the_counts(tmp_path, backend):
         np.testing.assert_allclose(float(reader.step(batch(step))[0]), want, rtol=1e-6, err_msg=f"loss at {step}")
     assert reader.counts() == writer.counts()
     assert_same_state(reader.state(), writer.state(), "rows and slots after training on")
+
+
+def access(model):
+    """Per table: (sorted [(key, count, last)], clock, expired)."""
+    out = []
+    for table in model.layer.tables:
+        keys, counts, lasts, clock = (np.asarray(x) for x in table.access_status())
+        entries = sorted(zip(keys.tolist(), counts.tolist(), lasts.tolist()))
+        out.append((entries, int(clock), int(table.expired.numpy())))
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_checkpoint_keeps_the_expiry_clocks(tmp_path, backend):
+    comm = get_comm("single")
+    expiry = fr.Expiry(3, interval=2)
+    writer = Model(backend, "adagrad", expiry=expiry, name="xp")
+    for step in range(5):
+        writer.step(batch(step))
+    writer.counter.assign(5)
+    Checkpointer(str(tmp_path), writer.model, writer.optimizer, writer.counter, comm).save()
+    saved, state = access(writer), writer.state()
+    assert all(clock == 5 for _, clock, _ in saved)
+    held = []
+    for step in range(5, 11):
+        writer.step(batch(step))
+        held.append(sorted(writer.state()))
+    tf.keras.backend.clear_session()
+
+    reader = Model(backend, "adagrad", expiry=expiry, name="xp")
+    assert Checkpointer(str(tmp_path), reader.model, reader.optimizer, reader.counter, comm).restore()["step"] == 5
+    assert access(reader) == saved
+    assert_same_state(reader.state(), state, "restored rows and slots")
+    for step, want in zip(range(5, 11), held):
+        reader.step(batch(step))
+        assert sorted(reader.state()) == want, f"rows and slots held after step {step}"
+    assert access(reader) == access(writer)
+    assert reader.layer.expiry_statistics() == writer.layer.expiry_statistics()
+    assert sum(e for _, _, e in access(writer)) > sum(e for _, _, e in saved), "nothing expired after the restore"
 
 
 def test_checkpoint_without_counts_restores_empty_counts(tmp_path):

@@ -6,8 +6,17 @@
   after every step, LFU and LRU, eager and tf.function, float32 and float16 storage; optimizer slots leave with their
   rows; the keys of the step just trained are never evicted;
 * an evicted id comes back with its initializer's row and fresh optimizer state (as an id never seen);
+* checkpoints keep the access status (both backends, LFU and LRU, with expiry too): a restored layer exports the
+  saved status, clock and counters and evicts, step after step, exactly the rows the uninterrupted run evicts; full +
+  delta checkpoints restore the status of a full checkpoint; restored onto 2 workers each key's status goes with its
+  row; a checkpoint without a status (written before it was saved) restores an empty one (and then evicts other
+  rows);
 * bad capacities, policies, intervals and feature names are ValueErrors naming them.
 """
+
+import hashlib
+import io
+import json
 
 import numpy as np
 import pytest
@@ -16,6 +25,9 @@ import tensorflow as tf
 import tf_fusedrec as fr
 from tf_fusedrec import initializers
 from tf_fusedrec.distributed import eviction
+from tf_fusedrec.distributed.comm import SingleProcessComm
+from tf_fusedrec.ops import reference as ops_reference
+from tf_fusedrec.train.checkpoint import Checkpointer
 
 VOCAB = 16
 
@@ -151,6 +163,210 @@ def test_evicted_id_comes_back_as_new():
                                   fresh({"a": tf.constant([7], tf.int64)}, training=False)["a"].numpy())
 
 
+# --- checkpoints ------------------------------------------------------------------------------------------------------
+
+class Holder(tf.Module):
+    def __init__(self, layer):
+        super().__init__()
+        self.emb = layer
+
+
+class Checkpointed:
+    """An evicting (and expiring) layer of two features sharing one table (packed keys: ids differ from keys), its
+    optimizer and step counter: what a Checkpointer takes."""
+
+    def __init__(self, backend, eviction=None, expiry=None, name="ck"):
+        opt = {"name": "adagrad", "learning_rate": 0.3}
+        features = [fr.Feature(n, dim=4, max_id_bits=8, optimizer=opt) for n in ("a", "b")]
+        self.layer = fr.FusedEmbedding(features, eviction=eviction, expiry=expiry, table_backend=backend, name=name)
+        self.optimizer = fr.train.make_optimizer(self.layer, default="sgd")
+        self.counter = tf.Variable(0, dtype=tf.int64)
+        self._train = tf.function(self._train_step)
+
+    def _train_step(self, inputs):
+        with tf.GradientTape() as tape:
+            out = self.layer(inputs, training=True)
+            loss = tf.reduce_sum(tf.square(out["a"] - 0.5)) + tf.reduce_sum(tf.square(out["b"] + 0.5))
+        variables = self.layer.trainable_variables
+        self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    def step(self, s):
+        rng = np.random.default_rng([7, s])
+        loss = self._train({n: tf.constant(rng.zipf(1.3, 5) % VOCAB, tf.int64) for n in ("a", "b")})
+        self.counter.assign_add(1)
+        return float(loss)
+
+    def checkpointer(self, model_dir, full_every=0, comm=None):
+        return Checkpointer(str(model_dir), Holder(self.layer), self.optimizer, self.counter,
+                            comm or SingleProcessComm(), keep=5, full_every=full_every)
+
+    def status(self):
+        """(sorted [(key, count, last)], clock, evicted, expired) of the table."""
+        table = self.layer.tables[0]
+        keys, counts, lasts, clock = (np.asarray(x) for x in table.access_status())
+        return (sorted(zip(keys.tolist(), counts.tolist(), lasts.tolist())), int(clock), int(table.evicted.numpy()),
+                int(table.expired.numpy()))
+
+    def rows(self):
+        """{(key, "row" or slot name): values} of every row and optimizer slot held."""
+        table = self.layer.tables[0]
+        self.optimizer.create_slots([table.trainable])
+        keys = table.export()[0]
+        out = {}
+        for what, part in [("row", table.rows)] + self.optimizer.slot_tables(table.trainable):
+            values, exists = part.lookup(keys, return_exists=True)
+            out.update({(int(k), what): v for k, v, e in zip(keys.numpy(), values.numpy(), exists.numpy()) if e})
+        return out
+
+
+class RankOfTwo(SingleProcessComm):
+    """Rank `rank` of 2 as the checkpoint restore sees it (every collective it issues is the identity here)."""
+
+    size = 2
+
+    def __init__(self, rank):
+        self.rank = rank
+
+
+def assert_same_rows(got, want, what):
+    assert sorted(got) == sorted(want), f"{what}: {sorted(set(got) ^ set(want))[:6]}"
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=f"{what}: {k}")
+
+
+def strip_status(model_dir, step):
+    """Makes ckpt-{step} what a checkpoint written before the status was saved looks like: its shards without the
+    status arrays and counters (the manifest's digests follow)."""
+    directory = model_dir / f"ckpt-{step}"
+    manifest = json.loads((directory / "manifest.json").read_text())
+    for name, entry in manifest["files"].items():
+        if name.startswith("shard-"):
+            with np.load(directory / name) as z:
+                kept = {k: z[k] for k in z.files if ".status." not in k and not k.endswith((".evicted", ".expired"))}
+                assert len(kept) < len(z.files), "no status to strip"
+            buffer = io.BytesIO()
+            np.savez(buffer, **kept)
+            data = buffer.getvalue()
+            (directory / name).write_bytes(data)
+            entry.update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
+    (directory / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("backend", ["tfra", "native"])
+@pytest.mark.parametrize("policy", ["lfu", "lru"])
+def test_restored_layer_evicts_like_the_uninterrupted_one(tmp_path, backend, policy):
+    evict = fr.Eviction(capacity=14, policy=policy, interval=3)  # a restore without the status evicts other rows
+    writer = Checkpointed(backend, evict)
+    for s in range(7):
+        writer.step(s)
+    writer.checkpointer(tmp_path).save()
+    saved, rows = writer.status(), writer.rows()
+    assert saved[2] > 0 and max(c for _, c, _ in saved[0]) > 1, "nothing evicted or read twice: the test tests little"
+    losses, held = [], []
+    for s in range(7, 16):
+        losses.append(writer.step(s))
+        held.append((sorted({k for k, _ in writer.rows()}), writer.status()[2]))
+    tf.keras.backend.clear_session()
+
+    reader = Checkpointed(backend, evict)
+    assert reader.checkpointer(tmp_path).restore()["step"] == 7
+    assert reader.status() == saved
+    assert_same_rows(reader.rows(), rows, "restored rows and slots")
+    for s, loss, (keys, evicted) in zip(range(7, 16), losses, held):
+        assert reader.step(s) == loss, f"loss at step {s}"
+        assert (sorted({k for k, _ in reader.rows()}), reader.status()[2]) == (keys, evicted), f"after step {s}"
+    assert reader.status() == writer.status()
+    assert_same_rows(reader.rows(), writer.rows(), "rows and slots after training on")
+
+
+@pytest.mark.parametrize("backend", ["tfra", "native"])
+def test_full_plus_deltas_restore_the_status_of_a_full_restore(tmp_path, backend):
+    """Every delta holds the whole status: a key read without its row changing (Adagrad's zero gradient) still has a
+    new count and last; the chain restores what the full checkpoint of the same step restores."""
+    evict, expiry = fr.Eviction(capacity=16, policy="lru", interval=3), fr.Expiry(4, interval=2)
+    writer = Checkpointed(backend, evict, expiry)
+    delta, full = writer.checkpointer(tmp_path / "delta", full_every=100), writer.checkpointer(tmp_path / "full")
+    for s in range(6):
+        writer.step(s)
+        if s % 2 == 1:
+            delta.save()
+            full.save()
+    assert [w["kind"] for w in delta.written] == ["full", "delta", "delta"]
+    with np.load(tmp_path / "delta" / "ckpt-6" / "shard-0-of-1.npz") as z:
+        assert len(z["t0.status.keys"]) == len(z["t0.status.counts"]) > len(z["t0.keys"]), "a delta of every row"
+    live, rows = writer.status(), writer.rows()
+    assert live[2] > 0 and live[3] > 0, "nothing evicted or expired: the test tests little"
+    restored = {}
+    for kind in ("delta", "full"):
+        tf.keras.backend.clear_session()
+        reader = Checkpointed(backend, evict, expiry)
+        info = reader.checkpointer(tmp_path / kind).restore()
+        assert [link["kind"] for link in info["chain"]] == (["full", "delta", "delta"] if kind == "delta" else ["full"])
+        restored[kind] = reader.status()
+        assert_same_rows(reader.rows(), rows, f"{kind}: rows and slots")
+    assert restored["delta"] == restored["full"] == live
+
+
+@pytest.mark.parametrize("backend", ["tfra", "native"])
+@pytest.mark.parametrize("kind", ["full", "delta"])
+def test_status_goes_with_its_row_onto_two_workers(tmp_path, backend, kind):
+    """A 1-worker checkpoint restored by each rank of 2: each key's status lands where its row does (the rows' owner
+    filter, from the ids a delta's status carries too), every rank takes the clock, rank 0 the evicted counter."""
+    evict = fr.Eviction(capacity=14, policy="lfu", interval=3)
+    writer = Checkpointed(backend, evict)
+    checkpointer = writer.checkpointer(tmp_path, full_every=100 if kind == "delta" else 0)
+    for s in range(7):
+        writer.step(s)
+        if s in (3, 6):
+            checkpointer.save()
+    assert [w["kind"] for w in checkpointer.written] == ["full", kind]
+    entries, clock, evicted, _ = writer.status()
+    assert evicted > 0
+    union = []
+    for rank in range(2):
+        tf.keras.backend.clear_session()
+        reader = Checkpointed(backend, evict)
+        assert reader.checkpointer(tmp_path, comm=RankOfTwo(rank)).restore()["step"] == 7
+        got, got_clock, got_evicted, _ = reader.status()
+        counted = [e for e in got if e[1:] != (0, 0)]
+        keys = np.array([k for k, _, _ in counted], np.int64)
+        ids = reader.layer.sharded_tables()[0].ids_of_keys(keys)
+        assert (ops_reference.owner_of(ids, 2) == rank).all(), f"rank {rank} holds the status of keys it does not own"
+        assert set(keys.tolist()) <= {k for k, _ in reader.rows()}, f"rank {rank}: a status without its row"
+        assert (got_clock, got_evicted) == (clock, evicted if rank == 0 else 0)
+        union += counted
+    assert sorted(union) == [e for e in entries if e[1:] != (0, 0)]
+
+
+@pytest.mark.parametrize("backend", ["tfra", "native"])
+def test_checkpoint_without_status_restores_an_empty_status(tmp_path, backend):
+    evict = fr.Eviction(capacity=14, policy="lfu", interval=3)
+    writer = Checkpointed(backend, evict, fr.Expiry(5, interval=2))
+    for s in range(7):
+        writer.step(s)
+    writer.checkpointer(tmp_path).save()
+    rows = writer.rows()
+    held = []
+    for s in range(7, 16):
+        writer.step(s)
+        held.append(sorted({k for k, _ in writer.rows()}))
+    strip_status(tmp_path, 7)
+    tf.keras.backend.clear_session()
+
+    reader = Checkpointed(backend, evict, fr.Expiry(5, interval=2))
+    assert reader.checkpointer(tmp_path).restore()["step"] == 7
+    assert_same_rows(reader.rows(), rows, "restored rows and slots")
+    entries, clock, evicted, expired = reader.status()
+    # TFRA: no entry; native: an entry (0, 0) beside each row.
+    assert [e for e in entries if e[1:] != (0, 0)] == [] and (clock, evicted, expired) == (0, 0, 0)
+    got = []
+    for s in range(7, 16):
+        reader.step(s)
+        got.append(sorted({k for k, _ in reader.rows()}))
+    assert got != held, "the status made no difference: the tests of its checkpoint test nothing"
+
+
 # --- errors -----------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -177,3 +393,4 @@ def test_capacity_of_unknown_or_conflicting_features():
         fr.FusedEmbedding(features, eviction=5, name="e3")
     layer = fr.FusedEmbedding(features, eviction=fr.Eviction(capacity={"a": 3}), name="e4")
     assert layer.tables[0].status is not None
+    assert layer.access_tables() == layer.tables  # what checkpoints save the status of

@@ -60,10 +60,10 @@ class Trainer:
     are what a Checkpointer takes."""
 
     def __init__(self, optimizer, replication=None, packed=True, mode="function", name=None, storage="float32",
-                 table_backend="tfra", eviction=None):
+                 table_backend="tfra", eviction=None, rounding="nearest"):
         name = name or ("plain" if replication is None else "hot")
         self.layer = fr.FusedEmbedding(features(optimizer, packed), replication=replication, storage=storage,
-                                       table_backend=table_backend, eviction=eviction, name=name)
+                                       table_backend=table_backend, eviction=eviction, rounding=rounding, name=name)
         self.w = tf.Variable(tf.random.stateless_normal([15, 1], seed=[1, 2]) * 0.3)
         self.optimizer = fr.train.make_optimizer([self.layer], default="sgd")
         self.step = tf.function(self._step) if mode == "function" else self._step

@@ -5,6 +5,8 @@ native_table.py; the op itself is tested in tests/ops/test_native_table.py).
   packed and hashed groups, ragged and padded multi-hot, eager and tf.function, float32 and float16 storage, with
   eviction (the same rows evicted);
 * a fr.train.Checkpointer checkpoint written with one backend restores into the other and training goes on equal;
+  with eviction, the access status goes with it: the restored table evicts what the other backend's uninterrupted
+  run evicts;
 * statistics, the summary's table bytes and export read native tables like TFRA ones;
 * hot rows replicated in a native table train like the plain layer, and survive a hot-set move;
 * what the native backend does not implement (ftrl, SGD momentum, a random Keras initializer, an unknown backend) is
@@ -63,14 +65,18 @@ def test_native_trains_like_tfra_eagerly(optimizer):
     assert_same(native.rows(), tfra.rows(), "eager rows and slots")
 
 
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_native_float16_storage_trains_like_tfra_float16(optimizer):
+def test_native_float16_storage_trains_like_tfra_float16(optimizer, rounding):
     """float16 rows: the native table rounds a new key's initial row when it inserts it, TFRA's only after the
     key's first update (HalfRows stages it as float32), so the two agree up to one float16 rounding (2**-11
     relative), the tolerance of the other float16 comparisons (test_horovod's 2 workers vs 1); the native rows are
-    float16 values, and float16 storage costs both backends the same bytes."""
-    tfra = Trainer(optimizer, name="tfra_h16", table_backend="tfra", storage="float16")
-    native = Trainer(optimizer, name="native_h16", table_backend="native", storage="float16")
+    float16 values, and float16 storage costs both backends the same bytes. Stochastic rounding draws the same bits
+    in both (salt, key, update count, column) and is monotone in the value for given bits, so rows one rounding
+    apart stay within about one rounding (tests/layers/test_stochastic_rounding.py checks each backend bit for bit
+    against the NumPy reference)."""
+    tfra = Trainer(optimizer, name="tfra_h16", table_backend="tfra", storage="float16", rounding=rounding)
+    native = Trainer(optimizer, name="native_h16", table_backend="native", storage="float16", rounding=rounding)
     for step in range(20):
         (loss_t, _), (loss_n, _) = tfra.step(batch(step)), native.step(batch(step))
         np.testing.assert_allclose(loss_n.numpy(), loss_t.numpy(), rtol=2e-3, err_msg=f"loss at step {step}")
@@ -89,6 +95,33 @@ def test_native_eviction_evicts_like_tfra():
     assert_same(native.rows(), tfra.rows(), "rows and slots after eviction")
     assert native.layer.eviction_statistics() == tfra.layer.eviction_statistics()
     assert tfra.layer.eviction_statistics()[tfra.layer.groups[0].name]["evicted"] > 0
+
+
+@pytest.mark.parametrize("source,target", [("native", "tfra"), ("tfra", "native")])
+def test_restored_eviction_evicts_like_the_other_backend(tmp_path, source, target):
+    """The access status (counts, last reads, clock, evicted counters) travels with a checkpoint across backends."""
+    eviction = fr.Eviction(capacity=8, policy="lfu", interval=3)
+    comm = SingleProcessComm()
+    writer = Trainer("adagrad", name="ck", table_backend=source, eviction=eviction)
+    for step in range(10):
+        writer.step(batch(step))
+    writer.counter.assign(10)
+    Checkpointer(str(tmp_path), writer.model, writer.optimizer, writer.counter, comm).save()
+    held = []
+    for step in range(10, 20):
+        writer.step(batch(step))
+        held.append((sorted(writer.rows()), writer.layer.eviction_statistics()))
+    trained_on = writer.rows()
+    assert held[0][1] != held[-1][1], "nothing evicted after the restore: the test tests little"
+    tf.keras.backend.clear_session()
+
+    reader = Trainer("adagrad", name="ck", table_backend=target, eviction=eviction)
+    assert Checkpointer(str(tmp_path), reader.model, reader.optimizer, reader.counter, comm).restore()["step"] == 10
+    for step, (want, statistics) in zip(range(10, 20), held):
+        reader.step(batch(step))
+        assert sorted(reader.rows()) == want, f"rows held after step {step}"
+        assert reader.layer.eviction_statistics() == statistics, f"after step {step}"
+    assert_same(reader.rows(), trained_on, "rows and slots after training on")
 
 
 @pytest.mark.parametrize("optimizer", ["adagrad", "adam"])

@@ -29,6 +29,7 @@ def test_defaults_of_a_layer_without_the_optional_features():
     layer = fr.PerFeatureEmbedding(FEATURES, name="plain")
     assert layer.replicated_tables() == [] and layer.replicated_variables() == []
     assert layer.after_update(None) is None and layer.statistics() == {}
+    assert layer.access_tables() == [None, None] == [None] * len(layer.sharded_tables())
 
 
 def test_a_missing_required_method_names_the_layer():

@@ -211,32 +211,100 @@ def fro_adam_lr(t):
     return adam_bias_corrected_lr(HYPER["lr"], HYPER["beta1"], HYPER["beta2"], t).numpy()
 
 
+STORAGES = {"float32": {"storage": "float32"}, "float16": {"storage": "float16"},
+            "float16_stochastic": {"storage": "float16", "rounding": "stochastic"}}
+
+
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
-@pytest.mark.parametrize("storage", ["float32", "float16"])
+@pytest.mark.parametrize("storage", list(STORAGES))
 def test_apply_sparse_matches_reference(fro, mode, optimizer, storage):
     """25 steps of lookup + update with new keys arriving: exactly the reference's float32 arithmetic (float16:
-    rounded once per update)."""
+    rounded once per update, to nearest or stochastically with the bits of (salts[0], key, update count, column))."""
     rng = np.random.default_rng(OPTIMIZERS.index(optimizer))
-    table, want = make_pair(fro, f"apply_{optimizer}", dim=8, optimizer=optimizer, storage=storage)
+    table, want = make_pair(fro, f"apply_{optimizer}", dim=8, optimizer=optimizer, **STORAGES[storage])
 
-    def step_fn(keys, grads, categories, ids, lr):
+    def step_fn(keys, grads, categories, ids, lr, update_count):
         rows = fro.native_table_lookup_or_init(table, keys, categories, ids)
         with tf.control_dependencies([rows]):
             fro.native_table_apply_sparse(table, keys, grads, categories, ids, lr, HYPER["beta1"], HYPER["beta2"],
-                                          HYPER["epsilon"])
+                                          HYPER["epsilon"], update_count=update_count)
         return rows
 
     for step, keys in training_steps(rng, 25):
         categories, ids = feed(keys)
         grads = rng.normal(0, 1, (keys.size, 8)).astype(np.float32)
         lr = step_lr(optimizer, step)
-        rows = mode(step_fn, keys, grads, categories, ids, lr)
+        rows = mode(step_fn, keys, grads, categories, ids, lr, np.int64(step + 1))
         np.testing.assert_array_equal(rows, want.lookup_or_init(keys, categories, ids), err_msg=f"step {step}")
-        want.apply_sparse(keys, grads, categories, ids, lr, HYPER["beta1"], HYPER["beta2"], HYPER["epsilon"])
+        want.apply_sparse(keys, grads, categories, ids, lr, HYPER["beta1"], HYPER["beta2"], HYPER["epsilon"],
+                          update_count=step + 1)
     assert_table_equal(fro, table, want)
-    if storage == "float16":
+    if storage != "float32":
         rows = export_sorted(fro, table)[1]
         np.testing.assert_array_equal(rows, rows.astype(np.float16).astype(np.float32))
+
+
+# float32 values that exercise every branch of stochastic rounding: zeros, float16 subnormals (|x| < 2^-14) and
+# their boundary, float32 subnormals, values a float16 holds exactly, the largest float16 and just past it, beyond
+# float16, infinities; each also negative.
+ROUNDING_EDGES = np.array(
+    [0.0, 2.0**-24, 2.0**-25, 3 * 2.0**-26, 2.0**-14 - 2.0**-30, 2.0**-14, 2.0**-14 + 2.0**-30, 1e-7, 1e-10, 1e-40,
+     2.0**-126, 2.0**-149, 0.1, 1 / 3, 1.0, 1.0 + 2.0**-11, 2047.9, 65504.0, 65504.5, 65519.0, 65520.0, 65535.99,
+     65536.0, 1e30, np.inf], np.float32)
+
+
+def rounding_values(rng):
+    """float32 [n]: the edges with both signs, normals and values spread over float16's range and beyond."""
+    spread = rng.normal(0, 1, 600) * 2.0 ** rng.integers(-40, 18, 600)
+    return np.concatenate([ROUNDING_EDGES, -ROUNDING_EDGES, rng.normal(0, 1, 600), spread]).astype(np.float32)
+
+
+def test_stochastic_rounding_of_every_kind_of_value(fro, mode):
+    """The kernel's rounding of an update is the reference's bit for bit, on zeros, subnormals, values past 65504,
+    infinities (each with both signs) and values spread over float16's range, at several update counts. The update
+    is an SGD step with lr 1 from a stored -0, so the float32 row it rounds is exactly the value (-0 - -x = x, also
+    for x = +0 and -0); NaN comes out NaN."""
+    rng = np.random.default_rng(21)
+    dim = 4
+    values = rounding_values(rng)
+    values = np.concatenate([values, [np.nan, -np.nan, 0.5]]).astype(np.float32)
+    values = values[: values.size // dim * dim].reshape(-1, dim)
+    keys = (np.arange(values.shape[0], dtype=np.int64) * 7919 - 4000) * 1_000_003
+    table = fro.NativeTableResource("stochastic_edges", dim, storage="float16", rounding="stochastic", salts=SALTS)
+
+    def update(keys, grads, update_count):
+        # -(+0), not tf.fill(..., -0.0): eager TF caches scalar constants by value, and -0.0 == 0.0 finds a +0.0
+        # that an earlier test (any Keras layer) made; a stored +0 rounds -0 and negative float32 subnormals to +0.
+        zeros = fro.native_table_upsert(table, keys, tf.negative(tf.zeros_like(grads)))
+        with tf.control_dependencies([zeros]):
+            step = fro.native_table_apply_sparse(table, keys, grads, tf.zeros_like(keys, tf.int32), keys, 1.0,
+                                                 update_count=update_count)
+        with tf.control_dependencies([step]):
+            return fro.native_table_find(table, keys).values
+
+    for count in (1, 2, 1000, 2**40 + 3):
+        got = mode(update, keys, -values, np.int64(count)).astype(np.float16)
+        want = ref_module.stochastic_float16(values, ref_module.float16_rounding_bits(SALTS[0], keys, count, dim))
+        nan = np.isnan(values)
+        np.testing.assert_array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16),
+                                      err_msg=f"update count {count}")
+        assert np.isnan(got[nan]).all()
+
+
+def test_stochastic_rounding_needs_float16_and_an_update_count(fro):
+    with pytest.raises(ValueError, match="native table 'sr': rounding stochastic needs storage float16"):
+        fro.NativeTableResource("sr", 2, rounding="stochastic")
+    with pytest.raises(ValueError, match="native table 'sr': rounding must be one of"):
+        fro.NativeTableResource("sr", 2, storage="float16", rounding="up")
+    table = fro.NativeTableResource("sr", 2, storage="float16", rounding="stochastic")
+    with pytest.raises(ValueError, match="native table 'sr': rounding stochastic needs the update_count"):
+        fro.native_table_apply_sparse(table, [1], [[0.5, 0.5]], [0], [1], 0.1)
+    with pytest.raises(ValueError, match="native table 'sr': update_count must have rank 0"):
+        fro.native_table_apply_sparse(table, [1], [[0.5, 0.5]], [0], [1], 0.1, update_count=[1, 2])
+    # The kernel checks too, for graphs built without the wrapper.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="native table 'sr': rounding stochastic needs storage"):
+        fro.load_ops().fused_rec_native_table_create(table_name="sr", dim=2, optimizer="sgd", storage="float32",
+                                                     rounding="stochastic", init="hashed", salts=[0])
 
 
 def keras_optimizer(optimizer):
@@ -388,6 +456,32 @@ def test_access_status(fro, mode):
     # Removal drops a key's stats with it.
     fro.native_table_remove(table, [pool[0]])
     assert pool[0] not in fro.native_table_access_status(table).keys.numpy()
+
+
+def sorted_status(fro, table):
+    """{key: (count, last)} and the clock of a table."""
+    keys, counts, last, clock = (t.numpy() for t in fro.native_table_access_status(table))
+    return {int(k): (int(c), int(t)) for k, c, t in zip(keys, counts, last)}, int(clock)
+
+
+def setter_of(fro, table):
+    return lambda k, c, t, clock: fro.native_table_set_access_status(table, k, c, t, clock)
+
+
+def test_set_access_status(fro, mode):
+    """What a checkpoint's restore sets: the given keys' stats and the clock; the next training lookup counts on."""
+    table = fro.NativeTableResource("set_access", 2, salts=SALTS, track_access=True)
+    keys = np.array([5, -7, 11, 2**40], np.int64)
+    fro.native_table_upsert(table, keys, np.zeros((4, 2), np.float32))
+    setter = setter_of(fro, table)
+    mode(setter, keys[:3], np.array([3, 1, 9], np.int64), np.array([4, 0, 6], np.int64), np.int64(6))
+    assert sorted_status(fro, table) == ({5: (3, 4), -7: (1, 0), 11: (9, 6), 2**40: (0, 0)}, 6)
+    # A repeated key takes its last entry; keys not given keep theirs; an empty call sets the clock only.
+    mode(setter, np.array([5, 5], np.int64), np.array([1, 2], np.int64), np.array([1, 2], np.int64), np.int64(6))
+    mode(setter, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), np.int64(8))
+    assert sorted_status(fro, table) == ({5: (2, 2), -7: (1, 0), 11: (9, 6), 2**40: (0, 0)}, 8)
+    fro.native_table_lookup_or_init(table, [11, 3], *feed(np.array([11, 3], np.int64)))
+    assert sorted_status(fro, table) == ({5: (2, 2), -7: (1, 0), 11: (10, 9), 2**40: (0, 0), 3: (1, 9)}, 9)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -544,6 +638,44 @@ def test_error_access_status_without_tracking(fro, mode):
     table = fro.NativeTableResource("untracked", 2)
     with pytest.raises(tf.errors.InvalidArgumentError, match="native table 'untracked'.*track_access"):
         mode(lambda k: tuple(fro.native_table_access_status(table)), np.array([1], np.int64))
+
+
+def test_error_set_access_status(fro, mode, check):
+    """Each bad input is an error naming the table and the value, and a rejected call sets nothing."""
+    table = fro.NativeTableResource("set_bad", 2, salts=SALTS, track_access=True)
+    fro.native_table_upsert(table, [1, 2, 3], np.zeros((3, 2), np.float32))
+    fro.native_table_set_access_status(table, [1], [4], [2], 5)
+    before = sorted_status(fro, table)
+    keys, ones = np.array([1, 2, 3], np.int64), np.ones(3, np.int64)
+    setter = setter_of(fro, table)
+    check.expect_error(lambda: mode(setter, np.array([2, 99, 3], np.int64), ones, ones, np.int64(5)),
+                       r"native table 'set_bad': key 99 at position 1 is not in the table", 99)
+    check.expect_error(lambda: mode(setter, keys, np.array([1, -1, 1], np.int64), ones, np.int64(5)),
+                       r"native table 'set_bad': counts must be >= 0", -1, "key 2", "position 1")
+    check.expect_error(lambda: mode(setter, keys, ones, np.array([1, 1, 7], np.int64), np.int64(5)),
+                       r"native table 'set_bad': last must be in \[0, clock\]", 7, "key 3", "position 2")
+    check.expect_error(lambda: mode(setter, keys, ones, np.array([0, -2, 0], np.int64), np.int64(5)),
+                       r"native table 'set_bad': last must be in \[0, clock\]", -2)
+    check.expect_error(lambda: mode(setter, keys, ones, ones, np.int64(-1)),
+                       r"native table 'set_bad': clock must be >= 0", -1)
+    check.expect_error(lambda: mode(setter, keys, np.ones(2, np.int64), ones, np.int64(5)),
+                       r"native table 'set_bad'.*counts", 3, 2)
+    check.expect_error(lambda: mode(setter, keys, ones, np.ones(4, np.int64), np.int64(5)),
+                       r"native table 'set_bad'.*last", 3, 4)
+    check.expect_error(lambda: mode(setter, keys, ones, ones, np.array([5, 5], np.int64)),
+                       r"native table 'set_bad': clock must have rank 0")
+    # The kernel checks the shapes too, for graphs built without the wrapper.
+    raw = fro.load_ops().fused_rec_native_table_set_access_status
+    check.expect_error(lambda: raw(table.resource_handle, keys, ones, ones, [5, 5]),
+                       r"native table 'set_bad': clock must be a scalar")
+    check.expect_error(lambda: raw(table.resource_handle, keys, ones[:2], ones, 5),
+                       r"native table 'set_bad': counts must have one entry per key", 3, 2)
+    assert sorted_status(fro, table) == before  # nothing set by a rejected call
+    untracked = fro.NativeTableResource("set_untracked", 2)
+    fro.native_table_upsert(untracked, [1], np.zeros((1, 2), np.float32))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="native table 'set_untracked'.*track_access"):
+        mode(setter_of(fro, untracked), np.array([1], np.int64), np.array([1], np.int64), np.array([1], np.int64),
+             np.int64(1))
 
 
 def test_error_bad_config_and_part(fro):

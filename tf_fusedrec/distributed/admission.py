@@ -20,8 +20,10 @@ steps: the table's clock (its training lookups: one per step) minus the clock of
 ``steps`` steps. Expiry runs before eviction's capacity bound when both are set.
 
 **Checkpoints.** fr.train.Checkpointer saves the counts of the keys not admitted yet beside each table's rows and
-restores them onto any worker count (they are keyed like the rows). Expiry's clocks, like eviction's, are not saved:
-after a resume a restored row counts as read at the restore.
+restores them onto any worker count (they are keyed like the rows). Expiry's clocks are saved like eviction's (each
+row's last training lookup, the table's clock and the expired counters; tf_fusedrec/distributed/eviction.py), so a
+resumed run expires exactly the rows the uninterrupted run would; a checkpoint without them (written before they were
+saved) restores an empty status: the clock starts again at zero and a restored row counts as read at the restore.
 
 **Scope.** Sharded tables only: replicated hot rows (replication=...) are chosen as frequent and always trained.
 """

@@ -16,16 +16,22 @@ key). The keys the last lookup read (this step's) are never evicted, even when t
 table then keeps them all and is over capacity until a later eviction). A key leaves with its row (float32 or
 float16 storage), its optimizer slots and its status: nothing of it is kept, and when it is read again it starts
 anew from its initializer's row (the Hashed row of (feature, id), or the Keras initializer's draw) with empty slots,
-like an id never seen. A row the status has not counted (restored from a checkpoint, or moved out of the hot set)
-counts as read 0 times, never.
+like an id never seen. A row the status has not counted (restored from a checkpoint without a status, or moved out
+of the hot set) counts as read 0 times, never.
 
 Expiry (fr.Expiry, tf_fusedrec/distributed/admission.py) removes rows by the same status: those whose ``last`` is
 ``steps`` or more lookups old.
 
 **Scope.** Only sharded rows are evicted; replicated hot rows (replication=...) are not. ``capacity`` counts rows of
-one group's table on one worker: with N workers a group holds at most about N x capacity rows. The status is not
-saved in checkpoints: after a resume, counts and recency start again from zero, so the restored rows are the first
-to go until they are read again.
+one group's table on one worker: with N workers a group holds at most about N x capacity rows.
+
+**Checkpoints.** fr.train.Checkpointer saves the status with the rows, in every checkpoint (full or delta): each
+row's count and last, the table's clock and each worker's evicted (and expired) counter. A restore puts each key's
+status on the worker that owns its row (any worker count), sets the clock, and gives each worker its own counters (on
+M workers after another count, old worker s's go to worker s mod M: the totals are kept), so a resumed run evicts
+exactly the rows the uninterrupted run would. A checkpoint without a status (written before it was saved) restores
+an empty one: counts and recency start again from zero, so the restored rows are the first to go until they are read
+again.
 """
 
 import dataclasses

@@ -106,7 +106,9 @@ class NativeEmbeddingTable:
       storage: "float32" or "float16" (rows stored as float16, read as float32, each update computed in float32
         and rounded once; slots stay float32). A new key's initial row is rounded when it is inserted, where the TFRA
         backend keeps it float32 until the key's first update: the two agree to one float16 rounding, not bit for
-        bit.
+        bit (an update's rounding is bit for bit the TFRA backend's, nearest or stochastic).
+      rounding: "nearest" or "stochastic" (float16 storage only): how an update's row is rounded to float16
+        (tf_fusedrec/distributed/rounding.py).
       track_access: count each training lookup's keys (count, last clock) in the table, for eviction and expiry.
       admission: None or an fr.Admission: keys get a row only once a training lookup has read them min_count times
         (tf_fusedrec/distributed/admission.py).
@@ -115,7 +117,7 @@ class NativeEmbeddingTable:
     backend = "native"
 
     def __init__(self, name, dim, initializer, salts, optimizer, storage="float32", track_access=False,
-                 admission=None):
+                 admission=None, rounding="nearest"):
         from tf_fusedrec.ops import native_table_ops  # noqa: PLC0415  (the op library loads lazily)
 
         self.ops = native_table_ops
@@ -130,7 +132,8 @@ class NativeEmbeddingTable:
         self._slot_names = slot_names
         self.resource = native_table_ops.NativeTableResource(
             name=name, dim=dim, optimizer=optimizer.name, slot_init=slot_init, storage=self.storage,
-            salts=[int(s) for s in salts], track_access=track_access, **_initializer_attrs(initializer, f"table {name}"))
+            salts=[int(s) for s in salts], track_access=track_access, rounding=rounding,
+            **_initializer_attrs(initializer, f"table {name}"))
         prefix = name.replace("/", "_")
         # The trainable handle: its gradient is IndexedSlices(rows' gradients, table keys) (module docstring).
         self.anchor = tf.Variable(tf.zeros([1]), trainable=True, name=f"{prefix}_native_anchor")
@@ -195,8 +198,8 @@ class NativeEmbeddingTable:
 
     def apply_gradients(self, grad, optimizer):
         """Applies `optimizer` (the group's Keras legacy optimizer: its hyperparameters, and its step count for
-        Adam, which the caller advances once per step for all of the group's tables) to the rows of grad
-        (IndexedSlices from the anchor: values [U, dim], indices the keys) in place; -> the update op."""
+        Adam and stochastic rounding, which the caller advances once per step for all of the group's tables) to the
+        rows of grad (IndexedSlices from the anchor: values [U, dim], indices the keys) in place; -> the update op."""
         values = tf.convert_to_tensor(grad.values, tf.float32)
         keys = tf.convert_to_tensor(grad.indices, tf.int64)
         lr = tf.cast(optimizer._decayed_lr(tf.float32), tf.float32)  # noqa: SLF001  (Keras' own schedule hook)
@@ -207,8 +210,10 @@ class NativeEmbeddingTable:
             beta_2 = optimizer._get_hyper("beta_2", tf.float32)  # noqa: SLF001
             lr = self.ops.adam_bias_corrected_lr(lr, beta_1, beta_2, optimizer.iterations + 1)
         # Keys the step's lookup inserted: categories and ids only matter for a key missing here, which is none.
+        # The 1-based number of this update: the update count the TFRA backend's commit rounds with.
+        update_count = tf.cast(optimizer.iterations, tf.int64) + 1
         return self.ops.native_table_apply_sparse(self.resource, keys, values, tf.zeros_like(keys, tf.int32), keys,
-                                                  lr, beta_1, beta_2, epsilon)
+                                                  lr, beta_1, beta_2, epsilon, update_count=update_count)
 
     # --- eviction and expiry (tf_fusedrec/distributed/eviction.py, admission.py) ---------------------------------
 
@@ -231,7 +236,17 @@ class NativeEmbeddingTable:
         with tf.control_dependencies([self.ops.native_table_remove(self.resource, gone)]):
             return counter.assign_add(tf.size(gone, out_type=tf.int64))
 
-    def commit(self):
+    def access_status(self):
+        """(keys int64 [K], counts int64 [K], lasts int64 [K], clock int64 scalar): every key's status (0, 0 where
+        no training lookup read it) and the lookups' clock; what checkpoints save."""
+        return tuple(self.ops.native_table_access_status(self.resource))
+
+    def set_access_status(self, keys, counts, lasts, clock):
+        """Sets the status of keys int64 [K] to (counts, lasts) int64 [K] and the clock (a checkpoint's restore);
+        every key must hold its row already (native_table_set_access_status: an error otherwise)."""
+        return self.ops.native_table_set_access_status(self.resource, keys, counts, lasts, clock)
+
+    def commit(self, update_count=None):  # noqa: ARG002  (the update itself rounds, with its update count)
         """Nothing to do: float16 rows are rounded by the update itself."""
         return tf.no_op()
 

@@ -8,11 +8,12 @@ from (seed, feature, id) and inserted on the owner right before the lookup that 
 TFRA table (``store``: half the row bytes); the float32 table ``params`` holds only the rows in flight. A training
 lookup copies the rows it reads from the store into ``params`` as float32 (staging), the step reads and updates them
 there through the shadow with float32 optimizer math (the optimizer's slots are float32 tables keyed like
-``params``), and ``commit()``, run by the GroupedOptimizer right after the update, rounds the updated rows to
-float16 into the store and empties ``params``. An update is therefore the float32 update of the float32 value of the
-stored row, rounded to the nearest float16 once. Ids never trained are not stored. Slots stay float32 (Adagrad's
-and Adam's accumulators underflow in float16). ``rows`` reads and writes the union as float32 (checkpoints, export,
-hot-set moves).
+``params``), and ``commit(update_count)``, run by the GroupedOptimizer right after the update, rounds the updated
+rows to float16 into the store and empties ``params``. An update is therefore the float32 update of the float32 value
+of the stored row, rounded to float16 once: to the nearest, or stochastically (``rounding="stochastic"``,
+tf_fusedrec/distributed/rounding.py: random bits of (salt, key, update count, column), as the native table's). Ids
+never trained are not stored. Slots stay float32 (Adagrad's and Adam's accumulators underflow in float16). ``rows``
+reads and writes the union as float32 (checkpoints, export, hot-set moves).
 """
 
 import collections
@@ -24,6 +25,7 @@ from tensorflow_recommenders_addons import dynamic_embedding as de
 
 from tf_fusedrec import initializers
 from tf_fusedrec.distributed import admission as admission_lib
+from tf_fusedrec.distributed import rounding as rounding_lib
 
 
 ShardedTable = collections.namedtuple("ShardedTable", ["name", "params", "trainable", "ids_of_keys", "counts"],
@@ -149,7 +151,7 @@ def check_table_backend(backend, owner):
 
 
 def make_table(backend, name, dim, initializer, salts, optimizer, storage="float32", track_access=False,
-               admission=None):
+               admission=None, rounding="nearest"):
     """A group's table on this worker: an EmbeddingTable (TFRA) or a NativeEmbeddingTable, with the same interface
     (name, dim, storage, trainable, rows, lookup, commit, evict, expire, size, row_bytes, export, admission).
 
@@ -158,13 +160,14 @@ def make_table(backend, name, dim, initializer, salts, optimizer, storage="float
       optimizer: the group's OptimizerSpec (the native table keeps its slots beside the rows).
       track_access: count accesses for eviction and expiry (FusedEmbedding(eviction=..., expiry=...)).
       admission: None or an fr.Admission (tf_fusedrec/distributed/admission.py).
+      rounding: "nearest" or "stochastic" (float16 storage only): how an updated row is rounded to float16.
     """
     if check_table_backend(backend, f"table {name}") == "native":
         from tf_fusedrec.distributed.native_table import NativeEmbeddingTable  # noqa: PLC0415
 
         return NativeEmbeddingTable(name, dim, initializer, salts, optimizer, storage, track_access=track_access,
-                                    admission=admission)
-    table = EmbeddingTable(name, dim, initializer, salts, storage, admission=admission)
+                                    admission=admission, rounding=rounding)
+    table = EmbeddingTable(name, dim, initializer, salts, storage, admission=admission, rounding=rounding)
     if track_access:
         table.track_access()
     return table
@@ -186,11 +189,18 @@ class EmbeddingTable:
         table.
       storage: "float32" or "float16".
       admission: None or an fr.Admission: keys get a row only once a training lookup has read them min_count times.
+      rounding: "nearest" or "stochastic" (float16 storage only): how commit rounds the updated rows; stochastic
+        rounding salts its random bits with salts[0].
     """
 
-    def __init__(self, name, dim, initializer, salts, storage="float32", admission=None):
+    def __init__(self, name, dim, initializer, salts, storage="float32", admission=None, rounding="nearest"):
         self.name = check_table_name(name, f"table {name}")
         self.storage = check_storage(storage, f"table {name}")
+        rounding_lib.check_rounding(rounding, f"table {name}")
+        if rounding == "stochastic" and self.storage != "float16":
+            raise ValueError(f"table {name}: rounding stochastic needs storage float16 (float32 rows are not "
+                             f"rounded), got {self.storage!r}")
+        self.rounding = rounding_lib.make_rounding(rounding, salts[0])
         self.dim = dim
         self.initializer = initializer
         self.hashed = initializers.is_hashed(initializer)
@@ -357,13 +367,31 @@ class EmbeddingTable:
         with tf.control_dependencies(removed):
             return counter.assign_add(tf.size(gone, out_type=tf.int64))
 
-    def commit(self):
+    def access_status(self):
+        """(keys int64 [K], counts int64 [K], lasts int64 [K], clock int64 scalar): the status of every key counted
+        (track_access) and the lookups' clock; what checkpoints save (tf_fusedrec/train/checkpoint.py)."""
+        keys, status = self.status.export()
+        return keys, status[:, 0], status[:, 1], self.clock.read_value()
+
+    def set_access_status(self, keys, counts, lasts, clock):
+        """Sets the status of keys int64 [K] to (counts, lasts) int64 [K] and the clock to `clock` (a checkpoint's
+        restore); other keys keep theirs."""
+        keys = tf.convert_to_tensor(keys, tf.int64)
+        status = tf.stack([tf.convert_to_tensor(counts, tf.int64), tf.convert_to_tensor(lasts, tf.int64)], axis=1)
+        with tf.control_dependencies([self.status.upsert(keys, status)]):
+            return self.clock.assign(tf.convert_to_tensor(clock, tf.int64))
+
+    def commit(self, update_count=None):
         """float16 storage: rounds the rows in flight (read, and updated, by this step) into the store and empties
-        params. Run after the update (fr.train's GroupedOptimizer does); a no-op for float32 storage."""
+        params. Run after the update (fr.train's GroupedOptimizer does) with the group optimizer's 1-based number of
+        that update (int64 scalar; stochastic rounding draws its bits from it, nearest ignores it); a no-op for
+        float32 storage. A row already a float16 value is stored unchanged either way."""
         if self.store is None:
             return tf.no_op()
+        if update_count is None and self.rounding.name == "stochastic":
+            raise ValueError(f"table {self.name}: stochastic rounding needs the update count of the commit")
         keys, rows = self.params.export()
-        put = self.store.upsert(keys, tf.cast(rows, tf.float16))
+        put = self.store.upsert(keys, self.rounding.to_float16(rows, keys, update_count))
         with tf.control_dependencies([put]):
             return self.params.remove(tf.identity(keys))
 

@@ -11,6 +11,7 @@ from tf_fusedrec.distributed.comm import slot_name
 from tf_fusedrec.distributed import admission as admission_lib
 from tf_fusedrec.distributed import eviction as eviction_lib
 from tf_fusedrec.distributed import replication as replication_lib
+from tf_fusedrec.distributed import rounding as rounding_lib
 from tf_fusedrec.distributed.group_lookup import make_group_lookup
 from tf_fusedrec.distributed.table import (ReplicatedTable, ShardedTable, check_storage, check_table_backend,
                                            make_table, packed_ids)
@@ -57,6 +58,11 @@ class FusedEmbedding(EmbeddingLayer):
         max_bytes, costs). The hot set is empty until fr.train.choose_hot_set (the train app and TrainPipeline call
         it) counts the first batches. Needs fusion="deferred", the Hashed initializer and sgd, adagrad or adam.
       storage: "float32" or "float16" rows (optimizer slots stay float32).
+      rounding: how float16 storage rounds a row after each update: "nearest" (round to nearest even; an update
+        under half a float16 step is lost) or "stochastic" (up or down at random, unbiased: the stored row is the
+        float32 row on average), with random bits a function of (table, key, the group optimizer's update count,
+        column), so N workers and both table backends round alike (tf_fusedrec/distributed/rounding.py). float32
+        rows are never rounded: float32 storage ignores it.
       eviction: None or fr.Eviction(capacity, policy, interval).
       admission: None or fr.Admission(min_count): an id gets a trainable row only once training lookups have read it
         min_count times; until then it reads its initializer's row and its gradient is dropped
@@ -79,7 +85,7 @@ class FusedEmbedding(EmbeddingLayer):
 
     def __init__(self, features, optimizer=_common.DEFAULT_OPTIMIZER, initializer=None, comm=None,
                  dedup="segment", fusion="deferred", replication=None, storage="float32", eviction=None,
-                 table_backend="tfra", admission=None, expiry=None, name=None, **kwargs):
+                 table_backend="tfra", admission=None, expiry=None, rounding="nearest", name=None, **kwargs):
         super().__init__(name=name, **kwargs)
         self.features = _common.parse_features(features, self.name)
         if dedup not in DEDUP_MODES:
@@ -88,6 +94,7 @@ class FusedEmbedding(EmbeddingLayer):
             raise ValueError(f"{self.name}: fusion must be one of {FUSION_MODES}, got {fusion!r}")
         self.dedup, self.fusion = dedup, fusion
         self.storage = check_storage(storage, self.name)
+        self.rounding = rounding_lib.check_rounding(rounding, self.name)
         self.table_backend = check_table_backend(table_backend, self.name)
         self.eviction = eviction_lib.parse_eviction(eviction, self.name, self.features)
         self.admission = admission_lib.parse_admission(admission, self.name)
@@ -114,6 +121,7 @@ class FusedEmbedding(EmbeddingLayer):
             capacity = self.eviction.capacity_of(group, self.name) if self.eviction is not None else None
             table = make_table(self.table_backend, f"{self.name}/{group.name}", group.spec.dim, initializer, salts,
                                group.spec.optimizer, self.storage,
+                               rounding=self.rounding if self.storage == "float16" else "nearest",
                                track_access=capacity is not None or self.expiry is not None, admission=self.admission)
             self.tables.append(table)
             self._capacities.append(capacity)
@@ -153,9 +161,10 @@ class FusedEmbedding(EmbeddingLayer):
 
     def after_update(self, optimizer):
         """What runs right after each update of `optimizer` (fr.train.make_optimizer's GroupedOptimizer calls it):
-        the float16 commit of the updated rows, then, after every expiry `interval`-th update, the expiry of the rows
-        not updated for `steps` steps, then, after every eviction `interval`-th update, the eviction of the rows over
-        capacity, each with their slots. None when the layer has none of them."""
+        the float16 commit of the updated rows (with each group optimizer's update count, which its update has just
+        advanced: the 1-based number of that update), then, after every expiry `interval`-th update, the expiry of
+        the rows not updated for `steps` steps, then, after every eviction `interval`-th update, the eviction of the
+        rows over capacity, each with their slots. None when the layer has none of them."""
         def slots(table):
             return [] if table.trainable is None else [s for _, s in optimizer.slot_tables(table.trainable)]
 
@@ -166,7 +175,8 @@ class FusedEmbedding(EmbeddingLayer):
 
         ops = []
         if self.storage != "float32":
-            ops.append(tf.group([t.commit() for t in self.tables]))
+            ops.append(tf.group([t.commit(optimizer.sparse_optimizer_of(t.trainable).iterations)
+                                 for t in self.tables]))
         if self.expiry is not None:
             ops = every(self.expiry.interval,
                         lambda: tf.group([t.expire(self.expiry.steps, slots(t)) for t in self.tables]), ops)
@@ -229,6 +239,10 @@ class FusedEmbedding(EmbeddingLayer):
                              packed_ids(g.num_categories) if g.encoding == "packed" else lambda keys: None,
                              t.admission)
                 for g, t in zip(self._groups, self.tables)]
+
+    def access_tables(self):
+        """Per group (as sharded_tables), its table where it counts accesses (eviction or expiry), else None."""
+        return [t if c is not None or self.expiry is not None else None for t, c in zip(self.tables, self._capacities)]
 
     def collective_prefix(self, group):
         return f"FusedRec/{self.name}/{group.name}"
@@ -349,7 +363,7 @@ class FusedEmbedding(EmbeddingLayer):
         config = super().get_config()
         config.update(_common.layer_config(self.features, self.default_optimizer, self.default_initializer))
         config.update({"dedup": self.dedup, "fusion": self.fusion, "storage": self.storage,
-                       "table_backend": self.table_backend})
+                       "rounding": self.rounding, "table_backend": self.table_backend})
         if self.eviction is not None:
             config["eviction"] = self.eviction.get_config()
         if self.admission is not None:

@@ -34,6 +34,12 @@ class EmbeddingLayer(tf.keras.layers.Layer):
         """[ReplicatedTable]: tables every worker holds a whole copy of (hot rows); saved once."""
         return []
 
+    def access_tables(self):
+        """Per sharded table (sharded_tables' order), the table object where it counts accesses for eviction or
+        expiry, else None. fr.train.Checkpointer saves and restores through it: access_status() -> (keys, counts,
+        lasts, clock), set_access_status(keys, counts, lasts, clock), and the int64 variables evicted and expired."""
+        return [None] * len(self.sharded_tables())
+
     def replicated_variables(self):
         """Trainable handles whose gradients are averaged over the workers (replicated rows)."""
         return []

@@ -23,6 +23,7 @@ from tf_fusedrec.ops.native_table_ops import (
     native_table_find,
     native_table_lookup_or_init,
     native_table_remove,
+    native_table_set_access_status,
     native_table_size,
     native_table_upsert,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "native_table_find",
     "native_table_lookup_or_init",
     "native_table_remove",
+    "native_table_set_access_status",
     "native_table_size",
     "native_table_upsert",
     "owner_of",

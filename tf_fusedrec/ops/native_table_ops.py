@@ -16,7 +16,10 @@ Semantics worth knowing:
   "truncated_normal" draw from a per-(seed, salt, id) stream (TFRA's distributions, not TFRA's values);
   "constant" fills ``value``.
 * ``storage="float16"`` keeps rows as float16 (slots stay float32): a read converts to float32, an update computes
-  the new row in float32 and rounds it to the nearest float16 once.
+  the new row in float32 and rounds it to float16 once: to the nearest, or with ``rounding="stochastic"`` up or
+  down at random with the probabilities that make the rounding unbiased (tf_fusedrec.ops.reference.stochastic_float16
+  defines the bits), the random bits a function of (salts[0], key, the update_count given to apply_sparse, column).
+  Upserts and the initial rows of new keys are rounded to the nearest.
 * ``track_access=True`` keeps per key an access count and the clock of its last training lookup; the table's clock
   advances once per ``native_table_lookup_or_init(..., insert=True)`` call, and every key of that call (every
   occurrence, if a key repeats) adds 1 to its count. Keys inserted by upsert or apply_sparse start at count 0,
@@ -36,6 +39,7 @@ from tf_fusedrec.ops._loader import load_ops
 # checkpoints match slots by name.
 SLOT_NAMES = {"sgd": (), "adagrad": ("accumulator",), "adam": ("m", "v")}
 STORAGES = ("float32", "float16")
+ROUNDINGS = ("nearest", "stochastic")
 INITS = ("hashed", "constant", "normal", "uniform", "truncated_normal")
 # Initial slot values when none are given: Keras' initial_accumulator_value for Adagrad, zeros for Adam.
 DEFAULT_SLOT_INIT = {"sgd": (), "adagrad": (0.1,), "adam": (0.0, 0.0)}
@@ -60,6 +64,7 @@ class NativeTableConfig:
       mean, stddev, minval, maxval, value: initializer parameters (float64).
       salts: int64 salt of each category, e.g. initializers.feature_salt(seed, feature).
       track_access: keep per key access counts and last access clock.
+      rounding: "nearest" | "stochastic": how an update's row is rounded to float16 (float16 storage only).
     """
 
     name: str
@@ -76,6 +81,7 @@ class NativeTableConfig:
     value: float = 0.0
     salts: tuple = (0,)
     track_access: bool = False
+    rounding: str = "nearest"
 
     def __post_init__(self):
         def fail(what):
@@ -94,6 +100,10 @@ class NativeTableConfig:
                  f"{len(SLOT_NAMES[self.optimizer])} values, got {slot_init}")
         if self.storage not in STORAGES:
             fail(f"storage must be one of {STORAGES}, got {self.storage!r}")
+        if self.rounding not in ROUNDINGS:
+            fail(f"rounding must be one of {ROUNDINGS}, got {self.rounding!r}")
+        if self.rounding == "stochastic" and self.storage != "float16":
+            fail(f"rounding stochastic needs storage float16 (float32 rows are not rounded), got {self.storage!r}")
         if self.init not in INITS:
             fail(f"init must be one of {INITS}, got {self.init!r}")
         if self.init in ("hashed", "normal", "truncated_normal") and not self.stddev > 0:
@@ -127,7 +137,7 @@ def _float64_attr(x):
 
 def create_native_table(name, dim, optimizer="sgd", slot_init=None, storage="float32", init="hashed", seed=0,
                         mean=0.0, stddev=0.05, minval=-0.05, maxval=0.05, value=0.0, salts=(0,),
-                        track_access=False, shared_name="", container=""):
+                        track_access=False, rounding="nearest", shared_name="", container=""):
     """The resource handle of a native table, created on first run. Prefer NativeTableResource, which also frees it.
 
     Args: as NativeTableConfig, plus
@@ -142,7 +152,7 @@ def create_native_table(name, dim, optimizer="sgd", slot_init=None, storage="flo
       InvalidArgumentError: shared_name already holds a table of another config.
     """
     config = NativeTableConfig(name, dim, optimizer, slot_init, storage, init, seed, mean, stddev, minval, maxval,
-                               value, salts, track_access)
+                               value, salts, track_access, rounding)
     return _create(config, shared_name, container)
 
 
@@ -150,8 +160,8 @@ def _create(config, shared_name, container):
     with tf.name_scope("native_table_create"):
         return load_ops().fused_rec_native_table_create(
             table_name=config.name, dim=config.dim, optimizer=config.optimizer, slot_init=list(config.slot_init),
-            storage=config.storage, init=config.init, seed=config.seed, mean=_float64_attr(config.mean),
-            stddev=_float64_attr(config.stddev), minval=_float64_attr(config.minval),
+            storage=config.storage, rounding=config.rounding, init=config.init, seed=config.seed,
+            mean=_float64_attr(config.mean), stddev=_float64_attr(config.stddev), minval=_float64_attr(config.minval),
             maxval=_float64_attr(config.maxval), value=_float64_attr(config.value), salts=list(config.salts),
             track_access=config.track_access, shared_name=shared_name, container=container)
 
@@ -170,9 +180,9 @@ class NativeTableResource(tf.saved_model.experimental.TrackableResource):
 
     def __init__(self, name, dim, optimizer="sgd", slot_init=None, storage="float32", init="hashed", seed=0,
                  mean=0.0, stddev=0.05, minval=-0.05, maxval=0.05, value=0.0, salts=(0,), track_access=False,
-                 shared_name=None):
+                 rounding="nearest", shared_name=None):
         self._config = NativeTableConfig(name, dim, optimizer, slot_init, storage, init, seed, mean, stddev, minval,
-                                         maxval, value, salts, track_access)
+                                         maxval, value, salts, track_access, rounding)
         self._owns_table = shared_name is None
         self._shared_name = f"{name}_{uuid.uuid4().hex}" if shared_name is None else shared_name
         super().__init__()
@@ -217,6 +227,10 @@ class NativeTableResource(tf.saved_model.experimental.TrackableResource):
     @property
     def track_access(self):
         return self._config.track_access
+
+    @property
+    def rounding(self):
+        return self._config.rounding
 
     @property
     def shared_name(self):
@@ -339,11 +353,12 @@ tf.no_gradient("FusedRec>NativeTableLookupOrInit")
 
 @_not_autograph
 def native_table_apply_sparse(table, keys, grads, categories, ids, lr, beta1=0.9, beta2=0.999, epsilon=1e-7,
-                              name=None):
+                              update_count=None, name=None):
     """One in-place optimizer update per distinct key, with TF's float32 arithmetic.
 
     Repeated keys have their grads summed first (in input order) and are updated once, as TF's sparse optimizers do
-    after deduplicating. A key not in the table is first inserted with the row lookup_or_init would give it.
+    after deduplicating. A key not in the table is first inserted with the row lookup_or_init would give it. float16
+    rows are rounded as the table's `rounding` says.
 
     * sgd: w -= lr * g
     * adagrad (ResourceSparseApplyAdagradV2): acc += g * g; w -= lr * g / (sqrt(acc) + epsilon)
@@ -357,12 +372,22 @@ def native_table_apply_sparse(table, keys, grads, categories, ids, lr, beta1=0.9
       grads: float32 [U, dim].
       categories: int32 [U]; ids: int64 [U]: initialise keys that are missing, as in lookup_or_init.
       lr, beta1, beta2, epsilon: float32 scalars (beta1 and beta2 are used by adam only, epsilon by adagrad and adam).
+      update_count: int64 scalar, the optimizer's 1-based update number (Keras: optimizer.iterations + 1): the source
+        of stochastic rounding's random bits, required by a table with rounding="stochastic", ignored otherwise.
       name: optional op name.
 
     Returns:
       The op (None when executing eagerly).
+
+    Raises:
+      ValueError: a stochastic rounding table without update_count.
     """
     _check_table(table)
+    if update_count is None:
+        if table.rounding == "stochastic":
+            raise ValueError(f"native table '{table.name}': rounding stochastic needs the update_count (the "
+                             f"optimizer's 1-based update number) of every apply_sparse")
+        update_count = 0
     with tf.name_scope(name or "native_table_apply_sparse"):
         keys = _int64(table, keys, "keys")
         grads = _tensor(table, grads, tf.float32, "grads")
@@ -370,12 +395,14 @@ def native_table_apply_sparse(table, keys, grads, categories, ids, lr, beta1=0.9
         ids = _int64(table, ids, "ids")
         scalars = [_hyper(table, x, w) for x, w in
                    ((lr, "lr"), (beta1, "beta1"), (beta2, "beta2"), (epsilon, "epsilon"))]
+        update_count = _int64(table, update_count, "update_count")
         _check_static(table, {"keys": (keys, 1), "grads": (grads, 2), "categories": (categories, 1), "ids": (ids, 1),
                               "lr": (scalars[0], 0), "beta1": (scalars[1], 0), "beta2": (scalars[2], 0),
-                              "epsilon": (scalars[3], 0)}, ("keys", "grads", "categories", "ids"))
+                              "epsilon": (scalars[3], 0), "update_count": (update_count, 0)},
+                      ("keys", "grads", "categories", "ids"))
         _check_width(table, grads, "grads")
         return load_ops().fused_rec_native_table_apply_sparse(table.resource_handle, keys, grads, categories, ids,
-                                                              *scalars)
+                                                              *scalars, update_count)
 
 
 tf.no_gradient("FusedRec>NativeTableApplySparse")
@@ -522,3 +549,40 @@ def native_table_access_status(table, name=None):
 
 
 tf.no_gradient("FusedRec>NativeTableAccessStatus")
+
+
+@_not_autograph
+def native_table_set_access_status(table, keys, counts, last, clock, name=None):
+    """Sets the access stats of keys and the table's clock (a checkpoint's restore; the table must track access).
+
+    Every key must be in the table already (restore its row first): a key not held is an error, and then nothing is
+    set. A repeated key takes its last entry; keys not given keep their stats.
+
+    Args:
+      table: NativeTableResource.
+      keys: int64 [K].
+      counts: int64 [K], >= 0: the training lookups that read each key.
+      last: int64 [K], in [0, clock]: the clock of each key's last training lookup (0: none).
+      clock: int64 scalar, >= 0: the training lookups so far (the next one reads at clock + 1).
+      name: optional op name.
+
+    Returns:
+      The op (None when executing eagerly).
+
+    Raises:
+      ValueError: static shapes that are not vectors of one length, or a clock that is not a scalar.
+      InvalidArgumentError: the same at run time, a table created with track_access=False, a key not in the table, a
+        negative count or clock, or a last outside [0, clock] (naming the table, the key and its position).
+    """
+    _check_table(table)
+    with tf.name_scope(name or "native_table_set_access_status"):
+        keys = _int64(table, keys, "keys")
+        counts = _int64(table, counts, "counts")
+        last = _int64(table, last, "last")
+        clock = _int64(table, clock, "clock")
+        _check_static(table, {"keys": (keys, 1), "counts": (counts, 1), "last": (last, 1), "clock": (clock, 0)},
+                      ("keys", "counts", "last"))
+        return load_ops().fused_rec_native_table_set_access_status(table.resource_handle, keys, counts, last, clock)
+
+
+tf.no_gradient("FusedRec>NativeTableSetAccessStatus")

@@ -26,6 +26,8 @@ __all__ = [
     "decode_unified_keys",
     "fused_sender",
     "packed_bits",
+    "float16_rounding_bits",
+    "stochastic_float16",
     "SegmentUniqueResult",
     "PartitionResult",
     "CategoryUniqueResult",
@@ -265,13 +267,62 @@ def native_table_initial_rows(init, ids, salts, dim, seed=0, mean=0.0, stddev=0.
     raise ValueError(f"unknown init {init!r}")
 
 
+FLOAT16_ROUNDING_SALT = 0x5851F42D4C957F2D  # cc/kernels/impl/native_table.h: kFloat16RoundingSalt
+
+
+def float16_rounding_bits(salt, keys, update_count, dim):
+    """The random bits of stochastic rounding: uint32 [n, dim] for keys int64 [n] of a table whose first category salt
+    is `salt` (int64), at the optimizer's 1-based update number `update_count`. Column d takes the high 32 bits of
+    word d + 1 of the stream mix64(mix64(key ^ salt ^ FLOAT16_ROUNDING_SALT) ^ mix64(update_count + golden)), the
+    random initializers' stream (native_table_initial_rows) with update_count for seed."""
+    keys = np.asarray(keys, np.int64).view(np.uint64)
+    salt = np.uint64((int(salt) ^ FLOAT16_ROUNDING_SALT) & MASK64)
+    with np.errstate(over="ignore"):
+        count_mix = mix64(np.array([int(update_count) & MASK64], np.uint64) + _GOLDEN)[0]
+    stream = mix64(mix64(keys ^ salt) ^ count_mix)
+    return (_stream_words(stream, dim) >> np.uint64(32)).astype(np.uint32)
+
+
+def stochastic_float16(values, random_bits):
+    """float32 `values` rounded to float16 stochastically with uint32 `random_bits` of the same shape.
+
+    With s the float16 step at |v| (2^-24 below 2^-14, else 2^(floor(log2 |v|) - 10)), below = s floor(|v| / s) and
+    frac = |v| / s - floor(|v| / s): |v| becomes below + s when floor(frac 2^32) + r >= 2^32, else below; so with r
+    uniform the probability is frac to 32 bits, and the mean is |v|. The sign is kept (-0 stays -0); a magnitude
+    past 65504 (the largest float16) is inf; NaN becomes the quiet NaN 0x7E00 with v's sign. Written in float64
+    arithmetic on values, not on bits: it checks the kernel's and the TF ops' bit-level twins
+    (cc/kernels/impl/native_table.h: StochasticFloat16Bits, tf_fusedrec/distributed/rounding.py).
+
+    Returns:
+      float16, the shape of values.
+    """
+    v = np.asarray(values, np.float32)
+    r = np.asarray(random_bits, np.uint32).astype(np.float64)
+    with np.errstate(invalid="ignore"):  # signalling NaNs
+        v64 = v.astype(np.float64)
+    a = np.abs(v64)
+    finite = np.isfinite(a)
+    a0 = np.where(finite, a, 0.0)
+    _, exponent = np.frexp(a0)  # a0 = m 2^exponent, m in [0.5, 1): floor(log2 a0) = exponent - 1
+    step = np.ldexp(1.0, np.maximum(exponent - 1, -14) - 10)
+    scaled = a0 / step  # exact: a power-of-two division of a float32 value, in float64
+    whole = np.floor(scaled)
+    up = np.floor((scaled - whole) * 2.0**32) + r >= 2.0**32
+    magnitude = (whole + up) * step
+    magnitude = np.where(finite & (magnitude <= 65504.0), magnitude, np.inf)
+    out = np.copysign(magnitude, np.where(np.signbit(v), -1.0, 1.0)).astype(np.float16)
+    nan_bits = (np.signbit(v).astype(np.uint16) << np.uint16(15)) | np.uint16(0x7E00)
+    return np.where(np.isnan(v), nan_bits.view(np.float16), out)
+
+
 class NativeTableReference:
     """The native table as dicts: key -> row (float32, already rounded to float16 for float16 storage), slots
     (float32 [S, dim]) and access [count, last]. Same arguments and outputs as the op wrappers (export and
     access_status sorted by key); float32 arithmetic in TF's order of operations, one key at a time."""
 
     def __init__(self, dim, optimizer="sgd", slot_init=None, storage="float32", init="hashed", seed=0, mean=0.0,
-                 stddev=0.05, minval=-0.05, maxval=0.05, value=0.0, salts=(0,), track_access=False):
+                 stddev=0.05, minval=-0.05, maxval=0.05, value=0.0, salts=(0,), track_access=False,
+                 rounding="nearest"):
         self.dim = int(dim)
         self.optimizer = optimizer
         self.num_slots = _NATIVE_TABLE_SLOTS[optimizer]
@@ -282,11 +333,19 @@ class NativeTableReference:
                               value=value)
         self.salts = np.asarray(salts, np.int64)
         self.track_access = track_access
+        self.stochastic = rounding == "stochastic"
         self.rows, self.slots, self.access = {}, {}, {}
         self.clock = 0
 
     def _round(self, row):
         return row.astype(np.float16).astype(np.float32) if self.float16 else row.astype(np.float32)
+
+    def _round_update(self, key, row, update_count):
+        """An updated row as stored: rounded the table's way (stochastic: with the key's bits at update_count)."""
+        if not self.stochastic:
+            return self._round(row)
+        bits = float16_rounding_bits(self.salts[0], [key], update_count, self.dim)[0]
+        return stochastic_float16(row.astype(np.float32), bits).astype(np.float32)
 
     def _check_categories(self, categories):
         categories = np.asarray(categories, np.int64)
@@ -326,7 +385,7 @@ class NativeTableReference:
                 self.access[k][1] = self.clock
         return out
 
-    def apply_sparse(self, keys, grads, categories, ids, lr, beta1=0.9, beta2=0.999, epsilon=1e-7):
+    def apply_sparse(self, keys, grads, categories, ids, lr, beta1=0.9, beta2=0.999, epsilon=1e-7, update_count=0):
         keys = np.asarray(keys, np.int64)
         grads = np.asarray(grads, np.float32)
         initial = self.initial_rows(categories, ids)
@@ -351,7 +410,7 @@ class NativeTableReference:
                 s[0] = s[0] * beta1 + g * (one - beta1)
                 s[1] = s[1] * beta2 + (g * g) * (one - beta2)
                 w = w - lr * s[0] / (np.sqrt(s[1]) + eps)
-            self.rows[k] = self._round(w)
+            self.rows[k] = self._round_update(k, w, update_count)
 
     def find(self, keys, part=0):
         keys = np.asarray(keys, np.int64)

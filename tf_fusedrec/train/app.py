@@ -62,6 +62,10 @@ def parse_args(argv=None):
     p.add_argument("--table-storage", choices=("float32", "float16"), default="float32",
                    help="how the fused embedding stores its sharded rows: float16 halves the row bytes (lookups and "
                         "optimizer math stay float32; replicated hot rows, --hot, stay float32: mixed precision)")
+    p.add_argument("--table-rounding", choices=("nearest", "stochastic"),
+                   help="how --table-storage float16 rounds a row after each update (default: the config's "
+                        "embedding.table_rounding, nearest): nearest loses updates under half a float16 step; "
+                        "stochastic rounds up or down at random, unbiased (float32 storage ignores it)")
     p.add_argument("--dense-precision", choices=("float32", "mixed_float16", "mixed_bfloat16"), default="float32",
                    help="Keras dtype policy of the dense layers: mixed_float16 computes in float16 with float32 "
                         "weights and a dynamic loss scale; mixed_bfloat16 needs no scale (tables stay float32 or "
@@ -330,7 +334,7 @@ def run(args):
                                           comm=meter.wrap(comm) if meter is not None else comm,
                                           replication=replication, storage=args.table_storage, eviction=eviction,
                                           table_backend=args.table_backend, admission=plan.admission,
-                                          expiry=plan.expiry)
+                                          expiry=plan.expiry, rounding=args.table_rounding)
     if args.dense_precision != "float32":
         tf.keras.mixed_precision.set_global_policy(args.dense_precision)
     model = experiment.make_model(config, embedding)

@@ -4,7 +4,8 @@ Layout of a model directory::
 
     DIR/ckpt-{step}/manifest.json        written last; its presence is what makes the checkpoint exist
     DIR/ckpt-{step}/shard-{r}-of-{N}.npz  rank r's rows: every table's (keys, ids, rows) it owns + optimizer slot rows
-                                          (+ with admission, the counts of the keys it has not admitted yet)
+                                          (+ with admission, the counts of the keys it has not admitted yet;
+                                          with eviction or expiry, the access status of its rows)
     DIR/ckpt-{step}/dense.npz             dense weights, optimizer iterations and dense slots, replicated hot rows
                                           with their slots and hot sets (equal on every rank;
                                           rank 0 writes them)
@@ -29,6 +30,18 @@ the next run removes. Retention (``keep``) keeps the newest `keep` checkpoints a
 Admission counts (FusedEmbedding(admission=...)): every checkpoint, full or delta, holds each rank's whole count table
 (``t{t}.counts.keys``, ``.values``, ``.ids``), restored from the newest checkpoint of a chain with the rows' owner
 filter; a checkpoint without them (older, or written without admission) restores empty counts.
+
+Access status (FusedEmbedding(eviction=..., expiry=...); tf_fusedrec/distributed/eviction.py): every checkpoint, full
+or delta, holds each rank's whole status too, since a training read changes a key's status whether or not it changes
+its row: every row's (count, last) (``t{t}.status.counts``, ``.lasts``: aligned with the rows in a full checkpoint;
+with their own ``.keys`` and ``.ids`` in a delta, whose rows are the changed ones only: up to 32 bytes per row held),
+the table's clock (``t{t}.status.clock``: its training lookups, equal on every worker) and the rank's evicted and
+expired counters (``t{t}.evicted``, ``t{t}.expired``). They are restored from the newest checkpoint of a chain, after
+the rows: each key's status goes with its row (the rows' owner filter), every rank takes the clock, and old rank s's
+counters are added up on new rank s mod M, so the same worker count gives each rank its own and another keeps the
+totals. So a resumed run evicts and expires exactly the rows the uninterrupted run would. Rows never read keep no
+status, and a TFRA status without a row (a key moved into the hot set) is not saved. A checkpoint without a status
+(older, or written without eviction and expiry) restores an empty one: counts and recency start again from zero.
 
 Data positions: batches are a function of the step, except a sequence run's (token-balanced batches hold different
 sample counts): save(stream_position=...) records each rank's position in its sample stream in the manifest
@@ -206,6 +219,8 @@ class Checkpointer:
         self.full_every = _check_count("full_every", full_every, 0)
         layers = embedding_layers(model)
         self.tables = [t for layer in layers for t in layer.sharded_tables()]
+        # Per table, what counts its accesses (eviction, expiry) or None: its status is saved beside the rows.
+        self.access = [a for layer in layers for a in layer.access_tables()]
         # Replicated hot rows (FusedEmbedding(replication=...)): equal on every rank, saved once in dense.npz.
         self.replicated = [t for layer in layers for t in layer.replicated_tables()]
         sparse_ids = {id(v) for layer in layers for _, variables in layer.optimizer_groups() for v in variables}
@@ -325,6 +340,8 @@ class Checkpointer:
                 ids = table.ids_of_keys(keys)
                 if ids is not None:
                     arrays[f"t{t}.counts.ids"] = ids
+            if self.access[t] is not None:
+                arrays.update(_access_arrays(t, table, self.access[t], state.keys, kind))
         shard = _npz_bytes(arrays)
         del arrays
         _write_atomic(os.path.join(staging, shard_name(rank, size)), shard)
@@ -503,6 +520,7 @@ class Checkpointer:
                         self._restore_table(t, table, z, rank, size, link.manifest["workers"], link.directory)
                         if link is newest:
                             self._restore_counts(t, table, z, rank, size, link.manifest["workers"], link.directory)
+        self._restore_access(newest, contents)
         self._remember(step, links[0].step, lambda: [self.table_state(table) for table in self.tables])
         return {"step": step, "directory": newest.directory, "workers": newest.manifest["workers"],
                 "files": newest.names,
@@ -529,6 +547,34 @@ class Checkpointer:
         mine = _owned(z, f"t{t}.counts", len(keys), table, rank, size, old_size, directory)
         table.counts.upsert(tf.constant(keys[mine], tf.int64), tf.constant(z[f"t{t}.counts.values"][mine], tf.int64))
 
+    def _restore_access(self, link, contents):
+        """Sets the access status of the tracking tables from the newest checkpoint of the chain (after every row is
+        restored: the native table sets the status of held keys only): each key's (count, last) on the rank that
+        now owns its row, the clock, and the evicted and expired counters of old rank s added up on new rank
+        s mod size (module docstring). A table whose checkpoint holds no status keeps an empty one."""
+        if not any(tracked is not None for tracked in self.access):
+            return
+        rank, size, old_size = self.comm.rank, self.comm.size, link.manifest["workers"]
+        counters = {}  # t -> int64 [evicted, expired]
+        for s in shards_to_read(rank, size, old_size):
+            with np.load(io.BytesIO(contents[link.step, shard_name(s, old_size)]), allow_pickle=False) as z:
+                for t, (table, tracked) in enumerate(zip(self.tables, self.access)):
+                    if tracked is None or f"t{t}.status.counts" not in z.files:
+                        continue
+                    # A delta's status names its keys; a full checkpoint's is aligned with its rows.
+                    prefix = f"t{t}.status" if f"t{t}.status.keys" in z.files else f"t{t}"
+                    keys, counts, lasts = z[f"{prefix}.keys"], z[f"t{t}.status.counts"], z[f"t{t}.status.lasts"]
+                    # A row never read ((0, 0)) reads as never read without a status entry.
+                    mine = _owned(z, prefix, len(keys), table, rank, size, old_size, link.directory)
+                    mine &= (counts != 0) | (lasts != 0)
+                    tracked.set_access_status(keys[mine], counts[mine], lasts[mine], z[f"t{t}.status.clock"])
+                    total = counters.setdefault(t, np.zeros(2, np.int64))
+                    if s % size == rank:
+                        total += [z[f"t{t}.evicted"], z[f"t{t}.expired"]]
+        for t, (evicted, expired) in counters.items():
+            self.access[t].evicted.assign(evicted)
+            self.access[t].expired.assign(expired)
+
     def _restore_table(self, t, table, z, rank, size, old_size, directory):
         """Applies table t of one shard: removes its removed keys (a delta's), then upserts the rows and slot rows
         this rank owns."""
@@ -547,9 +593,36 @@ class Checkpointer:
                         tf.constant(z[f"t{t}.slot.{slot_name}.rows"][mine][exists]))
 
 
+def access_status_of(tracked, keys):
+    """The access status of the sorted keys int64 [K] of a table that counts accesses: (counts int64 [K], lasts int64
+    [K], (0, 0) for a key never counted, clock int64)."""
+    status_keys, counts, lasts, clock = (np.asarray(x) for x in tracked.access_status())
+    out_counts, out_lasts = np.zeros(len(keys), np.int64), np.zeros(len(keys), np.int64)
+    if len(status_keys) and len(keys):
+        at = np.minimum(np.searchsorted(keys, status_keys), len(keys) - 1)
+        found = keys[at] == status_keys  # a status without a row (TFRA: a key moved into the hot set) is not kept
+        out_counts[at[found]], out_lasts[at[found]] = counts[found], lasts[found]
+    return out_counts, out_lasts, np.int64(clock)
+
+
+def _access_arrays(t, table, tracked, keys, kind):
+    """The arrays of table t's access status in a shard: every row's (count, last), aligned with the rows (keys:
+    this rank's sorted keys) in a full checkpoint, with its keys (and ids) in a delta (whose rows are the changed
+    ones only), the clock, and this rank's evicted and expired counters."""
+    counts, lasts, clock = access_status_of(tracked, keys)
+    arrays = {f"t{t}.status.counts": counts, f"t{t}.status.lasts": lasts, f"t{t}.status.clock": clock,
+              f"t{t}.evicted": np.int64(tracked.evicted.numpy()), f"t{t}.expired": np.int64(tracked.expired.numpy())}
+    if kind == DELTA:
+        arrays[f"t{t}.status.keys"] = keys
+        ids = table.ids_of_keys(keys)
+        if ids is not None:
+            arrays[f"t{t}.status.ids"] = ids
+    return arrays
+
+
 def _owned(z, prefix, count, table, rank, size, old_size, directory):
-    """bool [count]: which of a shard's `count` entries under `prefix` (a table's rows, or its counts) this rank owns,
-    from their ids (`{prefix}.ids`) where the shard holds ids of several new ranks."""
+    """bool [count]: which of a shard's `count` entries under `prefix` (a table's rows, its counts or its status) this
+    rank owns, from their ids (`{prefix}.ids`) where the shard holds ids of several new ranks."""
     from tf_fusedrec import ops  # noqa: PLC0415
 
     if size % old_size == 0 and size > old_size or (size % old_size and old_size % size):

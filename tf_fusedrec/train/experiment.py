@@ -13,11 +13,11 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", 
 
 
 def make_embedding(kind, features, config, comm=None, name="sparse", replication=None, storage="float32",
-                   eviction=None, table_backend=None, admission=None, expiry=None):
+                   eviction=None, table_backend=None, admission=None, expiry=None, rounding=None):
     """The embedding layer of a kind in EMBEDDINGS, over `comm` (None: the process's default); `replication`,
-    `storage`, `eviction`, `table_backend` (None: the config's embedding.table_backend), `admission` and `expiry`:
-    FusedEmbedding's hot-row replication, row storage, eviction, tables and table policies (fused kinds only;
-    per_feature is the TFRA baseline)."""
+    `storage`, `eviction`, `table_backend` (None: the config's embedding.table_backend), `admission`, `expiry` and
+    `rounding` (None: the config's embedding.table_rounding): FusedEmbedding's hot-row replication, row storage,
+    eviction, tables, table policies and float16 rounding (fused kinds only; per_feature is the TFRA baseline)."""
     import tf_fusedrec as fr  # noqa: PLC0415
 
     common = {"optimizer": config.train.sparse_optimizer, "name": name, "comm": comm}
@@ -29,8 +29,9 @@ def make_embedding(kind, features, config, comm=None, name="sparse", replication
     if replication is not None:
         common["replication"] = replication
     backend = config.embedding.table_backend if table_backend is None else table_backend
+    rounding = config.embedding.table_rounding if rounding is None else rounding
     return fr.FusedEmbedding(features, **common, **modes[kind], storage=storage, eviction=eviction,
-                             table_backend=backend, admission=admission, expiry=expiry)
+                             table_backend=backend, admission=admission, expiry=expiry, rounding=rounding)
 
 
 def _tables(embedding):

@@ -11,7 +11,9 @@ update is then the one a single worker makes on the union of the batches with th
 
 Tables stored as float16 (FusedEmbedding(storage="float16")) are updated in float32 like the others; right after the
 update, apply_gradients runs each layer's after_update(optimizer), which rounds the updated rows into the float16 store
-and, for layers with eviction (FusedEmbedding(eviction=...)), evicts after every `interval`-th update.
+and, for layers with eviction (FusedEmbedding(eviction=...)), evicts after every `interval`-th update. Stochastic
+rounding (FusedEmbedding(rounding="stochastic")) draws its bits from the group optimizer's update count: the native
+table's update takes iterations + 1, the TFRA table's commit reads iterations after the update advanced it.
 
 Replicated (hot) rows (FusedEmbedding(replication=...)) are read on every worker: their gradients are averaged over
 workers in the same grouped allreduce as the dense gradients, which is the sharded rows' sum over workers times 1/N,

@@ -395,6 +395,56 @@ class UniformInitializer : public RowInitializer {
 };
 
 // ---------------------------------------------------------------------------------------------------------------
+// Stochastic rounding of an updated row to float16 storage (rounding="stochastic"; "nearest" is Eigen::half's round
+// to nearest even). Round to nearest loses every update smaller than half a float16 step; stochastic rounding keeps
+// it on average: |x| goes to the float16 magnitude above it with probability (|x| - below) / (above - below).
+//
+// Integer operations on the float32 bits only, so that the TF-op twin (tf_fusedrec/distributed/rounding.py) and the
+// NumPy reference (tf_fusedrec.ops.reference.stochastic_float16) give the same bits. The random bits are a function
+// of (the table's salt, key, update count, column) only, never of the worker or of batch order, so N workers round
+// as one does.
+// ---------------------------------------------------------------------------------------------------------------
+
+// Keeps the rounding stream apart from the random initializers' streams, which start from a category's salt.
+constexpr uint64_t kFloat16RoundingSalt = 0x5851F42D4C957F2Dull;
+
+// The stream of key `key`'s row at update `update_count` (1-based) of a table whose first category salt is `salt`.
+inline uint64_t Float16RoundingStream(int64_t salt, int64_t key, int64_t update_count) {
+  return RandomStreamBase(update_count, key, static_cast<int64_t>(static_cast<uint64_t>(salt) ^ kFloat16RoundingSalt));
+}
+
+// The 32 random bits of column d: the high half of the stream's word d + 1.
+inline uint32_t Float16RoundingBits(uint64_t stream, int64_t d) {
+  return static_cast<uint32_t>(StreamWord(stream, static_cast<uint64_t>(d) + 1) >> 32);
+}
+
+// The float16 bits of float32 bits `x` rounded stochastically with the 32 random bits `r`. With F = |x| / s * 2^32
+// in fixed point (s: the float16 step at |x|), the magnitude is s * floor((F + r) / 2^32): the step above is taken
+// with probability frac(|x| / s), exactly for |x| >= 2^-33 (F's bits below 2^-56 are dropped, smaller values round
+// to zero or 2^-24 with a probability short of theirs by < 2^-32). The sign is kept (-0 stays -0). Past the largest
+// float16, 65504, the step above is inf: |x| in (65504, 65536) becomes inf with probability (|x| - 65504) / 32,
+// |x| >= 65536 always (round to nearest: from 65520). NaN becomes the quiet NaN 0x7E00 with x's sign.
+inline uint16_t StochasticFloat16Bits(uint32_t x, uint32_t r) {
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t m = x & 0x7FFFFFFFu;
+  if (m > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);
+  uint64_t h;
+  if (m >= 0x38800000u) {  // |x| >= 2^-14, float16's normal range: drop 13 of float32's 23 mantissa bits
+    // (m << 19) + r carries into bit 32 with probability (m & 0x1FFF) / 2^13; a carry out of the mantissa raises
+    // the exponent, as it should. Then rebias the exponent (127 - 15 = 112) and stop at inf.
+    h = (((static_cast<uint64_t>(m) << 19) + r) >> 32) - (112u << 10);
+    if (h > 0x7C00u) h = 0x7C00u;
+  } else {  // float16's subnormal range (step 2^-24), zero and float32 subnormals: F = floor(|x| * 2^56)
+    const uint32_t e = m >> 23;
+    const uint64_t significand = (m & 0x7FFFFFu) | (e != 0 ? 0x800000u : 0u);  // |x| = significand * 2^(e' - 150)
+    const int shift = static_cast<int>(e != 0 ? e : 1) - 94;                        // e' = max(e, 1)
+    const uint64_t f = shift >= 0 ? significand << shift : significand >> std::min(-shift, 63);
+    h = (f + r) >> 32;  // at most 0x400: 2^-14, float16's smallest normal
+  }
+  return static_cast<uint16_t>(sign | h);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Sparse optimizer rules, applied in place to one float32 row `w` and its slots `s` (stride dim). The arithmetic is
 // TF's, in float32 and in TF's order of operations, each product and sum rounded on its own (the library is built
 // without FMA contraction: no -march), so the results are TF's bit for bit.
