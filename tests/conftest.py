@@ -353,3 +353,50 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("cluster"))
         elif _shares_module_state(item, path):
             item.add_marker(pytest.mark.xdist_group(path))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# CPU per test (issue 21: the suite is CPU-bound on 2 cores, so what costs CPU is what costs CI time)
+# --------------------------------------------------------------------------------------------------------------
+
+# TF_FUSEDREC_CPU_REPORT=DIR: each pytest process (each xdist worker) writes DIR/cpu-{worker}.tsv, one line per test
+# phase: node id, phase, CPU seconds (user + sys of the pytest process and of every process it started that has been
+# waited for: horovodrun and its workers, apps, servers; a server reaped at a module's end is counted in that teardown),
+# wall seconds. scripts/cpu_report.py sums them per module.
+_CPU_REPORT = os.environ.get("TF_FUSEDREC_CPU_REPORT")
+_cpu_lines = []
+
+
+def _cpu_seconds():
+    import resource  # noqa: PLC0415
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _cpu_phase(item, phase):
+    import time  # noqa: PLC0415
+
+    cpu, wall = _cpu_seconds(), time.monotonic()
+    yield
+    _cpu_lines.append(f"{item.nodeid}\t{phase}\t{_cpu_seconds() - cpu:.3f}\t{time.monotonic() - wall:.3f}\n")
+
+
+if _CPU_REPORT:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_setup(item):
+        yield from _cpu_phase(item, "setup")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(item):
+        yield from _cpu_phase(item, "call")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_teardown(item):
+        yield from _cpu_phase(item, "teardown")
+
+    def pytest_sessionfinish(session):  # noqa: ARG001
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        os.makedirs(_CPU_REPORT, exist_ok=True)
+        with open(os.path.join(_CPU_REPORT, f"cpu-{worker}.tsv"), "w") as f:
+            f.writelines(_cpu_lines)
