@@ -315,212 +315,326 @@ def table_policies_of(args, config):
             None if steps is None else fr.Expiry(steps, interval=interval))
 
 
-def run(args):
-    config = cfg.load_config(args.config)
-    plan = plan_of(args, config)
-    steps, batch_size, schedule, micro_batches, cluster = (plan.steps, plan.batch_size, plan.schedule,
-                                                           plan.micro_batches, plan.cluster)
-    sequences, balance, replication, eviction = plan.sequences, plan.balance, plan.replication, plan.eviction
-    comm = comm_lib.init_workers()
-    comm_lib.overlap_collectives()  # collectives and the meter's stamps run when their inputs allow, not in order
-    rank, size = comm.rank, comm.size
-    watchdog = Watchdog(args.step_timeout if size > 1 else 0, rank)
-    import tf_fusedrec as fr  # noqa: PLC0415
-    from tf_fusedrec.distributed.meter import AlltoallMeter  # noqa: PLC0415
+class _TrainingRun:
+    """The state one `run(args)` builds up, and its stages as methods, in the order run() calls them. Every worker
+    runs the same stages in the same order: their collectives meet, and the variables get the same names."""
 
-    meter = AlltoallMeter() if size > 1 else None
-    features = config.embedding_features()
-    embedding = experiment.make_embedding(args.embedding, features, config,
-                                          comm=meter.wrap(comm) if meter is not None else comm,
-                                          replication=replication, storage=args.table_storage, eviction=eviction,
-                                          table_backend=args.table_backend, admission=plan.admission,
-                                          expiry=plan.expiry, rounding=args.table_rounding)
-    if args.dense_precision != "float32":
-        tf.keras.mixed_precision.set_global_policy(args.dense_precision)
-    model = experiment.make_model(config, embedding)
-    optimizer = fr.train.make_optimizer(model, default=config.train.dense_optimizer)
-    step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+    def __init__(self, args, config, plan):
+        self.args, self.config, self.plan = args, config, plan
 
-    checkpointer = None
-    start = 0
-    if args.model_dir:
-        old = [d for d in os.listdir(args.model_dir) if d.startswith("rank") and "-of-" in d] \
-            if os.path.isdir(args.model_dir) else []
-        if old:
-            raise ValueError(f"--model-dir {args.model_dir} holds checkpoints of the old per-rank format ({old[0]}); "
-                             f"use a new directory")
-    dataset = experiment.make_dataset(config, batch_size, rank, size)
-    sample = next(iter(dataset.take(1)))[0]
-    experiment.check_features_match(config, sample)
-    model(sample, training=False)  # builds the dense weights before a restore
-    if args.model_dir:
-        checkpointer = Checkpointer(args.model_dir, model, optimizer, step_var, comm, keep=2, config_name=config.name,
-                                    full_every=config.train.checkpoint_full_every)
-    restored = None
-    if checkpointer is not None:
-        with watchdog.guard("restoring the checkpoint"):
-            restored = checkpointer.restore()
-    if restored is not None:
-        start = restored["step"]
-        bytes_read = comm.allgather(tf.constant([restored["bytes_read"]], tf.int64),
-                                    name="FusedRec/checkpoint/bytes_read").numpy().tolist()
-        if rank == 0:
-            print(f"resumed from {restored['directory']} at step {start} (written by {restored['workers']} "
-                  f"worker(s), restored onto {size}); bytes read per rank: {bytes_read}", file=sys.stderr)
-    position = None  # a sequence run's: where this worker's batches stand in its sample stream
-    if restored is not None and sequences:
-        position = experiment.position_of_checkpoint(restored, rank, size)
-    if start >= steps:
-        raise ValueError(f"--model-dir is already at step {start} >= --steps {steps}; ask for more steps")
-    hot_reports = None
-    if replication is not None and restored is None:  # a restore brings its hot sets back
-        from tf_fusedrec.distributed import replication as replication_lib  # noqa: PLC0415
+    def start_workers(self):
+        """Starts the workers' comm, the step watchdog and, with more than one worker, the all-to-all meter."""
+        self.comm = comm_lib.init_workers()
+        comm_lib.overlap_collectives()  # collectives and the meter's stamps run when their inputs allow, not in order
+        self.rank, self.size = self.comm.rank, self.comm.size
+        self.watchdog = Watchdog(self.args.step_timeout if self.size > 1 else 0, self.rank)
+        from tf_fusedrec.distributed.meter import AlltoallMeter  # noqa: PLC0415
 
-        hot_reports = replication_lib.choose_hot_set(
-            embedding, experiment.embedding_sample(config, batch_size, rank, size, start, replication.sample_batches))
-        report_hot(hot_reports, rank, "chosen")
-    # Endless: the pipeline prefetches one batch past the last step (its ids only; no table changes).
-    loss_fn = experiment.binary_cross_entropy()
-    if sequences:
-        sequence_batches = experiment.SequenceBatches(config, batch_size, rank, size, balance, position=position)
-        dataset = sequence_batches.dataset()
-        loss_fn = experiment.global_mean_loss(comm)
-    else:
-        dataset = experiment.make_dataset(config, batch_size, rank, size, start_step=start)
-    loss_scale = fr.train.DynamicLossScale(comm) if args.dense_precision == "mixed_float16" else None
-    pipe = fr.train.TrainPipeline(model, optimizer, loss_fn, dataset, schedule=schedule,
-                                  micro_batches=micro_batches, cluster_samples=cluster, step_counter=step_var,
-                                  meter=meter, loss_scale=loss_scale, steps_per_call=args.steps_per_call)
+        self.meter = AlltoallMeter() if self.size > 1 else None
 
-    writer = tf.summary.create_file_writer(os.path.join(args.model_dir, "tensorboard")) \
-        if args.model_dir and rank == 0 else None
-    progress = Progress(steps, config.train.log_every, rank == 0, not args.no_progress, start=start)
-    warmup = min(3, steps - start - 1)
-    timed_steps, timed_seconds, loss_value = 0, 0.0, float("nan")
-    table_rows = []  # (step, this worker's embedding rows) at each log step: the table size over time
-    # Calls end at the last warm-up step (the timing starts after it) and at every log and checkpoint step.
-    every = [config.train.log_every] + ([config.train.checkpoint_every] if checkpointer is not None else [])
-    step = start
-    while step < steps:
-        if step == start + warmup and meter is not None:
-            meter.reset()
-        n = call_length(step, args.steps_per_call, steps, ends=[start + warmup], every=every)
+    def build_model(self):
+        """Builds the embedding, the model, its optimizer and the global step variable, in this order."""
+        import tf_fusedrec as fr  # noqa: PLC0415
+
+        args, config, plan, comm, meter = self.args, self.config, self.plan, self.comm, self.meter
+        features = config.embedding_features()
+        self.embedding = experiment.make_embedding(args.embedding, features, config,
+                                                   comm=meter.wrap(comm) if meter is not None else comm,
+                                                   replication=plan.replication, storage=args.table_storage,
+                                                   eviction=plan.eviction, table_backend=args.table_backend,
+                                                   admission=plan.admission, expiry=plan.expiry,
+                                                   rounding=args.table_rounding)
+        if args.dense_precision != "float32":
+            tf.keras.mixed_precision.set_global_policy(args.dense_precision)
+        self.model = experiment.make_model(config, self.embedding)
+        self.optimizer = fr.train.make_optimizer(self.model, default=config.train.dense_optimizer)
+        self.step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+
+    def refuse_old_checkpoints(self):
+        """Refuses a --model-dir that holds checkpoints of the old per-rank format."""
+        model_dir = self.args.model_dir
+        if model_dir:
+            old = [d for d in os.listdir(model_dir) if d.startswith("rank") and "-of-" in d] \
+                if os.path.isdir(model_dir) else []
+            if old:
+                raise ValueError(f"--model-dir {model_dir} holds checkpoints of the old per-rank format ({old[0]}); "
+                                 f"use a new directory")
+
+    def build_dense_weights(self):
+        """Builds the dense weights on a first batch (checking its features against the config) before a restore."""
+        config = self.config
+        dataset = experiment.make_dataset(config, self.plan.batch_size, self.rank, self.size)
+        sample = next(iter(dataset.take(1)))[0]
+        experiment.check_features_match(config, sample)
+        self.model(sample, training=False)
+
+    def restore_checkpoint(self):
+        """Restores --model-dir's newest checkpoint, if any (start step, stream position); refuses one at --steps."""
+        args, comm, rank, size = self.args, self.comm, self.rank, self.size
+        self.checkpointer = None
+        if args.model_dir:
+            self.checkpointer = Checkpointer(args.model_dir, self.model, self.optimizer, self.step_var, comm, keep=2,
+                                             config_name=self.config.name,
+                                             full_every=self.config.train.checkpoint_full_every)
+        self.restored = None
+        if self.checkpointer is not None:
+            with self.watchdog.guard("restoring the checkpoint"):
+                self.restored = self.checkpointer.restore()
+        restored, self.start = self.restored, 0
+        if restored is not None:
+            self.start = restored["step"]
+            self.bytes_read = comm.allgather(tf.constant([restored["bytes_read"]], tf.int64),
+                                             name="FusedRec/checkpoint/bytes_read").numpy().tolist()
+            if rank == 0:
+                print(f"resumed from {restored['directory']} at step {self.start} (written by {restored['workers']} "
+                      f"worker(s), restored onto {size}); bytes read per rank: {self.bytes_read}", file=sys.stderr)
+        self.position = None  # a sequence run's: where this worker's batches stand in its sample stream
+        if restored is not None and self.plan.sequences:
+            self.position = experiment.position_of_checkpoint(restored, rank, size)
+        if self.start >= self.plan.steps:
+            raise ValueError(f"--model-dir is already at step {self.start} >= --steps {self.plan.steps}; "
+                             f"ask for more steps")
+
+    def choose_hot_set(self):
+        """Chooses the replicated hot rows from a sample of the coming batches (a restore brought its own back)."""
+        replication = self.plan.replication
+        self.hot_reports = None
+        if replication is not None and self.restored is None:  # a restore brings its hot sets back
+            from tf_fusedrec.distributed import replication as replication_lib  # noqa: PLC0415
+
+            self.hot_reports = replication_lib.choose_hot_set(
+                self.embedding, experiment.embedding_sample(self.config, self.plan.batch_size, self.rank, self.size,
+                                                            self.start, replication.sample_batches))
+            report_hot(self.hot_reports, self.rank, "chosen")
+
+    def make_pipeline(self):
+        """Makes the batches from the start step (or the stream position), the loss and the TrainPipeline."""
+        import tf_fusedrec as fr  # noqa: PLC0415
+
+        args, config, plan, comm = self.args, self.config, self.plan, self.comm
+        # Endless: the pipeline prefetches one batch past the last step (its ids only; no table changes).
+        loss_fn = experiment.binary_cross_entropy()
+        self.sequence_batches = None
+        if plan.sequences:
+            self.sequence_batches = experiment.SequenceBatches(config, plan.batch_size, self.rank, self.size,
+                                                               plan.balance, position=self.position)
+            dataset = self.sequence_batches.dataset()
+            loss_fn = experiment.global_mean_loss(comm)
+        else:
+            dataset = experiment.make_dataset(config, plan.batch_size, self.rank, self.size, start_step=self.start)
+        self.loss_scale = fr.train.DynamicLossScale(comm) if args.dense_precision == "mixed_float16" else None
+        self.pipe = fr.train.TrainPipeline(self.model, self.optimizer, loss_fn, dataset, schedule=plan.schedule,
+                                           micro_batches=plan.micro_batches, cluster_samples=plan.cluster,
+                                           step_counter=self.step_var, meter=self.meter, loss_scale=self.loss_scale,
+                                           steps_per_call=args.steps_per_call)
+
+    def train(self):
+        """Trains to --steps in calls of steps: progress, TensorBoard scalars, table rows, checkpoints, re-peeks."""
+        args, config, steps, start = self.args, self.config, self.plan.steps, self.start
+        self.writer = tf.summary.create_file_writer(os.path.join(args.model_dir, "tensorboard")) \
+            if args.model_dir and self.rank == 0 else None
+        progress = Progress(steps, config.train.log_every, self.rank == 0, not args.no_progress, start=start)
+        warmup = min(3, steps - start - 1)
+        self.timed_steps, self.timed_seconds, loss_value = 0, 0.0, float("nan")
+        self.table_rows = []  # (step, this worker's embedding rows) at each log step: the table size over time
+        # Calls end at the last warm-up step (the timing starts after it) and at every log and checkpoint step.
+        every = [config.train.log_every] + ([config.train.checkpoint_every] if self.checkpointer is not None else [])
+        step = start
+        while step < steps:
+            if step == start + warmup and self.meter is not None:
+                self.meter.reset()
+            n = call_length(step, args.steps_per_call, steps, ends=[start + warmup], every=every)
+            losses, elapsed = self._call(step, n)
+            if step >= start + warmup:
+                self.timed_steps += len(losses)
+                self.timed_seconds += elapsed
+            for loss_value in losses.tolist():
+                step += 1
+                progress.update(step, loss_value, self.plan.batch_size * self.size * len(losses) / max(elapsed, 1e-9))
+            if step % config.train.log_every == 0 or step == steps:
+                self._log(step, loss_value)
+            if self.checkpointer is not None and (step % config.train.checkpoint_every == 0 or step == steps):
+                self._checkpoint(step)
+        self.final_loss = loss_value
+
+    def _call(self, step, n):
+        """Runs the `n` steps after `step` in one call: -> (each step's loss over all workers, the call's seconds)."""
         t0 = time.perf_counter()
-        with watchdog.guard(f"step {step + 1}" if n == 1 else f"steps {step + 1} to {step + n}", steps=n):
-            losses = pipe.progress_many(n).numpy()
+        with self.watchdog.guard(f"step {step + 1}" if n == 1 else f"steps {step + 1} to {step + n}", steps=n):
+            losses = self.pipe.progress_many(n).numpy()
         elapsed = time.perf_counter() - t0
-        with watchdog.guard(f"step {step + len(losses)} (the allreduce of its loss)"):
-            losses = mean_over_workers(comm, losses, 1 if sequences else batch_size)
-        if step >= start + warmup:
-            timed_steps += len(losses)
-            timed_seconds += elapsed
-        for loss_value in losses.tolist():
-            step += 1
-            progress.update(step, loss_value, batch_size * size * len(losses) / max(elapsed, 1e-9))
-        if step % config.train.log_every == 0 or step == steps:
-            table_rows.append((step, experiment.table_rows(embedding)))
-        if writer is not None and (step % config.train.log_every == 0 or step == steps):
-            with writer.as_default(step=step):
+        with self.watchdog.guard(f"step {step + len(losses)} (the allreduce of its loss)"):
+            losses = mean_over_workers(self.comm, losses, 1 if self.plan.sequences else self.plan.batch_size)
+        return losses, elapsed
+
+    def _log(self, step, loss_value):
+        """Notes this worker's table rows at log step `step`; rank 0 writes the step's TensorBoard scalars."""
+        self.table_rows.append((step, experiment.table_rows(self.embedding)))
+        if self.writer is not None:
+            with self.writer.as_default(step=step):
                 tf.summary.scalar("loss", loss_value)
-                tf.summary.scalar("table_rows/rank0", table_rows[-1][1])
-                for name, stats in embedding.statistics().items():
+                tf.summary.scalar("table_rows/rank0", self.table_rows[-1][1])
+                for name, stats in self.embedding.statistics().items():
                     for stat, value in stats.items():
                         tf.summary.scalar(f"features/{name}/{stat}", value)
-        if checkpointer is not None and (step % config.train.checkpoint_every == 0 or step == steps):
-            if args.hot_repeek and step < steps:
-                from tf_fusedrec.distributed import replication as replication_lib  # noqa: PLC0415
 
-                with watchdog.guard(f"the re-peek of step {step}"):
-                    hot_reports = replication_lib.repeek(embedding, experiment.embedding_sample(
-                        config, batch_size, rank, size, step, replication.sample_batches), optimizer)
-                report_hot(hot_reports, rank, f"re-peeked at step {step}")
-            with watchdog.guard(f"the checkpoint of step {step}"):
-                checkpointer.save(stream_position=sequence_batches.position_after(step - start) if sequences else None)
+    def _checkpoint(self, step):
+        """Writes the checkpoint of step `step`, with --hot-repeek first choosing the hot rows anew."""
+        args, steps, start = self.args, self.plan.steps, self.start
+        if args.hot_repeek and step < steps:
+            from tf_fusedrec.distributed import replication as replication_lib  # noqa: PLC0415
 
-    result = {
-        "config": config.name,
-        "embedding": args.embedding,
-        "pipeline": schedule,
-        "micro_batches": micro_batches,
-        "cluster_samples": cluster,
-        "steps_per_call": args.steps_per_call,
-        "workers": size,
-        "batch_size_per_worker": batch_size,
-        "steps": steps,
-        "final_loss": loss_value,
-        "samples_per_s": batch_size * size * timed_steps / timed_seconds if timed_seconds else float("nan"),
-        "alltoall_ops_in_step_graph": experiment.count_alltoall_ops(pipe.concrete_step()),
-    }
-    if meter is not None:
-        result.update(meter.per_step(timed_steps))
-    result["dense_precision"] = args.dense_precision
-    if loss_scale is not None:
-        result["loss_scale"] = {"final": float(loss_scale.scale.numpy()),
-                                "skipped_steps": int(loss_scale.skipped.numpy())}
-    result["table_storage"] = args.table_storage
-    result["table_backend"] = embedding.table_backend
-    result["table_bytes_per_worker"] = experiment.table_bytes(embedding, optimizer, comm)
-    everyone = comm.allgather(tf.constant([[n for _, n in table_rows]], tf.int64),
-                              name="FusedRec/summary/table_rows").numpy()
-    result["table_rows_over_time"] = {"steps": [s for s, _ in table_rows], "rows_per_worker": everyone.tolist()}
-    if eviction is not None:
+            with self.watchdog.guard(f"the re-peek of step {step}"):
+                sample = experiment.embedding_sample(self.config, self.plan.batch_size, self.rank, self.size, step,
+                                                     self.plan.replication.sample_batches)
+                self.hot_reports = replication_lib.repeek(self.embedding, sample, self.optimizer)
+            report_hot(self.hot_reports, self.rank, f"re-peeked at step {step}")
+        with self.watchdog.guard(f"the checkpoint of step {step}"):
+            self.checkpointer.save(
+                stream_position=self.sequence_batches.position_after(step - start) if self.plan.sequences else None)
+
+    def summarize(self):
+        """The run's summary (a dict whose keys keep the order the JSON shows), the held-out AUC last."""
+        args, plan, comm, size = self.args, self.plan, self.comm, self.size
+        timed_steps, timed_seconds = self.timed_steps, self.timed_seconds
+        result = {
+            "config": self.config.name,
+            "embedding": args.embedding,
+            "pipeline": plan.schedule,
+            "micro_batches": plan.micro_batches,
+            "cluster_samples": plan.cluster,
+            "steps_per_call": args.steps_per_call,
+            "workers": size,
+            "batch_size_per_worker": plan.batch_size,
+            "steps": plan.steps,
+            "final_loss": self.final_loss,
+            "samples_per_s": plan.batch_size * size * timed_steps / timed_seconds if timed_seconds else float("nan"),
+            "alltoall_ops_in_step_graph": experiment.count_alltoall_ops(self.pipe.concrete_step()),
+        }
+        if self.meter is not None:
+            result.update(self.meter.per_step(timed_steps))
+        result["dense_precision"] = args.dense_precision
+        if self.loss_scale is not None:
+            result["loss_scale"] = {"final": float(self.loss_scale.scale.numpy()),
+                                    "skipped_steps": int(self.loss_scale.skipped.numpy())}
+        self._summarize_tables(result)
+        if plan.eviction is not None:
+            self._summarize_eviction(result)
+        if plan.admission is not None:
+            self._summarize_admission(result)
+        if plan.expiry is not None:
+            self._summarize_expiry(result)
+        if plan.replication is not None:
+            self._summarize_hot(result)
+        if plan.sequences:
+            self._summarize_balance(result)
+        if self.restored is not None:
+            self._summarize_restored(result)
+        if self.checkpointer is not None:
+            result["checkpoints"] = self.checkpointer.written_summary()
+        result["auc"] = experiment.evaluate(self.model, self.config, plan.batch_size, self.rank, size, comm)
+        return result
+
+    def _summarize_tables(self, result):
+        """Adds the tables' storage, backend, bytes per worker and every worker's rows at each log step."""
+        result["table_storage"] = self.args.table_storage
+        result["table_backend"] = self.embedding.table_backend
+        result["table_bytes_per_worker"] = experiment.table_bytes(self.embedding, self.optimizer, self.comm)
+        everyone = self.comm.allgather(tf.constant([[n for _, n in self.table_rows]], tf.int64),
+                                       name="FusedRec/summary/table_rows").numpy()
+        result["table_rows_over_time"] = {"steps": [s for s, _ in self.table_rows],
+                                          "rows_per_worker": everyone.tolist()}
+
+    def _summarize_eviction(self, result):
+        """Adds the eviction's settings and the rows each worker evicted."""
+        eviction = self.plan.eviction
         result["eviction"] = {"capacity": eviction.capacity, "policy": eviction.policy,
-                              "interval": eviction.interval, "evicted_per_worker": comm.allgather(
-                                  tf.constant([[experiment.evicted_rows(embedding)]], tf.int64),
+                              "interval": eviction.interval, "evicted_per_worker": self.comm.allgather(
+                                  tf.constant([[experiment.evicted_rows(self.embedding)]], tf.int64),
                                   name="FusedRec/summary/evicted").numpy()[:, 0].tolist()}
-    if plan.admission is not None:
-        stats = [[s[k] for s in embedding.admission_statistics().values() for k in ("dropped", "waiting")]]
-        everyone = comm.allgather(tf.constant(stats, tf.int64), name="FusedRec/summary/admission").numpy()
-        result["admission"] = {"min_count": plan.admission.min_count,
+
+    def _summarize_admission(self, result):
+        """Adds the admission's min count and each worker's dropped gradients and waiting keys."""
+        stats = [[s[k] for s in self.embedding.admission_statistics().values() for k in ("dropped", "waiting")]]
+        everyone = self.comm.allgather(tf.constant(stats, tf.int64), name="FusedRec/summary/admission").numpy()
+        result["admission"] = {"min_count": self.plan.admission.min_count,
                                "dropped_gradients_per_worker": everyone[:, 0::2].sum(axis=1).tolist(),
                                "waiting_keys_per_worker": everyone[:, 1::2].sum(axis=1).tolist()}
-    if plan.expiry is not None:
-        expired = [[sum(s["expired"] for s in embedding.expiry_statistics().values())]]
-        everyone = comm.allgather(tf.constant(expired, tf.int64), name="FusedRec/summary/expired").numpy()
-        result["expiry"] = {"steps": plan.expiry.steps, "interval": plan.expiry.interval,
+
+    def _summarize_expiry(self, result):
+        """Adds the expiry's settings and the rows each worker's tables expired."""
+        expired = [[sum(s["expired"] for s in self.embedding.expiry_statistics().values())]]
+        everyone = self.comm.allgather(tf.constant(expired, tf.int64), name="FusedRec/summary/expired").numpy()
+        result["expiry"] = {"steps": self.plan.expiry.steps, "interval": self.plan.expiry.interval,
                             "expired_per_worker": everyone[:, 0].tolist()}
-    if replication is not None:
-        result["hot"] = hot_reports if hot_reports is not None else [
+
+    def _summarize_hot(self, result):
+        """Adds the hot sets (as chosen or re-peeked, else restored) and each feature's hot hits per step."""
+        embedding = self.embedding
+        result["hot"] = self.hot_reports if self.hot_reports is not None else [
             {"group": g.name, "rows": len(h), "chosen_by": "restored"} for g, h in zip(embedding.groups,
                                                                                       embedding.hot_sets)]
         result["hot_hits_per_step"] = {n: int(s["hot_hits"]) for n, s in embedding.statistics().items()}
-    if sequences:
+
+    def _summarize_balance(self, result):
+        """Adds a sequence run's balance: token imbalance, samples and tokens per worker, the timed rates."""
         from tf_fusedrec.train import balance_metrics as balance_lib  # noqa: PLC0415
 
-        counts = np.asarray(sequence_batches.counts[:steps - start], np.int64)  # [steps, (samples, tokens)]
+        plan, comm, sequence_batches = self.plan, self.comm, self.sequence_batches
+        counts = np.asarray(sequence_batches.counts[:plan.steps - self.start], np.int64)  # [steps, (samples, tokens)]
         everyone = comm.allgather(tf.constant(counts[None]), name="FusedRec/balance/summary").numpy()
-        result["balance"] = balance
-        result["target_tokens_per_step"] = sequence_batches.target_tokens if balance == "tokens" else None
+        result["balance"] = plan.balance
+        result["target_tokens_per_step"] = sequence_batches.target_tokens if plan.balance == "tokens" else None
         result["token_imbalance"] = balance_lib.token_imbalance(everyone[:, :, 1].T)
         result["samples_per_worker"] = balance_lib.samples_per_worker(everyone[:, :, 0].T)
         result["tokens_per_worker"] = everyone[:, :, 1].sum(axis=1).tolist()
-        if meter is not None:  # each worker's time in the allreduces, waiting for the slowest included
+        if self.meter is not None:  # each worker's time in the allreduces, waiting for the slowest included
             mine = tf.constant([result["allreduce_seconds_per_step"]], tf.float64)
             result["allreduce_seconds_per_step_per_worker"] = comm.allgather(
                 mine, name="FusedRec/balance/allreduce_seconds").numpy().tolist()
-        if timed_seconds:  # the samples the workers really held in the timed (last) steps, not batch_size x N
-            timed = everyone[:, everyone.shape[1] - timed_steps:, :]
-            result["samples_per_s"] = float(timed[:, :, 0].sum()) / timed_seconds
-            result["tokens_per_s"] = float(timed[:, :, 1].sum()) / timed_seconds
-    if restored is not None:
-        result["restored"] = {"step": start, "from_workers": restored["workers"], "bytes_read_per_rank": bytes_read,
+        if self.timed_seconds:  # the samples the workers really held in the timed (last) steps, not batch_size x N
+            timed = everyone[:, everyone.shape[1] - self.timed_steps:, :]
+            result["samples_per_s"] = float(timed[:, :, 0].sum()) / self.timed_seconds
+            result["tokens_per_s"] = float(timed[:, :, 1].sum()) / self.timed_seconds
+
+    def _summarize_restored(self, result):
+        """Adds where the run resumed: the step, the writing worker count, the bytes read, the checkpoint chain."""
+        restored = self.restored
+        result["restored"] = {"step": self.start, "from_workers": restored["workers"],
+                              "bytes_read_per_rank": self.bytes_read,
                               "chain": [link["step"] for link in restored["chain"]]}
-    if checkpointer is not None:
-        result["checkpoints"] = checkpointer.written_summary()
-    result["auc"] = experiment.evaluate(model, config, batch_size, rank, size, comm)
-    if rank == 0:
-        if writer is not None:
-            with writer.as_default(step=steps):
-                if isinstance(result["auc"], dict):  # one AUC per task (a sequence config's click and conversion)
-                    for task, value in result["auc"].items():
-                        tf.summary.scalar(f"auc/{task}", value)
-                else:
-                    tf.summary.scalar("auc", result["auc"])
-            writer.flush()
-        print("summary: " + json.dumps(result), flush=True)
-        if args.summary_json:
-            with open(args.summary_json, "w") as f:
-                json.dump(result, f, indent=2)
+
+    def publish(self, result):
+        """Rank 0: writes the AUC to TensorBoard, prints the summary line and writes --summary-json."""
+        if self.rank == 0:
+            if self.writer is not None:
+                with self.writer.as_default(step=self.plan.steps):
+                    if isinstance(result["auc"], dict):  # one AUC per task (a sequence config's click and conversion)
+                        for task, value in result["auc"].items():
+                            tf.summary.scalar(f"auc/{task}", value)
+                    else:
+                        tf.summary.scalar("auc", result["auc"])
+                self.writer.flush()
+            print("summary: " + json.dumps(result), flush=True)
+            if self.args.summary_json:
+                with open(self.args.summary_json, "w") as f:
+                    json.dump(result, f, indent=2)
+
+
+def run(args):
+    """Trains as the flags and the config say; -> the summary (rank 0 also prints it and writes --summary-json)."""
+    config = cfg.load_config(args.config)
+    training = _TrainingRun(args, config, plan_of(args, config))
+    training.start_workers()
+    training.build_model()
+    training.refuse_old_checkpoints()
+    training.build_dense_weights()
+    training.restore_checkpoint()
+    training.choose_hot_set()
+    training.make_pipeline()
+    training.train()
+    result = training.summarize()
+    training.publish(result)
     return result
 
 
