@@ -361,7 +361,8 @@ class EmbeddingTable:
         """Removes the keys select(keys, counts, lasts, clock) picks, with their rows, slots and status, and adds
         their number to `counter`."""
         keys = self.rows.export()[0]
-        status = self.status.lookup(keys)  # [0, 0] for a row never counted (restored, or moved from the hot set)
+        # [0, 0] for a row never counted (restored from a checkpoint without status, or moved from the hot set)
+        status = self.status.lookup(keys)
         gone = select(keys, status[:, 0], status[:, 1], self.clock.read_value())
         removed = [self.rows.remove(gone), self.status.remove(gone)] + [slot.remove(gone) for slot in slots]
         with tf.control_dependencies(removed):
