@@ -31,30 +31,39 @@ def child_env():
     return env
 
 
-def execute(cmd, timeout, merge_stderr=False):
+def execute(cmd, timeout, merge_stderr=False, interrupt_when=None):
     """Runs cmd from the repository root. Returns (exit status or None on timeout, stdout, stderr); with
-    merge_stderr, stderr is folded into stdout and returned as ""."""
+    merge_stderr, stderr is folded into stdout and returned as "". At the timeout the process group gets SIGTERM
+    (then SIGKILL). interrupt_when: a function polled every 0.2 s; once it returns true the run is ended the same way
+    and reported as timed out (None), so a test of an interruption waits for what it needs, not a fixed time."""
     proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE, text=True,
                             start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        return proc.returncode, out, err or ""
-    except subprocess.TimeoutExpired:
-        out, err = "", ""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
+    deadline = time.monotonic() + timeout
+    while True:
+        wait = deadline - time.monotonic()
+        try:
+            out, err = proc.communicate(timeout=max(0.0, min(wait, 0.2) if interrupt_when else wait))
+            return proc.returncode, out, err or ""
+        except subprocess.TimeoutExpired:  # (communicate may be called again: nothing read is lost)
+            if time.monotonic() >= deadline or (interrupt_when is not None and interrupt_when()):
                 break
-            try:
-                out, err = proc.communicate(timeout=10)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        else:
+    # Timed out, or asked to stop: the process group is ended.
+    out, err = "", ""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:  # ended on its own meanwhile
             out, err = proc.communicate()
-        return None, out or "", err or ""
+            break
+        try:
+            out, err = proc.communicate(timeout=10)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    else:
+        out, err = proc.communicate()
+    return None, out or "", err or ""
 
 
 def horovodrun(workers):

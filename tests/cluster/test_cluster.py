@@ -91,11 +91,16 @@ def test_killed_worker_fails_the_job_and_teardown_is_clean(netstate, tmp_path):
 
 
 def test_interrupted_launcher_tears_down(netstate, tmp_path):
-    # The runner's timeout sends SIGTERM to the launcher's process group; the workers are in their own sessions.
-    # 25 s leaves the launcher time to import TensorFlow (tf_fusedrec does) and start the workers on a loaded machine.
-    script = f"ip netns identify $$ > {tmp_path}/ns.$HOROVOD_RANK; exec sleep 60"
-    rc, out, _ = execute(CLUSTER + ["--hosts", "2", "--link-rate", "1gbit", "--", "sh", "-c", script], 25,
-                         merge_stderr=True)
+    # The runner sends SIGTERM to the launcher's process group once both workers have written their namespace (they
+    # are then running, in their own sessions); 120 s only bounds a launcher that never starts them.
+    script = f"ip netns identify $$ > {tmp_path}/ns.$HOROVOD_RANK; exec sleep 120"
+
+    def both_running():
+        return all((tmp_path / f"ns.{r}").exists() and (tmp_path / f"ns.{r}").stat().st_size > 0 for r in range(2))
+
+    rc, out, _ = execute(CLUSTER + ["--hosts", "2", "--link-rate", "1gbit", "--", "sh", "-c", script], TIMEOUT_S,
+                         merge_stderr=True, interrupt_when=both_running)
+    assert both_running(), f"the workers did not start within {TIMEOUT_S} s\n{tail(out)}"
     assert rc is None, f"the launcher finished before it was interrupted\n{tail(out)}"
     assert "interrupted (SIGTERM)" in out, tail(out)
     netstate({(tmp_path / f"ns.{r}").read_text().strip() for r in range(2)})
