@@ -337,9 +337,17 @@ def pytest_collection_modifyitems(config, items):
     --dist loadgroup` (`make test`), keeps on one xdist worker the tests of a module that share a module- or
     session-scoped fixture of that module (a horovodrun scenario, a bench or training run), so that fixture runs once; other tests are spread one
     by one. The cluster tests are one group, as they build namespaces of this machine. (pytest-xdist 3.8 sees the
-    groups with pytest 8, not 9: requirements.txt pins pytest 8.4.2.)"""
+    groups with pytest 8, not 9: requirements.txt pins pytest 8.4.2.)
+
+    Then orders the tests by weight, each module's tests kept together and in order: the multi-worker modules first,
+    then the other slow ones, then the in-process ones. pytest-xdist hands out work in this order, so the long module
+    groups start early and the run ends on short tests that keep both workers busy, instead of one worker finishing a
+    long group alone at the end (modules sort alphabetically, which put tests/serve/test_export.py and
+    tests/train/test_steps_per_call.py last)."""
+    weight = {}
     for item in items:
         path = Path(str(item.fspath)).resolve().relative_to(_ROOT).as_posix()
+        weight[item.nodeid] = 0 if _under(path, _MULTIWORKER) else 1 if _under(path, _SLOW) else 2
         if _under(path, _SLOW):
             item.add_marker(pytest.mark.slow)
         if _under(path, _MULTIWORKER):
@@ -353,16 +361,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("cluster"))
         elif _shares_module_state(item, path):
             item.add_marker(pytest.mark.xdist_group(path))
+    items.sort(key=lambda item: weight[item.nodeid])  # stable: each module's order is kept
 
 
 # --------------------------------------------------------------------------------------------------------------
 # CPU per test (issue 21: the suite is CPU-bound on 2 cores, so what costs CPU is what costs CI time)
 # --------------------------------------------------------------------------------------------------------------
 
-# TF_FUSEDREC_CPU_REPORT=DIR: each pytest process (each xdist worker) writes DIR/cpu-{worker}.tsv, one line per test
+# TF_FUSEDREC_CPU_REPORT=DIR: each pytest process (each xdist worker) writes DIR/cpu-{worker}-{pid}.tsv, a line per test
 # phase: node id, phase, CPU seconds (user + sys of the pytest process and of every process it started that has been
 # waited for: horovodrun and its workers, apps, servers; a server reaped at a module's end is counted in that teardown),
-# wall seconds. scripts/cpu_report.py sums them per module.
+# wall seconds, start (Unix time). scripts/cpu_report.py sums them per module and shows each process's busy span.
 _CPU_REPORT = os.environ.get("TF_FUSEDREC_CPU_REPORT")
 _cpu_lines = []
 
@@ -377,9 +386,10 @@ def _cpu_seconds():
 def _cpu_phase(item, phase):
     import time  # noqa: PLC0415
 
-    cpu, wall = _cpu_seconds(), time.monotonic()
+    cpu, wall, began = _cpu_seconds(), time.monotonic(), time.time()
     yield
-    _cpu_lines.append(f"{item.nodeid}\t{phase}\t{_cpu_seconds() - cpu:.3f}\t{time.monotonic() - wall:.3f}\n")
+    _cpu_lines.append(f"{item.nodeid}\t{phase}\t{_cpu_seconds() - cpu:.3f}\t{time.monotonic() - wall:.3f}\t"
+                      f"{began:.3f}\n")
 
 
 if _CPU_REPORT:
@@ -398,5 +408,6 @@ if _CPU_REPORT:
     def pytest_sessionfinish(session):  # noqa: ARG001
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         os.makedirs(_CPU_REPORT, exist_ok=True)
-        with open(os.path.join(_CPU_REPORT, f"cpu-{worker}.tsv"), "w") as f:
+        # The pid too: make test runs pytest twice (the second time on tests/ops against the Bazel library).
+        with open(os.path.join(_CPU_REPORT, f"cpu-{worker}-{os.getpid()}.tsv"), "w") as f:
             f.writelines(_cpu_lines)
