@@ -113,6 +113,30 @@ def grm_storage_seeds():
                    "within 0.002"], "llllr", rows)
 
 
+def grm_storage_stochastic():
+    """float16 rounded to nearest and stochastically (float16s) against float32 per data seed, and the control
+    float32tfra (float32 on the TFRA backend: other last bits only), "-" where a mode has no run of the seed
+    (docs/grm/stochastic/storage_bench_float16_stochastic_seeds.json)."""
+    d = _json("docs/grm/stochastic/storage_bench_float16_stochastic_seeds.json")
+    base = {r["seed"]: r for r in d["runs"] if r["mode"] == "float32"}
+    labels = {"float16": "float16, nearest", "float16s": "float16, stochastic",
+              "float32tfra": "control: float32, TFRA backend"}
+    rows = []
+    for task in ("click", "conversion"):
+        rows.append([task, "float32 AUC", ", ".join(f"{base[s]['auc'][task]:.4f}" for s in sorted(base)), "", "", ""])
+        for mode, label in labels.items():
+            delta = {r["seed"]: r["auc"][task] - base[r["seed"]]["auc"][task] for r in d["runs"] if r["mode"] == mode}
+            if not delta:
+                continue
+            deltas = list(delta.values())
+            rows.append([task, f"{label} - float32", ", ".join(f"{delta[s]:+.4f}" if s in delta else "-"
+                                                               for s in sorted(base)),
+                         f"{sum(deltas) / len(deltas):+.4f}", f"{min(deltas):+.4f}",
+                         f"{sum(x >= -0.003 for x in deltas)} of {len(deltas)}"])
+    seeds = ", ".join(map(str, sorted(base)))
+    return _table(["task", "what", f"seed {seeds}", "mean", "worst", "loss <= 0.003"], "llllrr", rows)
+
+
 def bench_modes():
     """`python -m tf_fusedrec.bench`'s mode table (docs/bench.json), the columns this run recorded."""
     d = _json("docs/bench.json")
@@ -386,6 +410,8 @@ def model_projection():
 TABLES = {
     "grm-storage": (("docs/grm/storage_bench.json",), grm_storage),
     "grm-storage-seeds": (("docs/grm/storage_bench_float16_seeds.json",), grm_storage_seeds),
+    "grm-storage-stochastic": (("docs/grm/stochastic/storage_bench_float16_stochastic_seeds.json",),
+                               grm_storage_stochastic),
     "bench-modes": (("docs/bench.json",), bench_modes),
     "bench-sweep": (("docs/bench.json",), bench_sweep),
     "pipeline-cpu": (("docs/pipeline/cpu_profile.json",), pipeline_cpu),
