@@ -98,14 +98,20 @@ def test_row_bytes_halve_the_values():
 
 # --- SGD against NumPy --------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode", ["function", "eager"])
-def test_sgd_equals_numpy_reference(mode):
-    """loss = sum_f sum_b <out_f[b], W_f[b]>: the gradient of row (f, id) is the sum of W_f[b] over the b holding
-    id. W is a multiple of 1/8, so the float32 sums are exact and the one rounding to float16 is the reference's."""
+def train_sgd_against_numpy(mode, stored_initial, stored_update, after_step=None, **layer_kwargs):
+    """Trains a float16-storage FusedEmbedding (features a and b, dim 4, SGD lr 0.5; `layer_kwargs` add to it) for 6
+    steps of loss = sum_f sum_b <out_f[b], W_f[b]>, eagerly or in a tf.function, against a NumPy model of its rows:
+    the gradient of row (f, id) is the sum of W_f[b] over the b holding id, and W is a multiple of 1/8, so the float32
+    sums are exact and the one rounding to float16 is the reference's. Every step's outputs and, at the end, every row
+    must equal the model's bit for bit.
+
+    stored_initial(row) -> what the model holds for a float32 initial (Hashed) row before its first update;
+    stored_update(layer, feature, id, step, w) -> the stored row after the float32 update w (step: 0-based);
+    after_step(layer): checks after each step. -> the layer."""
     dim, lr, seed = 4, 0.5, 0
     feats = [fr.Feature("a", dim=dim, max_id_bits=8), fr.Feature("b", dim=dim, max_id_bits=8)]
     layer = fr.FusedEmbedding(feats, optimizer={"name": "sgd", "learning_rate": lr}, storage="float16",
-                              name="sgd16")
+                              **layer_kwargs)
     opt = fr.train.make_optimizer(layer, default="sgd")
 
     def step(inputs, weights):
@@ -122,7 +128,7 @@ def test_sgd_equals_numpy_reference(mode):
 
     def row(f, i):
         if (f, i) not in ref:
-            ref[(f, i)] = initializers.hashed_rows_numpy([i], [salts[f]], dim, 0.05)[0]
+            ref[(f, i)] = stored_initial(initializers.hashed_rows_numpy([i], [salts[f]], dim, 0.05)[0])
         return ref[(f, i)]
 
     rng = np.random.default_rng(1)
@@ -135,14 +141,26 @@ def test_sgd_equals_numpy_reference(mode):
             np.testing.assert_array_equal(out[f].numpy(), want, err_msg=f"step {s} output {f}")
         for f in ("a", "b"):
             for i in np.unique(ids[f]):
-                grad = weights[f][ids[f] == i].sum(axis=0)
-                ref[(f, int(i))] = round16(row(f, int(i)) - np.float32(lr) * grad)
-        assert int(layer.tables[0].params.size()) == 0, "rows left in flight after the update"
+                w = row(f, int(i)) - np.float32(lr) * weights[f][ids[f] == i].sum(axis=0)
+                ref[(f, int(i))] = stored_update(layer, f, int(i), s, w)
+        if after_step is not None:
+            after_step(layer)
     all_ids = {f: tf.constant(np.arange(VOCAB), tf.int64) for f in ("a", "b")}
     got = layer(all_ids, training=False)
     for f in ("a", "b"):
         np.testing.assert_array_equal(got[f].numpy(), np.stack([row(f, i) for i in range(VOCAB)]),
                                       err_msg=f"rows of {f} after training")
+    return layer
+
+
+@pytest.mark.parametrize("mode", ["function", "eager"])
+def test_sgd_equals_numpy_reference(mode):
+    """train_sgd_against_numpy with round to nearest: a TFRA row stays float32 until its first update."""
+    def no_rows_in_flight(layer):
+        assert int(layer.tables[0].params.size()) == 0, "rows left in flight after the update"
+
+    train_sgd_against_numpy(mode, lambda initial: initial, lambda layer, f, i, s, w: round16(w),
+                            after_step=no_rows_in_flight, name="sgd16")
 
 
 # --- Adagrad / Adam against float32 storage rounded by hand -------------------------------------------------------

@@ -28,16 +28,8 @@ from tf_fusedrec.distributed import rounding
 from tf_fusedrec.distributed.table import EmbeddingTable
 from tf_fusedrec.ops import reference
 
+from tests.layers.test_half_storage import train_sgd_against_numpy
 from tests.ops.test_native_table import rounding_values
-
-VOCAB = 12
-
-
-@pytest.fixture(autouse=True)
-def _fresh_session():
-    tf.keras.backend.clear_session()
-    yield
-    tf.keras.backend.clear_session()
 
 
 def round16(x):
@@ -160,63 +152,29 @@ def test_small_updates_add_up_only_with_stochastic_rounding(fro, backend):
 @pytest.mark.parametrize("backend", ["tfra", "native"])
 @pytest.mark.parametrize("mode", ["function", "eager"])
 def test_sgd_equals_numpy_reference(backend, mode):
-    """As test_half_storage's SGD test, with stochastic rounding: loss = sum_f sum_b <out_f[b], W_f[b]>, so the
-    gradient of row (f, id) is the sum of W_f[b] over the b holding id (multiples of 1/8: exact float32 sums), and
-    the stored row is stochastic_float16(row - lr grad) with the bits of (the group's first salt, the row's key, the
-    step's 1-based update count, column). A new key's initial row: float32 until its first update (TFRA), rounded
-    to nearest when inserted (native)."""
-    dim, lr, seed = 4, 0.5, 0
-    feats = [fr.Feature("a", dim=dim, max_id_bits=8), fr.Feature("b", dim=dim, max_id_bits=8)]
-    layer = fr.FusedEmbedding(feats, optimizer={"name": "sgd", "learning_rate": lr}, storage="float16",
-                              rounding="stochastic", table_backend=backend, name=f"sgd16s_{backend}")
-    opt = fr.train.make_optimizer(layer, default="sgd")
+    """test_half_storage's SGD harness (train_sgd_against_numpy) with stochastic rounding: the stored row is
+    stochastic_float16(row - lr grad) with the bits of (the group's first salt, the row's key, the step's 1-based
+    update count, column). A new key's initial row: float32 until its first update (TFRA), rounded to nearest when
+    inserted (native)."""
+    moved = 0
 
-    def step(inputs, weights):
-        with tf.GradientTape() as tape:
-            out = layer(inputs, training=True)
-            loss = tf.add_n([tf.reduce_sum(out[f] * weights[f]) for f in ("a", "b")])
-        variables = layer.trainable_variables
-        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        return out
-
-    step = tf.function(step) if mode == "function" else step
-    group = layer.groups[0]
-    salts = {f: initializers.feature_salt(seed, f) for f in ("a", "b")}
-    salt = salts[group.categories[0]]
-
-    def key(f, i):
+    def key(layer, f, i):
+        group = layer.groups[0]
         keys = fr.ops.category_unique(np.array([i], np.int64), np.array([group.categories.index(f)], np.int32),
                                       group.num_categories, group.encoding).unified_keys
         return int(keys.numpy()[0])
 
-    ref = {}
+    def stored_update(layer, f, i, s, w):
+        nonlocal moved
+        group = layer.groups[0]
+        salt = initializers.feature_salt(0, group.categories[0])  # the group's first salt (the harness's seed 0)
+        bits = reference.float16_rounding_bits(salt, [key(layer, f, i)], s + 1, w.shape[0])
+        stored = reference.stochastic_float16(w, bits[0]).astype(np.float32)
+        moved += int((stored != round16(w)).sum())
+        return stored
 
-    def row(f, i):
-        if (f, i) not in ref:
-            initial = initializers.hashed_rows_numpy([i], [salts[f]], dim, 0.05)[0]
-            ref[(f, i)] = round16(initial) if backend == "native" else initial
-        return ref[(f, i)]
-
-    rng = np.random.default_rng(1)
-    moved = 0
-    for s in range(6):
-        ids = {f: rng.integers(0, VOCAB, 10).astype(np.int64) for f in ("a", "b")}
-        weights = {f: (rng.integers(-16, 17, (10, dim)) / 8.0).astype(np.float32) for f in ("a", "b")}
-        out = step({f: tf.constant(v) for f, v in ids.items()}, {f: tf.constant(v) for f, v in weights.items()})
-        for f in ("a", "b"):
-            want = np.stack([row(f, int(i)) for i in ids[f]])
-            np.testing.assert_array_equal(out[f].numpy(), want, err_msg=f"step {s} output {f}")
-        for f in ("a", "b"):
-            for i in np.unique(ids[f]):
-                w = row(f, int(i)) - np.float32(lr) * weights[f][ids[f] == i].sum(axis=0)
-                bits = reference.float16_rounding_bits(salt, [key(f, int(i))], s + 1, dim)
-                ref[(f, int(i))] = reference.stochastic_float16(w, bits[0]).astype(np.float32)
-                moved += int((ref[(f, int(i))] != round16(w)).sum())
-    all_ids = {f: tf.constant(np.arange(VOCAB), tf.int64) for f in ("a", "b")}
-    got = layer(all_ids, training=False)
-    for f in ("a", "b"):
-        np.testing.assert_array_equal(got[f].numpy(), np.stack([row(f, i) for i in range(VOCAB)]),
-                                      err_msg=f"rows of {f} after training")
+    train_sgd_against_numpy(mode, round16 if backend == "native" else (lambda initial: initial), stored_update,
+                            rounding="stochastic", table_backend=backend, name=f"sgd16s_{backend}")
     assert moved > 20, "stochastic rounding rounded like nearest"
 
 
