@@ -56,13 +56,13 @@ def parse_args(argv=None):
                    help="batches each worker counts to find the hot rows (default 100)")
     p.add_argument("--hot-repeek", action="store_true",
                    help="choose the hot rows anew at every checkpoint, from the batches that follow it (sync only)")
-    p.add_argument("--table-backend", choices=("native", "tfra"),
+    p.add_argument("--table-backend", choices=cfg.TABLE_BACKENDS,
                    help="FusedEmbedding's tables (default: the config's embedding.table_backend): native (C++ table, "
                         "optimizer applied in place) or tfra (TFRA dynamic_embedding)")
     p.add_argument("--table-storage", choices=("float32", "float16"), default="float32",
                    help="how the fused embedding stores its sharded rows: float16 halves the row bytes (lookups and "
                         "optimizer math stay float32; replicated hot rows, --hot, stay float32: mixed precision)")
-    p.add_argument("--table-rounding", choices=("nearest", "stochastic"),
+    p.add_argument("--table-rounding", choices=cfg.TABLE_ROUNDINGS,
                    help="how --table-storage float16 rounds a row after each update (default: the config's "
                         "embedding.table_rounding, nearest): nearest loses updates under half a float16 step; "
                         "stochastic rounds up or down at random, unbiased (float32 storage ignores it)")
