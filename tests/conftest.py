@@ -293,6 +293,10 @@ def pytest_sessionstart(session):
         except Exception as e:  # noqa: BLE001  (ImportError, or a library that fails to load)
             raise pytest.UsageError(f"TF_FUSEDREC_REQUIRE_HOROVOD=1 but horovod.tensorflow does not import ({e}); "
                                     f"run scripts/install.sh") from e
+        # The suite launches workers with tests/horovodrun.py, which skips horovodrun's per-launch Gloo check.
+        if not horovod.tensorflow.gloo_built():
+            raise pytest.UsageError("TF_FUSEDREC_REQUIRE_HOROVOD=1 but Horovod was built without Gloo; "
+                                    "run scripts/install.sh")
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@
   layer and deep MLP [8] when ``model_name="dcn"``. One optimizer, two dims: two spec groups.
 * ``write_config(path, raw)`` -- writes such a dict as YAML.
 * ``run_app(module, args, workers=1)`` -- runs ``python -m <module> args`` in a subprocess, alone or under
-  ``horovodrun -np N -H localhost:N --gloo`` (found next to sys.executable), in its own process group with a
+  ``horovodrun -np N -H localhost:N --gloo`` (the suite's launcher, tests/horovodrun.py), in its own process group with a
   timeout that ends the whole group, and returns an :class:`AppRun` whose ``describe()`` (command, exit status and
   the tail of stdout and stderr) goes into every failure message.
 * ``summaries(run)`` -- the ``summary: {...}`` lines the train app printed, as (rank, dict).
@@ -28,10 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.subprocess_runner import ROOT, execute, tail
+from tests.subprocess_runner import ROOT, execute, horovodrun, tail
 
 PYTHON = Path(sys.executable)
-HOROVODRUN = PYTHON.with_name("horovodrun")
 RUN_TIMEOUT_S = 300  # per subprocess; the machine is shared, so generous
 
 TINY_FEATURES = ("A1", "A2", "B1", "B2")
@@ -112,9 +111,7 @@ def run_app(module, args, workers=1, timeout=RUN_TIMEOUT_S):
     if workers == 1:
         cmd = [str(PYTHON), "-m", module] + args
     else:
-        assert HOROVODRUN.exists(), f"horovod is importable but {HOROVODRUN} does not exist"
-        cmd = [str(HOROVODRUN), "-np", str(workers), "-H", f"localhost:{workers}", "--gloo",
-               str(PYTHON), "-m", module] + args
+        cmd = horovodrun(workers) + [str(PYTHON), "-m", module] + args
     start = time.monotonic()
     rc, out, err = execute(cmd, timeout)
     return AppRun(cmd, rc, out, err, time.monotonic() - start)
@@ -154,7 +151,7 @@ def require_horovod():
 @pytest.fixture(scope="session")
 def apps():
     return types.SimpleNamespace(
-        ROOT=ROOT, PYTHON=PYTHON, HOROVODRUN=HOROVODRUN, RUN_TIMEOUT_S=RUN_TIMEOUT_S,
+        ROOT=ROOT, PYTHON=PYTHON, RUN_TIMEOUT_S=RUN_TIMEOUT_S,
         TINY_FEATURES=TINY_FEATURES, TINY_DIMS=TINY_DIMS, TINY_BATCH=TINY_BATCH,
         tiny_config=tiny_config, write_config=write_config, run_app=run_app,
         summaries=summaries, the_summary=the_summary, require_horovod=require_horovod,

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.subprocess_runner import tail
+from tests.subprocess_runner import horovodrun, tail
 
 CRASH_BOUND_S = 150
 START_BOUND_S = 240  # start-up and tracing on a loaded 2-core machine
@@ -57,8 +57,10 @@ def worker_pid(launcher_pid, rank):
 
 def start_training(apps, tmp_path, *flags):
     config = apps.write_config(tmp_path / "tiny.yaml", apps.tiny_config("dlrm"))
-    cmd = [str(apps.HOROVODRUN), "-np", "2", "-H", "localhost:2", "--gloo", str(apps.PYTHON), "-m",
-           "tf_fusedrec.train", "--config", str(config), "--steps", "100000", "--no-progress", *flags]
+    # The stock `horovodrun` script (the rest of the suite uses tests/horovodrun.py): what users type is what
+    # stops the job when a worker dies.
+    cmd = horovodrun(2, stock=True) + [str(apps.PYTHON), "-m", "tf_fusedrec.train", "--config", str(config),
+                                       "--steps", "100000", "--no-progress", *flags]
     log = open(tmp_path / "log.txt", "w+")  # noqa: SIM115  (closed by the caller through the returned object)
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, log
