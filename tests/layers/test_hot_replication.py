@@ -1,5 +1,5 @@
-"""Hot-row replication on one worker (tf_fusedrec/distributed/replication.py, HotGroupLookup): the hot split, the
-choice of R, moving rows, checkpoints, and errors. The 2-worker equality runs are in
+"""Hot-row replication on one worker (tf_fusedrec/distributed/replication.py, group_lookup.HotReplica): the hot split,
+the choice of R, moving rows, checkpoints, and errors. The 2-worker equality runs are in
 tests/distributed/test_replication.py.
 
 * unified_keys (the sender's key of a pair) equals category_unique's keys, packed and hashed, random and edge ids;
@@ -23,7 +23,7 @@ import tf_fusedrec as fr
 from tf_fusedrec import ops
 from tf_fusedrec.distributed import replication as rl
 from tf_fusedrec.distributed.comm import SingleProcessComm
-from tf_fusedrec.distributed.group_lookup import HotGroupLookup, unified_keys
+from tf_fusedrec.distributed.group_lookup import unified_keys
 from tf_fusedrec.train.checkpoint import CheckpointError, Checkpointer
 
 RTOL, ATOL = 1e-6, 1e-7
@@ -177,7 +177,7 @@ def test_zero_rows_is_no_replication():
     for replication in (0, None, fr.HotReplication(rows=0)):
         layer = fr.FusedEmbedding(features("sgd"), replication=replication, name=f"emb{id(replication)}")
         assert layer.replication is None and not layer.hot_tables
-        assert not any(isinstance(g, HotGroupLookup) for g in layer.group_lookups)
+        assert all(g.hot is None for g in layer.group_lookups)
 
 
 # --- choosing R ---------------------------------------------------------------------------------------------------

@@ -19,8 +19,9 @@ What differs between modes is chosen once, when the object is built, never per b
   ``fused_sender=False`` or ``FUSED_SENDER``, and the sender of every other case),
 * the fusion: ``FusedGroupLookup`` (deferred hashing: the owner sees categories) or ``SourceHashGroupLookup`` (the
   paper's "TFRA-fused" ablation: the category is hashed into the key before sending, and is lost at the owner),
-* hot-row replication: ``HotGroupLookup`` (HypeReca's two-fold parallelism, tf_fusedrec/distributed/replication.py)
-  serves the pairs of a replicated hot set from every worker's own copy; only the cold rest is sharded and sent.
+* hot-row replication: a ``HotReplica`` composed into ``FusedGroupLookup`` (HypeReca's two-fold parallelism,
+  tf_fusedrec/distributed/replication.py) serves the pairs of a replicated hot set from every worker's own copy; only
+  the cold rest is sharded and sent.
 
 Collective names are ``{prefix}/{keys|embeddings}/slot{slot}``: deterministic, equal on every worker, and distinct for
 the batches (or micro-batches) a pipeline keeps in flight at once.
@@ -196,6 +197,31 @@ def _gather_rows(rows, index):
     return tf.gather(rows, index), grad
 
 
+def micro_batch_union(keys, indexes):
+    """The keys several micro-batches of one batch read, as ONE set, so that a table is read once per step (its
+    trainable handle sees one lookup): keys: per micro-batch int64 [U_i] (unique within it); indexes: per micro-batch
+    int32 [m_i] positions in its keys.
+
+    Returns:
+      (union keys int64 [U], union_index int32 [sum U_i]: each micro-batch key's position in the union, or None for
+      one micro-batch (its keys are the union), per micro-batch int32 [m_i] positions in the union keys).
+    """
+    if len(keys) == 1:
+        return keys[0], None, [indexes[0]]
+    union, union_index = tf.unique(tf.concat(keys, axis=0), out_idx=tf.int32)
+    offsets = tf.math.cumsum([tf.size(k) for k in keys], exclusive=True)
+    return union, union_index, [tf.gather(union_index, index + offsets[i]) for i, index in enumerate(indexes)]
+
+
+def gather_per_micro_batch(rows, indexes):
+    """rows [U, dim] of a union -> [rows[index] for each micro-batch's index], with one gather whose gradient sums
+    the duplicates (_gather_rows)."""
+    if len(indexes) == 1:
+        return [_gather_rows(rows, indexes[0])]
+    gathered = _gather_rows(rows, tf.concat(indexes, axis=0))
+    return tf.split(gathered, [tf.size(i) for i in indexes], num=len(indexes), axis=0)
+
+
 def fuse(ids_per_feature, categories):
     """Concatenates a group's ids; -> (keys int64 [n], segments int32 [n], feature_sizes int32 [M]).
 
@@ -234,27 +260,25 @@ class GroupLookup:
         """Reads the rows of one or several dists (micro-batches of one batch) with ONE table lookup, so the table's
         trainable handle sees each step once; -> list of float32 [m_i, dim] in each dist's received order."""
         dists = list(dists)
-        if len(dists) == 1:
-            keys, segments, ids, index = dists[0].keys, dists[0].key_segments, dists[0].key_ids, [dists[0].gather_index]
-        else:
-            # The micro-batches' key sets overlap: one unique over their union, one lookup, one gather per dist.
-            keys, union_index = tf.unique(tf.concat([d.keys for d in dists], axis=0), out_idx=tf.int32)
-            num_keys = tf.size(keys)
-            segments = tf.math.unsorted_segment_max(tf.concat([d.key_segments for d in dists], 0), union_index,
-                                                    num_keys)
-            ids = tf.math.unsorted_segment_max(tf.concat([d.key_ids for d in dists], 0), union_index, num_keys)
-            offsets = tf.math.cumsum([tf.size(d.keys) for d in dists], exclusive=True)
-            index = [tf.gather(union_index, d.gather_index + offsets[i]) for i, d in enumerate(dists)]
-        rows = self.table.lookup(keys, segments, ids, training)
-        if len(index) == 1:
-            return [_gather_rows(rows, index[0])]
-        received = _gather_rows(rows, tf.concat(index, axis=0))
-        return tf.split(received, [tf.size(i) for i in index], num=len(index), axis=0)
+        keys, union_index, index = micro_batch_union([d.keys for d in dists], [d.gather_index for d in dists])
+        if union_index is None:
+            segments, ids = dists[0].key_segments, dists[0].key_ids
+        else:  # a key's category and id are the same in every micro-batch that holds it
+            segments, ids = (tf.math.unsorted_segment_max(tf.concat([getattr(d, field) for d in dists], 0),
+                                                          union_index, tf.size(keys))
+                             for field in ("key_segments", "key_ids"))
+        return gather_per_micro_batch(self.table.lookup(keys, segments, ids, training), index)
 
     def output_dist(self, rows, dist, slot=0):
         """Rows in received order -> list of float32 [n_f, dim], one per feature in group order."""
-        rows = self._route.send_rows(rows, dist.received_splits, slot_name(self.prefix, "embeddings", slot))
-        fused = tf.gather(rows, dist.recover_index)
+        return self._recover(self._send_rows(rows, dist, slot), dist)
+
+    def _send_rows(self, rows, dist, slot):
+        return self._route.send_rows(rows, dist.received_splits, slot_name(self.prefix, "embeddings", slot))
+
+    def _recover(self, buffer, dist):
+        """The send buffer's rows (as recover_index counts them) -> the fused layout, split per feature."""
+        fused = tf.gather(buffer, dist.recover_index)
         return tf.split(fused, dist.feature_sizes, num=len(self.group.feature_names), axis=0)
 
     def _no_hot(self):
@@ -270,17 +294,20 @@ class FusedGroupLookup(GroupLookup):
       dedup: "segment" (segment unique before sending) or "none" (send duplicates; the owner still deduplicates).
       fused_sender: with segment dedup over an all-to-all, send through FusedSender (one op) rather than ChainSender
         (the op chain it replaces, bit-identical); None: FUSED_SENDER.
+      hot: a HotReplica (hot-row replication): its pairs are served from every worker's copy and never sent; the
+        cold rest goes through the dedup and the route as separate ops (the fused sender does not classify).
     """
 
-    def __init__(self, group, table, comm, prefix, dedup="segment", fused_sender=None):
+    def __init__(self, group, table, comm, prefix, dedup="segment", fused_sender=None, hot=None):
         super().__init__(group, table, comm, prefix)
+        self.hot = hot
         wire = PackedWire(group.num_categories) if group.encoding == "packed" else PairWire()
         self._route = LocalRoute() if comm.size == 1 else AllToAllRoute(comm, wire)
         # One worker deduplicates once, on the owner: a sender unique would only repeat it.
         self._dedup = segment_dedup if dedup == "segment" and comm.size > 1 else no_dedup
         self._sent_are_looked_up = dedup == "segment" and comm.size == 1
         fused_sender = FUSED_SENDER if fused_sender is None else fused_sender
-        if fused_sender and self._dedup is segment_dedup:
+        if fused_sender and self._dedup is segment_dedup and hot is None:
             self._sender = FusedSender(comm, wire, group.num_categories)
         else:
             self._sender = ChainSender(self._dedup, self._route, group.num_categories,
@@ -288,11 +315,58 @@ class FusedGroupLookup(GroupLookup):
 
     def input_dist(self, ids_per_feature, slot=0, send_after=()):
         keys, segments, feature_sizes = fuse(ids_per_feature, self.group.feature_categories)
-        ids, received_segments, splits, recover_index, sent = self._sender.send_keys(
-            keys, segments, slot_name(self.prefix, "keys", slot), send_after)
+        name = slot_name(self.prefix, "keys", slot)
+        if self.hot is None:
+            ids, received_segments, splits, recover_index, sent = self._sender.send_keys(keys, segments, name,
+                                                                                         send_after)
+            hot = self._no_hot()
+        else:
+            ids, received_segments, splits, recover_index, sent, hot = self._send_cold_keys(
+                keys, segments, feature_sizes, name, slot, send_after)
         owner = self._owner_unique(ids, received_segments)
         sent = owner[-1] if self._sent_are_looked_up else sent
-        return GroupDist(*owner[:4], splits, recover_index, feature_sizes, sent, owner[-1], *self._no_hot())
+        return GroupDist(*owner[:4], splits, recover_index, feature_sizes, sent, owner[-1], *hot)
+
+    def lookup(self, dists, training):
+        """As GroupLookup.lookup; with a hot set, per dist (cold rows in received order, hot rows of its local hot
+        pairs): one read of each table."""
+        dists = list(dists)
+        cold = super().lookup(dists, training)
+        return cold if self.hot is None else list(zip(cold, self.hot.lookup(dists, training)))
+
+    def output_dist(self, rows, dist, slot=0):
+        """As GroupLookup.output_dist; with a hot set, rows are (cold, hot): the cold rows travel back, the local hot
+        rows follow them in the buffer recover_index counts."""
+        if self.hot is None:
+            return super().output_dist(rows, dist, slot)
+        cold, hot = rows
+        return self._recover(tf.concat([self._send_rows(cold, dist, slot), hot], axis=0), dist)
+
+    def _send_cold_keys(self, keys, segments, feature_sizes, name, slot, send_after):
+        """The sender with a hot set: dedup, classify the unique pairs, send the cold ones only. -> (received ids,
+        received segments, received_splits, recover_index into [cold rows received, then the local hot rows], pairs
+        sent per category, (hot_keys, hot_index, hot_hits))."""
+        num_categories, num_features = self.group.num_categories, len(self.group.feature_names)
+        fused_features = tf.repeat(tf.range(num_features, dtype=tf.int32), feature_sizes)
+        keys, segments, inverse = self._dedup(keys, segments)
+        with tf.name_scope("hot_split"):
+            position, is_hot = self.hot.classify(keys, segments, self.group)
+            is_cold = tf.logical_not(is_hot)
+            cold_keys, cold_segments = tf.boolean_mask(keys, is_cold), tf.boolean_mask(segments, is_cold)
+            num_cold = tf.size(cold_keys, out_type=tf.int32)
+        ids, received_segments, splits, recover_cold = self._route.send_keys(
+            cold_keys, cold_segments, tf.range(num_cold), name, send_after)
+        with tf.name_scope("hot_rows"):
+            hot_position = tf.boolean_mask(position, is_hot)
+            touched_keys, hot_index = self.hot.touched(hot_position, self.comm, slot_name(self.prefix, "hot", slot))
+            # The rows output_dist sees: the cold rows back from the owners (send-buffer order), then the hot rows.
+            buffer_position = tf.dynamic_stitch(
+                [tf.cast(tf.where(is_cold)[:, 0], tf.int32), tf.cast(tf.where(is_hot)[:, 0], tf.int32)],
+                [recover_cold, num_cold + tf.range(tf.size(hot_position))])
+            recover_index = tf.gather(buffer_position, inverse)
+            hot_hits = _count(tf.boolean_mask(fused_features, tf.gather(is_hot, inverse)), num_features)
+        return (ids, received_segments, splits, recover_index, _count(cold_segments, num_categories),
+                (touched_keys, hot_index, hot_hits))
 
     def _owner_unique(self, ids, received_segments):
         """Category-aware unique of the received pairs -> (keys, key_segments, key_ids, gather_index, looked_up)."""
@@ -328,11 +402,12 @@ def unified_keys(keys, segments, num_categories, encoding):
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)  # category_unique's hashed encoding constant, as a signed int64
 
 
-class HotGroupLookup(FusedGroupLookup):
-    """FusedRec with hot-row replication (HypeReca §2.4, §4.2): the pairs of the group's hot set are served from every
-    worker's own copy of their rows (`hot_table`), the rest is sharded and routed as in FusedGroupLookup.
+class HotReplica:
+    """Hot-row replication (HypeReca §2.4, §4.2) of one group, as a part of its FusedGroupLookup: the pairs of the
+    group's hot set are served from every worker's own copy of their rows (`table`); the rest is sharded and routed as
+    without it.
 
-    input_dist classifies the sender's unique pairs by looking their unified keys up in the hot set (sorted keys,
+    The lookup's sender classifies its unique pairs by looking their unified keys up in the hot set (sorted keys,
     equal on every worker): hot pairs never enter the keys or embeddings all-to-all. One small allreduce of a flag per
     hot row (named {prefix}/hot/slot{slot}) tells every worker which hot rows some worker's batch touches; lookup reads
     exactly those rows (the same keys, in the same order, on every worker), so their gradients can be averaged with
@@ -341,75 +416,40 @@ class HotGroupLookup(FusedGroupLookup):
 
     Args:
       hot_set: replication.HotSet of the group (sorted unified keys, their ids and categories).
-      hot_table: EmbeddingTable of the replicated rows on this worker (same initializer and salts as `table`).
+      table: EmbeddingTable of the replicated rows on this worker (same initializer and salts as the sharded one).
     """
 
-    def __init__(self, group, table, comm, prefix, hot_set, hot_table, dedup="segment"):
-        super().__init__(group, table, comm, prefix, dedup=dedup)
-        self.hot_set, self.hot_table = hot_set, hot_table
+    def __init__(self, hot_set, table):
+        self.hot_set, self.table = hot_set, table
 
-    def input_dist(self, ids_per_feature, slot=0, send_after=()):
-        num_categories, num_features = self.group.num_categories, len(self.group.feature_names)
-        keys, segments, feature_sizes = fuse(ids_per_feature, self.group.feature_categories)
-        fused_features = tf.repeat(tf.range(num_features, dtype=tf.int32), feature_sizes)
-        keys, segments, inverse = self._dedup(keys, segments)
-        with tf.name_scope("hot_split"):
-            hot_keys = self.hot_set.keys.read_value()
-            num_hot = tf.size(hot_keys, out_type=tf.int32)
-            any_hot = num_hot > 0  # equal on every worker (so is the branch each tf.cond below takes)
+    def classify(self, keys, segments, group):
+        """-> (position int32 [n] of each pair in the hot keys, is_hot bool [n]). An empty hot set (R = 0 chosen)
+        skips the hashing and the search: every pair is cold (equal on every worker, so is the branch taken)."""
+        hot_keys = self.hot_set.keys.read_value()
+        return tf.cond(tf.size(hot_keys) > 0,
+                       lambda: classify_hot(keys, segments, hot_keys, group.num_categories, group.encoding),
+                       lambda: (tf.zeros_like(keys, tf.int32), tf.zeros_like(keys, tf.bool)))
 
-            # An empty hot set (R = 0 chosen) skips the hashing and the search: every pair is cold.
-            position, is_hot = tf.cond(
-                any_hot, lambda: classify_hot(keys, segments, hot_keys, num_categories, self.group.encoding),
-                lambda: (tf.zeros_like(keys, tf.int32), tf.zeros_like(keys, tf.bool)))
-            is_cold = tf.logical_not(is_hot)
-            cold_keys, cold_segments = tf.boolean_mask(keys, is_cold), tf.boolean_mask(segments, is_cold)
-            num_cold = tf.size(cold_keys, out_type=tf.int32)
-        ids, received_segments, splits, recover_cold = self._route.send_keys(
-            cold_keys, cold_segments, tf.range(num_cold), slot_name(self.prefix, "keys", slot), send_after)
-        with tf.name_scope("hot_rows"):
-            hot_position = tf.boolean_mask(position, is_hot)
-            touched = tf.math.unsorted_segment_sum(tf.ones_like(hot_position, tf.float32), hot_position, num_hot)
-            if self.comm.size > 1:  # which hot rows does any worker touch (no collective round for an empty set)
-                flags = touched
-                touched = tf.cond(any_hot, lambda: self.comm.allreduce(
-                    [flags], name=slot_name(self.prefix, "hot", slot), op="sum")[0], lambda: flags)
-            touched = touched > 0
-            touched_keys = tf.boolean_mask(hot_keys, touched)
-            hot_index = tf.gather(tf.cumsum(tf.cast(touched, tf.int32)) - 1, hot_position)
-            # The rows output_dist sees: the cold rows back from the owners (send-buffer order), then the hot rows.
-            buffer_position = tf.dynamic_stitch(
-                [tf.cast(tf.where(is_cold)[:, 0], tf.int32), tf.cast(tf.where(is_hot)[:, 0], tf.int32)],
-                [recover_cold, num_cold + tf.range(tf.size(hot_position))])
-            recover_index = tf.gather(buffer_position, inverse)
-            hot_hits = _count(tf.boolean_mask(fused_features, tf.gather(is_hot, inverse)), num_features)
-        owner = self._owner_unique(ids, received_segments)
-        sent = owner[-1] if self._sent_are_looked_up else _count(cold_segments, num_categories)
-        return GroupDist(*owner[:4], splits, recover_index, feature_sizes, sent, owner[-1], touched_keys, hot_index,
-                         hot_hits)
+    def touched(self, hot_position, comm, name):
+        """hot_position: int32 [h], each local hot pair's position in the hot keys -> (touched_keys int64 [T]: the hot
+        keys some worker's batch touches, equal on every worker; hot_index int32 [h]: each local hot pair's position
+        in them)."""
+        hot_keys = self.hot_set.keys.read_value()
+        num_hot = tf.size(hot_keys, out_type=tf.int32)
+        touched = tf.math.unsorted_segment_sum(tf.ones_like(hot_position, tf.float32), hot_position, num_hot)
+        if comm.size > 1:  # which hot rows does any worker touch (no collective round for an empty set)
+            flags = touched
+            touched = tf.cond(num_hot > 0, lambda: comm.allreduce([flags], name=name, op="sum")[0], lambda: flags)
+        touched = touched > 0
+        return tf.boolean_mask(hot_keys, touched), tf.gather(tf.cumsum(tf.cast(touched, tf.int32)) - 1, hot_position)
 
     def lookup(self, dists, training):
-        """-> per dist (cold rows in received order, hot rows of its local hot pairs): one read of each table."""
-        dists = list(dists)
-        cold = super().lookup(dists, training)
-        if len(dists) == 1:
-            keys, index = dists[0].hot_keys, [dists[0].hot_index]
-        else:
-            keys, union_index = tf.unique(tf.concat([d.hot_keys for d in dists], axis=0), out_idx=tf.int32)
-            offsets = tf.math.cumsum([tf.size(d.hot_keys) for d in dists], exclusive=True)
-            index = [tf.gather(union_index, d.hot_index + offsets[i]) for i, d in enumerate(dists)]
+        """-> per dist, the hot rows of its local hot pairs, with one read of the replicated table."""
+        keys, _, index = micro_batch_union([d.hot_keys for d in dists], [d.hot_index for d in dists])
         at = tf.searchsorted(self.hot_set.keys.read_value(), keys, side="left", out_type=tf.int32)
-        rows = self.hot_table.lookup(keys, tf.gather(self.hot_set.segments, at), tf.gather(self.hot_set.ids, at),
-                                     training)
-        hot = _gather_rows(rows, tf.concat(index, axis=0))
-        hot = [hot] if len(index) == 1 else tf.split(hot, [tf.size(i) for i in index], num=len(index), axis=0)
-        return list(zip(cold, hot))
-
-    def output_dist(self, rows, dist, slot=0):
-        cold, hot = rows
-        received = self._route.send_rows(cold, dist.received_splits, slot_name(self.prefix, "embeddings", slot))
-        fused = tf.gather(tf.concat([received, hot], axis=0), dist.recover_index)
-        return tf.split(fused, dist.feature_sizes, num=len(self.group.feature_names), axis=0)
+        rows = self.table.lookup(keys, tf.gather(self.hot_set.segments, at), tf.gather(self.hot_set.ids, at),
+                                 training)
+        return gather_per_micro_batch(rows, index)
 
 
 class SourceHashGroupLookup(GroupLookup):
@@ -442,10 +482,9 @@ class SourceHashGroupLookup(GroupLookup):
 def make_group_lookup(group, table, comm, prefix, dedup="segment", fusion="deferred", hot=None, fused_sender=None):
     """The lookup object of a group for the layer's dedup and fusion choices; hot: (HotSet, hot EmbeddingTable) to
     replicate the group's hot set (fusion "deferred" only); fused_sender: FusedGroupLookup's (None: FUSED_SENDER)."""
-    if hot is not None:
-        if fusion != "deferred":
-            raise ValueError(f"group {group.name}: hot-row replication needs fusion='deferred', got {fusion!r}")
-        return HotGroupLookup(group, table, comm, prefix, *hot, dedup=dedup)
+    if hot is not None and fusion != "deferred":
+        raise ValueError(f"group {group.name}: hot-row replication needs fusion='deferred', got {fusion!r}")
     if fusion == "source_hash":
         return SourceHashGroupLookup(group, table, comm, prefix)
-    return FusedGroupLookup(group, table, comm, prefix, dedup=dedup, fused_sender=fused_sender)
+    return FusedGroupLookup(group, table, comm, prefix, dedup=dedup, fused_sender=fused_sender,
+                            hot=None if hot is None else HotReplica(*hot))

@@ -1,8 +1,8 @@
 """Hot-row replication (HypeReca, shared/seeds/003_*.txt §2.4, §4.2, §5): which pairs to replicate, and moving rows.
 
 A group's hot set is a list of (category, id) pairs whose rows every worker holds (data parallel: read locally,
-gradients averaged over workers with the dense ones); every other pair stays sharded by owner_of. HotGroupLookup
-(group_lookup.py) serves them; this module decides which pairs, and moves rows when the set changes.
+gradients averaged over workers with the dense ones); every other pair stays sharded by owner_of. The group lookup's
+HotReplica (group_lookup.py) serves them; this module decides which pairs, and moves rows when the set changes.
 
 Choosing R, the number of replicated pairs (§5.2): count the (category, id) pairs of the first `sample_batches`
 batches of every worker, merge the counts (one allgather), sort by count: rho(R) is the share of accesses the top R
@@ -397,7 +397,7 @@ def move_hot_set(layer, g, keys, ids, segments, optimizer=None, name=None):
     comm = layer.comm
     name = name or f"FusedRec/{layer.name}/{layer.groups[g].name}/repeek"
     hot_set, lookup = layer.hot_sets[g], layer.group_lookups[g]
-    cold, hot = lookup.table, lookup.hot_table
+    cold, hot = lookup.table, lookup.hot.table
     cold_slots, hot_slots = _slots(optimizer, cold.trainable), _slots(optimizer, hot.trainable)
     old_keys, old_ids, _ = hot_set.numpy()
     keys, ids, segments = np.asarray(keys, np.int64), np.asarray(ids, np.int64), np.asarray(segments, np.int32)
