@@ -43,9 +43,20 @@ demo: build
 # spread one by one (pytest is pinned to 8.4.2: with pytest 9 pytest-xdist 3.8 groups nothing).
 PYTEST_PARALLEL := -n 2 --dist loadgroup
 
-# The whole suite prints its 30 slowest setups and calls, so a slow run (CI's included) names its slow tests.
-test: build bazel
-	TF_FUSEDREC_REQUIRE_HOROVOD=1 $(PY) -m pytest $(PYTEST_PARALLEL) --durations=30 tests
+# The whole suite against the setup.py build (printing its 30 slowest setups and calls, so a slow run, CI's included,
+# names its slow tests), then the op tests against the Bazel build. Bazel builds meanwhile, at the lowest CPU priority
+# (nice 19, inherited by the Bazel server a new workspace starts and its compilers): it takes the cores when the suite's
+# processes wait on each other (a tenth of the suite's time), not from the tests. A failed Bazel build fails the
+# target, after the suite, with its log's tail (the whole log: build/bazel-build.log).
+test: build
+	@mkdir -p build; \
+	nice -n 19 bazel build --jobs=2 //... >build/bazel-build.log 2>&1 & bazel_pid=$$!; \
+	TF_FUSEDREC_REQUIRE_HOROVOD=1 $(PY) -m pytest $(PYTEST_PARALLEL) --durations=30 tests; suite=$$?; \
+	if ! wait $$bazel_pid; then \
+	  echo "make test: the Bazel build failed (build/bazel-build.log):"; tail -n 40 build/bazel-build.log; exit 1; \
+	fi; \
+	echo "make test: the Bazel build is done (build/bazel-build.log)"; \
+	test $$suite -eq 0 || exit $$suite; \
 	TF_FUSEDREC_OPS_LIB=$(CURDIR)/$(BAZEL_LIB) $(PY) -m pytest $(PYTEST_PARALLEL) tests/ops
 
 # The fast tier: in-process unit and oracle tests only (no horovodrun, servers, clusters or nvcc; tests/conftest.py
