@@ -278,9 +278,11 @@ def check_fixture():
 
 @pytest.fixture(autouse=True)
 def fresh_keras_session():
-    """Each test starts from a clear Keras session: layer and table names of earlier tests are free again."""
+    """Each test starts from a clear Keras session (layer and table names of earlier tests are free again) and leaves
+    one (its graphs and layers are released before the next test)."""
     tf.keras.backend.clear_session()
     yield
+    tf.keras.backend.clear_session()
 
 
 def pytest_sessionstart(session):
@@ -401,9 +403,25 @@ if _CPU_REPORT:
     def pytest_runtest_setup(item):
         yield from _cpu_phase(item, "setup")
 
+    # A test call still running after _STALL_S seconds has the Python stacks of all the process's threads appended to
+    # DIR/stacks-{worker}-{pid}.txt (after the test's name): what an in-process test that takes far longer than its
+    # CPU waits on.
+    _STALL_S = 20
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_call(item):
-        yield from _cpu_phase(item, "call")
+        import faulthandler  # noqa: PLC0415
+
+        os.makedirs(_CPU_REPORT, exist_ok=True)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(os.path.join(_CPU_REPORT, f"stacks-{worker}-{os.getpid()}.txt"), "a") as stacks:
+            stacks.write(f"== {item.nodeid}\n")
+            stacks.flush()
+            faulthandler.dump_traceback_later(_STALL_S, file=stacks)
+            try:
+                yield from _cpu_phase(item, "call")
+            finally:
+                faulthandler.cancel_dump_traceback_later()
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_teardown(item):

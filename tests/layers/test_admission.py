@@ -30,13 +30,6 @@ BACKENDS = ["tfra", "native"]
 DIM, LR, VOCAB = 4, 0.1, 12
 
 
-@pytest.fixture(autouse=True)
-def _fresh_session():
-    tf.keras.backend.clear_session()
-    yield
-    tf.keras.backend.clear_session()
-
-
 class Holder(tf.Module):
     """What Checkpointer needs of a model: the embedding layer among its submodules, the dense weight."""
 

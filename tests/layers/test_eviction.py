@@ -32,13 +32,6 @@ from tf_fusedrec.train.checkpoint import Checkpointer
 VOCAB = 16
 
 
-@pytest.fixture(autouse=True)
-def _fresh_session():
-    tf.keras.backend.clear_session()
-    yield
-    tf.keras.backend.clear_session()
-
-
 # --- the choice -----------------------------------------------------------------------------------------------------
 
 def numpy_victims(keys, counts, lasts, clock, capacity, policy):

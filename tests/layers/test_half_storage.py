@@ -33,13 +33,6 @@ def round16(x):
     return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_session():
-    tf.keras.backend.clear_session()
-    yield
-    tf.keras.backend.clear_session()
-
-
 # --- HalfRows -----------------------------------------------------------------------------------------------------
 
 def test_half_rows_round_trip_and_in_flight_rows():

@@ -28,13 +28,6 @@ from tests.layers.test_hot_replication import Trainer, assert_same, batch
 STEPS = 50
 
 
-@pytest.fixture(autouse=True)
-def _fresh_session():
-    tf.keras.backend.clear_session()
-    yield
-    tf.keras.backend.clear_session()
-
-
 def train_both(steps, **kwargs):
     """Trains a TFRA and a native Trainer side by side on the same batches, checking outputs and losses each step."""
     tfra = Trainer(name="tfra_emb", table_backend="tfra", **kwargs)

@@ -43,13 +43,6 @@ RTOL, ATOL = 1e-5, 1e-6
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-@pytest.fixture(autouse=True)
-def _fresh_session():
-    tf.keras.backend.clear_session()
-    yield
-    tf.keras.backend.clear_session()
-
-
 def make_features(max_id_bits=None):
     features = [
         fr.Feature("items", dim=4),  # the history: ragged, one row per item

@@ -20,11 +20,11 @@ from tf_fusedrec.train import experiment
 
 
 @pytest.fixture(autouse=True)
-def _fresh_session():
-    tf.keras.backend.clear_session()
+def _float32_policy_after():
+    """The tests set a mixed-precision policy; the next test (any module's) starts from float32 again (conftest's
+    fresh_keras_session clears the session around each test)."""
     yield
     tf.keras.mixed_precision.set_global_policy("float32")
-    tf.keras.backend.clear_session()
 
 
 class Model(tf.keras.Model):
