@@ -204,18 +204,40 @@ def bench_table_backend():
                    "CPU s / step (rank 0)"], "lrrrrr", rows)
 
 
-def bench_pinning():
-    """docs/bench/pinning/{pinned,unpinned}-N: the run number, then pinned before unpinned."""
-    rows = []
-    runs = sorted(_run_dirs("docs/bench/pinning/*/bench.json"),
+def _placement_runs(pattern):
+    """[(run number, placement, bench.json)] of scripts/bench_placement.sh's {pinned,unpinned}-N directories: by run
+    number, pinned before unpinned; the placement as the run recorded it (rank 0's CPUs)."""
+    runs = sorted(_run_dirs(pattern),
                   key=lambda p: (int(p.rsplit("-", 1)[1]), not os.path.basename(p).startswith("pinned")))
+    out = []
     for path in runs:
         d = _json(os.path.join(path, "bench.json"))
         cpus = d["cpus_per_worker"]
         placement = f"{'pinned' if cpus == 1 else 'unpinned'} ({cpus} CPU{'s' if cpus > 1 else ''} per worker)"
-        rows.append([path.rsplit("-", 1)[1], placement] + [f"{d['modes'][m]['samples_per_s']:,.0f}"
-                                                           for m in ("fused_tfra", "fused_native")])
+        out.append((path.rsplit("-", 1)[1], placement, d))
+    return out
+
+
+def bench_pinning():
+    """docs/bench/pinning/{pinned,unpinned}-N: the run number, then pinned before unpinned."""
+    rows = [[run, placement] + [f"{d['modes'][m]['samples_per_s']:,.0f}" for m in ("fused_tfra", "fused_native")]
+            for run, placement, d in _placement_runs("docs/bench/pinning/*/bench.json")]
     return _table(["run", "placement", "fused_tfra samples/s", "fused_native samples/s"], "llrr", rows)
+
+
+PIPELINE_MODES = ("fused", "fused_dbp", "fused_fwp", "fused_hot", "fused_hot_dbp")
+
+
+def bench_pipelines_native():
+    """docs/bench/pipelines_native/{pinned,unpinned}-N: samples/s of the schedules and of hot replication on native
+    tables, each with its ratio to `fused` of the same run."""
+    rows = []
+    for run, placement, d in _placement_runs("docs/bench/pipelines_native/*/bench.json"):
+        base = d["modes"]["fused"]["samples_per_s"]
+        rows.append([run, placement] + [f"{d['modes'][m]['samples_per_s']:,.0f} "
+                                        f"({d['modes'][m]['samples_per_s'] / base:.2f}x)" for m in PIPELINE_MODES])
+    return _table(["run", "placement"] + [f"{m} samples/s" for m in PIPELINE_MODES], "ll" + "r" * len(PIPELINE_MODES),
+                  rows)
 
 
 PERF_MODES = ("fused_tfra", "fused_native")
@@ -419,6 +441,7 @@ TABLES = {
     "table-keys": (("docs/table/table.json",), table_keys),
     "bench-table-backend": (("docs/bench/table_backend/bench.json",), bench_table_backend),
     "bench-pinning": (("docs/bench/pinning/*/bench.json",), bench_pinning),
+    "bench-pipelines-native": (("docs/bench/pipelines_native/*/bench.json",), bench_pipelines_native),
     "perf-breakdown": (("docs/perf/*-step.txt", "docs/perf/*-dso.txt"), perf_breakdown),
     "hot-sweep": (("docs/hot/hot_sweep.json",), hot_sweep_loopback),
     "hot-sweep-1gbit": (("docs/hot/1gbit-n2/hot_sweep.json",), hot_sweep_1gbit),
