@@ -6,9 +6,9 @@
   layer and deep MLP [8] when ``model_name="dcn"``. One optimizer, two dims: two spec groups.
 * ``write_config(path, raw)`` -- writes such a dict as YAML.
 * ``run_app(module, args, workers=1)`` -- runs ``python -m <module> args`` in a subprocess, alone or under
-  ``horovodrun -np N -H localhost:N --gloo`` (the suite's launcher, tests/horovodrun.py), in its own process group with a
-  timeout that ends the whole group, and returns an :class:`AppRun` whose ``describe()`` (command, exit status and
-  the tail of stdout and stderr) goes into every failure message.
+  ``horovodrun -np N -H localhost:N --gloo`` (the suite's launcher, tests/horovodrun.py), in its own process group
+  with a timeout that ends the whole group, and returns an :class:`AppRun` whose ``describe()`` (command, exit status
+  and the tail of stdout and stderr) goes into every failure message.
 * ``summaries(run)`` -- the ``summary: {...}`` lines the train app printed, as (rank, dict).
 
 The helpers are reached through the session fixture ``apps`` (a namespace), so the test modules need not import
