@@ -350,7 +350,8 @@ class FusedGroupLookup(GroupLookup):
         fused_features = tf.repeat(tf.range(num_features, dtype=tf.int32), feature_sizes)
         keys, segments, inverse = self._dedup(keys, segments)
         with tf.name_scope("hot_split"):
-            position, is_hot = self.hot.classify(keys, segments, self.group)
+            hot_keys = self.hot.hot_set.keys.read_value()  # read once: classify and touched see the same set
+            position, is_hot = self.hot.classify(keys, segments, hot_keys, self.group)
             is_cold = tf.logical_not(is_hot)
             cold_keys, cold_segments = tf.boolean_mask(keys, is_cold), tf.boolean_mask(segments, is_cold)
             num_cold = tf.size(cold_keys, out_type=tf.int32)
@@ -358,7 +359,8 @@ class FusedGroupLookup(GroupLookup):
             cold_keys, cold_segments, tf.range(num_cold), name, send_after)
         with tf.name_scope("hot_rows"):
             hot_position = tf.boolean_mask(position, is_hot)
-            touched_keys, hot_index = self.hot.touched(hot_position, self.comm, slot_name(self.prefix, "hot", slot))
+            touched_keys, hot_index = self.hot.touched(hot_position, hot_keys, self.comm,
+                                                       slot_name(self.prefix, "hot", slot))
             # The rows output_dist sees: the cold rows back from the owners (send-buffer order), then the hot rows.
             buffer_position = tf.dynamic_stitch(
                 [tf.cast(tf.where(is_cold)[:, 0], tf.int32), tf.cast(tf.where(is_hot)[:, 0], tf.int32)],
@@ -422,19 +424,18 @@ class HotReplica:
     def __init__(self, hot_set, table):
         self.hot_set, self.table = hot_set, table
 
-    def classify(self, keys, segments, group):
-        """-> (position int32 [n] of each pair in the hot keys, is_hot bool [n]). An empty hot set (R = 0 chosen)
-        skips the hashing and the search: every pair is cold (equal on every worker, so is the branch taken)."""
-        hot_keys = self.hot_set.keys.read_value()
+    def classify(self, keys, segments, hot_keys, group):
+        """hot_keys: the hot set's keys, read -> (position int32 [n] of each pair in them, is_hot bool [n]). An empty
+        hot set (R = 0 chosen) skips the hashing and the search: every pair is cold (equal on every worker, so is the
+        branch taken)."""
         return tf.cond(tf.size(hot_keys) > 0,
                        lambda: classify_hot(keys, segments, hot_keys, group.num_categories, group.encoding),
                        lambda: (tf.zeros_like(keys, tf.int32), tf.zeros_like(keys, tf.bool)))
 
-    def touched(self, hot_position, comm, name):
-        """hot_position: int32 [h], each local hot pair's position in the hot keys -> (touched_keys int64 [T]: the hot
-        keys some worker's batch touches, equal on every worker; hot_index int32 [h]: each local hot pair's position
-        in them)."""
-        hot_keys = self.hot_set.keys.read_value()
+    def touched(self, hot_position, hot_keys, comm, name):
+        """hot_position: int32 [h], each local hot pair's position in hot_keys (the hot set's keys, read) ->
+        (touched_keys int64 [T]: the hot keys some worker's batch touches, equal on every worker; hot_index int32 [h]:
+        each local hot pair's position in them)."""
         num_hot = tf.size(hot_keys, out_type=tf.int32)
         touched = tf.math.unsorted_segment_sum(tf.ones_like(hot_position, tf.float32), hot_position, num_hot)
         if comm.size > 1:  # which hot rows does any worker touch (no collective round for an empty set)
