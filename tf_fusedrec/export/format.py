@@ -210,6 +210,34 @@ class GroupRows:
         if len(self.keys) > 1 and np.any(self.keys[1:] == self.keys[:-1]):
             raise ExportError(f"group {self.name}: a key appears twice in the export's parts")
 
+    @classmethod
+    def from_arrays(cls, group, keys, rows, start=0, end=HASH_SPACE):
+        """A GroupRows holding `keys` (int64 [K], sorted, distinct) and `rows` (float32 [K, dim]) as they are."""
+        held = cls.__new__(cls)
+        held.group, held.name, held.dim = group, group["name"], group["dim"]
+        held.start, held.end = start, end
+        held.keys, held.rows = keys, rows
+        return held
+
+    def applied(self, removed, keys, rows, full=False):
+        """A new GroupRows: this one's rows (none if full) without the `removed` keys, then with `keys` (int64 [n])
+        set to `rows` (float32 [n, dim]; a key given twice takes its last row). -> (new GroupRows, rows added or
+        replaced, rows removed). This one is left as it is (readers may hold it)."""
+        base_keys = np.zeros(0, np.int64) if full else self.keys
+        base_rows = np.zeros((0, self.dim), np.float32) if full else self.rows
+        keep = ~np.isin(base_keys, removed) if len(removed) and len(base_keys) else np.ones(len(base_keys), bool)
+        dropped = int(len(base_keys) - keep.sum())
+        if len(keys):
+            # The last row of a key given twice: unique over the reversed keys finds each key's last position.
+            last = len(keys) - 1 - np.unique(keys[::-1], return_index=True)[1]
+            keys, rows = keys[last], rows[last]
+            keep &= ~np.isin(base_keys, keys)
+        merged_keys = np.concatenate([base_keys[keep], keys])
+        merged_rows = np.concatenate([base_rows[keep], rows.reshape(-1, self.dim)])
+        order = np.argsort(merged_keys, kind="stable")
+        return (GroupRows.from_arrays(self.group, merged_keys[order], merged_rows[order], self.start, self.end),
+                len(keys), dropped)
+
     def __len__(self):
         return len(self.keys)
 

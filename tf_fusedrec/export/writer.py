@@ -62,6 +62,19 @@ def _group_tables(layer):
     """[(group dict without rows/parts, keys int64 [K], rows float32 [K, dim])] of the layer's tables in this
     process; replicated hot rows take the place of the sharded table's copy of their keys."""
     out = []
+    for group, keys, rows, hot_keys, hot_rows in group_parts(layer):
+        if len(hot_keys):
+            cold = ~np.isin(keys, hot_keys)
+            keys, rows = np.concatenate([keys[cold], hot_keys]), np.concatenate([rows[cold], hot_rows])
+        out.append((group, keys, rows))
+    return out
+
+
+def group_parts(layer):
+    """[(group dict without rows/parts, keys int64 [K], rows float32 [K, dim], hot keys int64 [H], hot rows float32
+    [H, dim])] of the layer's tables in this process: the sharded table's rows (this worker's shard) and the
+    replicated hot rows (every worker's, equal; none without hot replication), whose keys win over the sharded copy."""
+    out = []
     if isinstance(layer, FusedEmbedding):
         if layer.fusion != "deferred":
             raise ValueError(f"{layer.name}: export needs fusion='deferred' (fusion={layer.fusion!r} hashes the "
@@ -70,13 +83,12 @@ def _group_tables(layer):
         hot = layer.hot_tables or [None] * len(layer.tables)
         for group, table, hot_table in zip(layer.groups, layer.tables, hot):
             keys, rows = (x.numpy() for x in table.export())
+            hot_keys, hot_rows = np.zeros(0, np.int64), np.zeros((0, group.spec.dim), np.float32)
             if hot_table is not None:
                 hot_keys, hot_rows = (x.numpy() for x in hot_table.export())
-                cold = ~np.isin(keys, hot_keys)
-                keys, rows = np.concatenate([keys[cold], hot_keys]), np.concatenate([rows[cold], hot_rows])
             initializer = layer._initializers[group.feature_names[0]]  # noqa: SLF001  (resolved per group)
             out.append((_group_dict(group.name, group.spec.dim, group.encoding, group.categories, initializer),
-                        keys, rows))
+                        keys, rows, hot_keys, hot_rows))
         return out
     if isinstance(layer, PerFeatureEmbedding):
         for group, table in zip(layer.groups, layer.sharded_tables()):
@@ -84,9 +96,17 @@ def _group_tables(layer):
             feature = next(f for f in layer.features if f.name == name)
             initializer = feature.initializer if feature.initializer is not None else layer.default_initializer
             keys, rows = (x.numpy() for x in table.params.export())
-            out.append((_group_dict(f"feature_{name}", feature.dim, "identity", (name,), initializer), keys, rows))
+            out.append((_group_dict(f"feature_{name}", feature.dim, "identity", (name,), initializer), keys, rows,
+                        np.zeros(0, np.int64), np.zeros((0, feature.dim), np.float32)))
         return out
     raise ValueError(f"export_model: unsupported embedding layer {type(layer).__name__}")
+
+
+def dense_variables(model, layer):
+    """The model's variables outside the embedding layer, in the order the export's SavedModel holds them
+    (its `dense_variables`): what a published version's dense weights are."""
+    embedding_ids = {id(v) for v in layer.variables}
+    return [v for v in model.variables if id(v) not in embedding_ids]
 
 
 def _group_dict(name, dim, encoding, categories, initializer):
@@ -119,8 +139,7 @@ class _DenseModule(tf.Module):
 
 
 def _save_dense(model, layer, dense_specs, layouts, input_names, path):
-    embedding_ids = {id(v) for v in layer.variables}
-    variables = [v for v in model.variables if id(v) not in embedding_ids]
+    variables = dense_variables(model, layer)
     features = sorted(layer.features, key=lambda f: f.name)
     specs = dict(dense_specs)
     for f in features:

@@ -8,6 +8,10 @@ A backend answers two questions per group of an export (fr.export format, tf_fus
       the rows summed per segment (a segment is one multi-hot bag: one feature of one instance) and how many ids each
       segment holds: what a combiner needs (sum; mean = sums / max(count, 1); sqrtn = sums / sqrt(max(count, 1))).
 
+A backend whose rows come in versions (RemoteBackend: embedding servers a trainer publishes to; a CachedBackend over
+one) has `versioned = True`, and both calls take `version=`: the committed version to read (None: the newest), so that
+a ranker reads every row of a batch from the version its dense weights are at (tf_fusedrec/serve/publish.py).
+
 Backends: LocalBackend (every row in this process: fr.export.load_model), serve.client.RemoteBackend (embedding
 servers over gRPC, with range routing, pooling on the servers and credits), serve.cache.CachedBackend (a ranker's
 adaptive cache in front of another backend). Each reports its counters in stats().
@@ -30,11 +34,15 @@ def pool(rows, segments, num_segments):
 class Backend:
     """The interface (see the module docstring)."""
 
-    def rows(self, group, ids, categories):
+    versioned = False
+
+    def rows(self, group, ids, categories, version=None):
         raise NotImplementedError
 
-    def pooled(self, group, ids, categories, segments, num_segments):
-        return pool(self.rows(group, ids, categories), segments, num_segments)
+    def pooled(self, group, ids, categories, segments, num_segments, version=None):
+        if version is None:
+            return pool(self.rows(group, ids, categories), segments, num_segments)
+        return pool(self.rows(group, ids, categories, version=version), segments, num_segments)
 
     def stats(self):
         return {}
@@ -62,7 +70,9 @@ class LocalBackend(Backend):
             raise fmt.ExportError(f"the export has no group {group!r} (groups: {sorted(self.groups)})")
         return self.groups[group]
 
-    def rows(self, group, ids, categories):
+    def rows(self, group, ids, categories, version=None):
+        if version is not None:
+            raise ValueError(f"LocalBackend holds one version of the rows (its export's), asked for version {version}")
         rows, missing = self._group(group).lookup(ids, categories)
         self._missing += missing
         self._looked_up += len(rows)

@@ -428,6 +428,11 @@ class CachedBackend(backend_lib.Backend):
     The ranker calls cache.observe(batch size) once per request; this class does not, since one request makes one call
     per group.
 
+    Versions (an inner backend that is `versioned`, backend.py): the cache holds the rows of one version, the newest
+    asked for; a call asking for a newer one empties it first, and a call asking for an older one (a batch that began
+    before a swap) reads inner only. Reads and writes check the version under this backend's lock, so rows of two
+    versions never meet in the cache.
+
     Args:
       inner: a Backend with a `manifest` attribute (the export's manifest, as on LocalBackend), to form table keys.
       cache: an AdaptiveCache (may be shared by several CachedBackends of different exports only if cleared between).
@@ -446,6 +451,7 @@ class CachedBackend(backend_lib.Backend):
         self.manifest = manifest
         self.admit_from_pooled = bool(admit_from_pooled)
         self._groups = {g["name"]: g for g in manifest["groups"]}
+        self._version = None  # the version whose rows the cache holds (None: not told yet)
         self._lock = threading.Lock()
         self._doorkeepers = {}  # group -> (bool [_DOORKEEPER_SLOTS], [slots set since the last clear])
         self._rows_fetched = 0
@@ -470,28 +476,60 @@ class CachedBackend(backend_lib.Backend):
         keys = fmt.table_keys(ids, categories, num_categories, spec["encoding"])
         return spec, ids, categories, keys
 
-    def _fetch(self, group, ids, categories, unique_keys, first, fetch):
-        """Rows of the distinct keys selected by fetch (bool over unique_keys), from inner, inserted into the cache."""
+    @property
+    def versioned(self):
+        return bool(getattr(self.inner, "versioned", False))
+
+    def _holds(self, version):
+        """Whether the cache holds `version`'s rows (None: unversioned calls always); a newer version empties the
+        cache and becomes its version. Called with self._lock held."""
+        if version is None:
+            return True
+        if self._version is None or version > self._version:
+            if self._version is not None:
+                self.cache.clear()
+            self._version = version
+        return version == self._version
+
+    def _get(self, group, unique_keys, version):
+        """(rows of the keys the cache holds, bool hit [n]) for `version`; no hit when the cache is on another."""
+        if version is None:
+            return self.cache.get_many(group, unique_keys)
+        with self._lock:
+            if self._holds(version):
+                return self.cache.get_many(group, unique_keys)
+        return np.zeros((0, self._groups[group]["dim"]), np.float32), np.zeros(len(unique_keys), bool)
+
+    def _fetch(self, group, ids, categories, unique_keys, first, fetch, version=None):
+        """Rows of the distinct keys selected by fetch (bool over unique_keys), from inner (at `version`), inserted
+        into the cache if it is still on that version."""
         position = first[fetch]
-        rows = np.asarray(self.inner.rows(group, ids[position], categories[position]), np.float32)
-        self.cache.put_many(group, unique_keys[fetch], rows)
+        if version is None:
+            rows = np.asarray(self.inner.rows(group, ids[position], categories[position]), np.float32)
+            self.cache.put_many(group, unique_keys[fetch], rows)
+        else:
+            rows = np.asarray(self.inner.rows(group, ids[position], categories[position], version=version),
+                              np.float32)
+            with self._lock:
+                if self._holds(version):
+                    self.cache.put_many(group, unique_keys[fetch], rows)
         with self._lock:
             self._rows_fetched += len(position)
         return rows
 
-    def rows(self, group, ids, categories):
+    def rows(self, group, ids, categories, version=None):
         spec, ids, categories, keys = self._pairs(group, ids, categories)
         unique_keys, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        cached, hit = self.cache.get_many(group, unique_keys)
+        cached, hit = self._get(group, unique_keys, version)
         rows = np.empty((len(unique_keys), spec["dim"]), np.float32)
         if len(cached):
             rows[hit] = cached
         miss = ~hit
         if miss.any():
-            rows[miss] = self._fetch(group, ids, categories, unique_keys, first, miss)
+            rows[miss] = self._fetch(group, ids, categories, unique_keys, first, miss, version)
         return rows[inverse]
 
-    def pooled(self, group, ids, categories, segments, num_segments):
+    def pooled(self, group, ids, categories, segments, num_segments, version=None):
         spec, ids, categories, keys = self._pairs(group, ids, categories)
         segments = np.asarray(segments, np.int64)
         if segments.shape != ids.shape:
@@ -500,7 +538,7 @@ class CachedBackend(backend_lib.Backend):
             raise ValueError(f"group {group}: segments must lie in [0, {num_segments}), got "
                              f"[{segments.min()}, {segments.max()}]")
         unique_keys, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        cached, hit = self.cache.get_many(group, unique_keys)
+        cached, hit = self._get(group, unique_keys, version)
         rows = np.zeros((len(unique_keys), spec["dim"]), np.float32)
         if len(cached):
             rows[hit] = cached
@@ -509,7 +547,7 @@ class CachedBackend(backend_lib.Backend):
             admit = np.zeros(len(unique_keys), bool)
             admit[~hit] = self._seen_before(group, unique_keys[~hit])
             if admit.any():
-                rows[admit] = self._fetch(group, ids, categories, unique_keys, first, admit)
+                rows[admit] = self._fetch(group, ids, categories, unique_keys, first, admit, version)
                 here |= admit
                 with self._lock:
                     self._rows_admitted_from_pooled += int(admit.sum())
@@ -517,8 +555,9 @@ class CachedBackend(backend_lib.Backend):
         sums, counts = backend_lib.pool(rows[inverse[pair_here]], segments[pair_here], num_segments)
         elsewhere = ~pair_here
         if elsewhere.any():
+            more = {} if version is None else {"version": version}
             inner_sums, inner_counts = self.inner.pooled(group, ids[elsewhere], categories[elsewhere],
-                                                         segments[elsewhere], num_segments)
+                                                         segments[elsewhere], num_segments, **more)
             sums += inner_sums
             counts += inner_counts
         with self._lock:

@@ -305,16 +305,20 @@ class RemoteBackend(Backend):
 
     # --- the Backend interface -------------------------------------------------------------------------------------
 
-    def rows(self, group, ids, categories):
+    versioned = True
+
+    def rows(self, group, ids, categories, version=None):
         """float32 [n, dim]: the row of each (id, category) pair; each distinct pair is asked once.
 
         Args:
           group: the group's name; ids: int64 [n] (>= 0); categories: int [n], the category of each id.
+          version: the committed version to read (None: each server's newest); RemoteError (FAILED_PRECONDITION)
+            from a server that does not hold it.
         """
         spec, ids, categories = self._check(group, ids, categories)
         first, inverse = embedding_server.unique_pairs(ids, categories)
         ids, categories = ids[first], categories[first]
-        jobs = self._submit(group, spec, ids, categories)
+        jobs = self._submit(group, spec, ids, categories, version=version)
         distinct = np.empty((len(ids), spec["dim"]), np.float32)
         not_trained = 0
         for chunk, job in jobs:
@@ -326,11 +330,12 @@ class RemoteBackend(Backend):
             self._not_trained += not_trained
         return distinct[inverse]
 
-    def pooled(self, group, ids, categories, segments, num_segments):
+    def pooled(self, group, ids, categories, segments, num_segments, version=None):
         """(float32 [S, dim] sums, int64 [S] counts) of the rows per segment; the servers sum their part.
 
         Args:
-          group / ids / categories: as rows(); segments: int [n], the segment of each id, in [0, num_segments).
+          group / ids / categories / version: as rows(); segments: int [n], the segment of each id, in
+            [0, num_segments).
         """
         spec, ids, categories = self._check(group, ids, categories)
         segments = np.asarray(segments, np.int64).reshape(-1)
@@ -340,9 +345,10 @@ class RemoteBackend(Backend):
         if len(segments) and (segments.min() < 0 or segments.max() >= num_segments):
             raise ValueError(f"group {group!r}: segments must lie in [0, num_segments={num_segments})")
         if not self.pooling:
-            return super().pooled(group, ids, categories, segments, num_segments)
+            return super().pooled(group, ids, categories, segments, num_segments, version=version)
         jobs = self._submit(group, spec, ids, categories, lambda chunk: {
-            "pool": True, "segments": segments[chunk].astype("<i4").tobytes(), "num_segments": num_segments})
+            "pool": True, "segments": segments[chunk].astype("<i4").tobytes(), "num_segments": num_segments},
+            version=version)
         sums = np.zeros((num_segments, spec["dim"]), np.float32)
         counts = np.zeros(num_segments, np.int64)
         not_trained = 0
@@ -397,12 +403,13 @@ class RemoteBackend(Backend):
 
     # --- route and send --------------------------------------------------------------------------------------------
 
-    def _submit(self, group, spec, ids, categories, fields=None):
+    def _submit(self, group, spec, ids, categories, fields=None, version=None):
         """Routes the pairs to their ranges and sends each range's server its pairs, in chunks it accepts, from the
         I/O threads; -> [(chunk: positions in ids, future of (address, GroupResult))].
 
         Args:
           fields: None, or function(chunk) -> more GroupLookup fields of a chunk (pooling: its segments).
+          version: the committed version every server is asked for (None: its newest).
         """
         entry = self.table.index(fmt.route(fmt.table_keys(ids, categories, len(spec["features"]), spec["encoding"])))
         jobs = []
@@ -412,7 +419,8 @@ class RemoteBackend(Backend):
             for chunk in self._chunks(r, members, spec["dim"]):
                 request = pb.LookupRequest(groups=[pb.GroupLookup(
                     group=group, ids=ids[chunk].astype("<i8").tobytes(),
-                    categories=categories[chunk].astype("<i4").tobytes(), **(fields(chunk) if fields else {}))])
+                    categories=categories[chunk].astype("<i4").tobytes(), **(fields(chunk) if fields else {}))],
+                    **({} if version is None else {"version": version}))
                 jobs.append((chunk, self._pool.submit(self._send, r, group, request)))
         return jobs
 
@@ -447,12 +455,13 @@ class RemoteBackend(Backend):
         """(address, GroupResult) of a one-group request to range r: its primary, else its replicas in order."""
         deadline = time.monotonic() + self.timeout_s
         payload = request.SerializeToString()
+        version = request.version if request.HasField("version") else None
         addresses = self.table.entries[r][2]
         failures = []
         for address in addresses:
             server = self._servers[address]
             try:
-                return address, self._attempt(server, group, payload, deadline)
+                return address, self._attempt(server, group, payload, deadline, version)
             except ServerUnavailable as e:
                 failures.append(e)
                 if address != addresses[-1]:
@@ -463,7 +472,7 @@ class RemoteBackend(Backend):
                                 f"{self.table.entries[r][1]:#x} failed: " + "; ".join(map(str, failures)),
                                 addresses[0], group)
 
-    def _attempt(self, server, group, payload, deadline):
+    def _attempt(self, server, group, payload, deadline, version=None):
         address = server.address
         if not server.verified:
             self._verify(server, group)
@@ -501,6 +510,9 @@ class RemoteBackend(Backend):
         finally:
             server.gate.release()
         response = pb.LookupResponse.FromString(answer)
+        if version is not None and response.version != version:
+            raise RemoteError(f"server {address}, group {group!r}: answered version {response.version} to a lookup "
+                              f"of version {version}", address, group)
         if len(response.groups) != 1 or response.groups[0].group != group:
             raise RemoteError(f"server {address}, group {group!r}: answered {len(response.groups)} results "
                               f"({[g.group for g in response.groups]}) to one request for {group!r}", address, group)

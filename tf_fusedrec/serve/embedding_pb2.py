@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!tf_fusedrec/serve/embedding.proto\x12\x11tf_fusedrec.serve\"s\n\x0bGroupLookup\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\x12\n\ncategories\x18\x03 \x01(\x0c\x12\x0c\n\x04pool\x18\x04 \x01(\x08\x12\x10\n\x08segments\x18\x05 \x01(\x0c\x12\x14\n\x0cnum_segments\x18\x06 \x01(\x05\"?\n\rLookupRequest\x12.\n\x06groups\x18\x01 \x03(\x0b\x32\x1e.tf_fusedrec.serve.GroupLookup\"|\n\x0bGroupResult\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\x05\x12\x0c\n\x04rows\x18\x03 \x01(\x0c\x12\x10\n\x08segments\x18\x04 \x01(\x0c\x12\x0c\n\x04sums\x18\x05 \x01(\x0c\x12\x0e\n\x06\x63ounts\x18\x06 \x01(\x0c\x12\x13\n\x0bnot_trained\x18\x07 \x01(\x03\"@\n\x0eLookupResponse\x12.\n\x06groups\x18\x01 \x03(\x0b\x32\x1e.tf_fusedrec.serve.GroupResult\"#\n\x0e\x43reditsRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\"\xb3\x01\n\x0f\x43reditsResponse\x12\x0f\n\x07\x63redits\x18\x01 \x01(\x05\x12\x14\n\x0cmax_inflight\x18\x02 \x01(\x05\x12\x10\n\x08inflight\x18\x03 \x01(\x05\x12\x0e\n\x06queued\x18\x04 \x01(\x05\x12\x12\n\nhigh_water\x18\x05 \x01(\x05\x12\x0f\n\x07\x63lients\x18\x06 \x01(\x05\x12\x0f\n\x07lookups\x18\x07 \x01(\x03\x12\x10\n\x08rejected\x18\x08 \x01(\x03\x12\x0f\n\x07invalid\x18\t \x01(\x03\"\r\n\x0bInfoRequest\"\x8b\x01\n\tGroupInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\x05\x12\x10\n\x08\x65ncoding\x18\x03 \x01(\t\x12\x16\n\x0enum_categories\x18\x04 \x01(\x05\x12\x11\n\trows_held\x18\x05 \x01(\x03\x12\x12\n\nrows_total\x18\x06 \x01(\x03\x12\x12\n\nbytes_held\x18\x07 \x01(\x03\"\x9a\x02\n\x0cInfoResponse\x12\x12\n\nexport_dir\x18\x01 \x01(\t\x12\x17\n\x0fmanifest_sha256\x18\x02 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\x13\n\x0bsource_json\x18\x04 \x01(\t\x12\x13\n\x0brange_start\x18\x05 \x01(\x04\x12\x12\n\nrange_last\x18\x06 \x01(\x04\x12,\n\x06groups\x18\x07 \x03(\x0b\x32\x1c.tf_fusedrec.serve.GroupInfo\x12\x14\n\x0cmax_inflight\x18\x08 \x01(\x05\x12\x0f\n\x07threads\x18\t \x01(\x05\x12\x19\n\x11max_request_bytes\x18\n \x01(\x03\x12\x1a\n\x12max_response_bytes\x18\x0b \x01(\x03\x32\xfc\x01\n\x10\x45mbeddingService\x12M\n\x06Lookup\x12 .tf_fusedrec.serve.LookupRequest\x1a!.tf_fusedrec.serve.LookupResponse\x12P\n\x07\x43redits\x12!.tf_fusedrec.serve.CreditsRequest\x1a\".tf_fusedrec.serve.CreditsResponse\x12G\n\x04Info\x12\x1e.tf_fusedrec.serve.InfoRequest\x1a\x1f.tf_fusedrec.serve.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!tf_fusedrec/serve/embedding.proto\x12\x11tf_fusedrec.serve\"s\n\x0bGroupLookup\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\x12\n\ncategories\x18\x03 \x01(\x0c\x12\x0c\n\x04pool\x18\x04 \x01(\x08\x12\x10\n\x08segments\x18\x05 \x01(\x0c\x12\x14\n\x0cnum_segments\x18\x06 \x01(\x05\"a\n\rLookupRequest\x12.\n\x06groups\x18\x01 \x03(\x0b\x32\x1e.tf_fusedrec.serve.GroupLookup\x12\x14\n\x07version\x18\x02 \x01(\x04H\x00\x88\x01\x01\x42\n\n\x08_version\"|\n\x0bGroupResult\x12\r\n\x05group\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\x05\x12\x0c\n\x04rows\x18\x03 \x01(\x0c\x12\x10\n\x08segments\x18\x04 \x01(\x0c\x12\x0c\n\x04sums\x18\x05 \x01(\x0c\x12\x0e\n\x06\x63ounts\x18\x06 \x01(\x0c\x12\x13\n\x0bnot_trained\x18\x07 \x01(\x03\"Q\n\x0eLookupResponse\x12.\n\x06groups\x18\x01 \x03(\x0b\x32\x1e.tf_fusedrec.serve.GroupResult\x12\x0f\n\x07version\x18\x02 \x01(\x04\"[\n\x0cStageRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\r\n\x05group\x18\x02 \x01(\t\x12\x0c\n\x04keys\x18\x03 \x01(\x0c\x12\x0c\n\x04rows\x18\x04 \x01(\x0c\x12\x0f\n\x07removed\x18\x05 \x01(\x0c\"R\n\rStageResponse\x12\x13\n\x0bstaged_rows\x18\x01 \x01(\x03\x12\x16\n\x0estaged_removed\x18\x02 \x01(\x03\x12\x14\n\x0cstaged_bytes\x18\x03 \x01(\x03\"O\n\rCommitRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0c\n\x04\x66ull\x18\x02 \x01(\x08\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x11\n\tkeep_from\x18\x04 \x01(\x04\"\x7f\n\x0e\x43ommitResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x14\n\x0crows_changed\x18\x02 \x01(\x03\x12\x14\n\x0crows_removed\x18\x03 \x01(\x03\x12\x30\n\x08versions\x18\x04 \x03(\x0b\x32\x1e.tf_fusedrec.serve.VersionInfo\":\n\x0bVersionInfo\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0c\n\x04rows\x18\x03 \x01(\x03\"#\n\x0e\x43reditsRequest\x12\x11\n\tclient_id\x18\x01 \x01(\t\"\xb3\x01\n\x0f\x43reditsResponse\x12\x0f\n\x07\x63redits\x18\x01 \x01(\x05\x12\x14\n\x0cmax_inflight\x18\x02 \x01(\x05\x12\x10\n\x08inflight\x18\x03 \x01(\x05\x12\x0e\n\x06queued\x18\x04 \x01(\x05\x12\x12\n\nhigh_water\x18\x05 \x01(\x05\x12\x0f\n\x07\x63lients\x18\x06 \x01(\x05\x12\x0f\n\x07lookups\x18\x07 \x01(\x03\x12\x10\n\x08rejected\x18\x08 \x01(\x03\x12\x0f\n\x07invalid\x18\t \x01(\x03\"\r\n\x0bInfoRequest\"\x8b\x01\n\tGroupInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\x05\x12\x10\n\x08\x65ncoding\x18\x03 \x01(\t\x12\x16\n\x0enum_categories\x18\x04 \x01(\x05\x12\x11\n\trows_held\x18\x05 \x01(\x03\x12\x12\n\nrows_total\x18\x06 \x01(\x03\x12\x12\n\nbytes_held\x18\x07 \x01(\x03\"\xe5\x02\n\x0cInfoResponse\x12\x12\n\nexport_dir\x18\x01 \x01(\t\x12\x17\n\x0fmanifest_sha256\x18\x02 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\x13\n\x0bsource_json\x18\x04 \x01(\t\x12\x13\n\x0brange_start\x18\x05 \x01(\x04\x12\x12\n\nrange_last\x18\x06 \x01(\x04\x12,\n\x06groups\x18\x07 \x03(\x0b\x32\x1c.tf_fusedrec.serve.GroupInfo\x12\x14\n\x0cmax_inflight\x18\x08 \x01(\x05\x12\x0f\n\x07threads\x18\t \x01(\x05\x12\x19\n\x11max_request_bytes\x18\n \x01(\x03\x12\x1a\n\x12max_response_bytes\x18\x0b \x01(\x03\x12\x30\n\x08versions\x18\x0c \x03(\x0b\x32\x1e.tf_fusedrec.serve.VersionInfo\x12\x17\n\x0f\x61\x63\x63\x65pts_publish\x18\r \x01(\x08\x32\x97\x03\n\x10\x45mbeddingService\x12M\n\x06Lookup\x12 .tf_fusedrec.serve.LookupRequest\x1a!.tf_fusedrec.serve.LookupResponse\x12P\n\x07\x43redits\x12!.tf_fusedrec.serve.CreditsRequest\x1a\".tf_fusedrec.serve.CreditsResponse\x12G\n\x04Info\x12\x1e.tf_fusedrec.serve.InfoRequest\x1a\x1f.tf_fusedrec.serve.InfoResponse\x12J\n\x05Stage\x12\x1f.tf_fusedrec.serve.StageRequest\x1a .tf_fusedrec.serve.StageResponse\x12M\n\x06\x43ommit\x12 .tf_fusedrec.serve.CommitRequest\x1a!.tf_fusedrec.serve.CommitResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -24,21 +24,31 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _globals['_GROUPLOOKUP']._serialized_start=56
   _globals['_GROUPLOOKUP']._serialized_end=171
   _globals['_LOOKUPREQUEST']._serialized_start=173
-  _globals['_LOOKUPREQUEST']._serialized_end=236
-  _globals['_GROUPRESULT']._serialized_start=238
-  _globals['_GROUPRESULT']._serialized_end=362
-  _globals['_LOOKUPRESPONSE']._serialized_start=364
-  _globals['_LOOKUPRESPONSE']._serialized_end=428
-  _globals['_CREDITSREQUEST']._serialized_start=430
-  _globals['_CREDITSREQUEST']._serialized_end=465
-  _globals['_CREDITSRESPONSE']._serialized_start=468
-  _globals['_CREDITSRESPONSE']._serialized_end=647
-  _globals['_INFOREQUEST']._serialized_start=649
-  _globals['_INFOREQUEST']._serialized_end=662
-  _globals['_GROUPINFO']._serialized_start=665
-  _globals['_GROUPINFO']._serialized_end=804
-  _globals['_INFORESPONSE']._serialized_start=807
-  _globals['_INFORESPONSE']._serialized_end=1089
-  _globals['_EMBEDDINGSERVICE']._serialized_start=1092
-  _globals['_EMBEDDINGSERVICE']._serialized_end=1344
+  _globals['_LOOKUPREQUEST']._serialized_end=270
+  _globals['_GROUPRESULT']._serialized_start=272
+  _globals['_GROUPRESULT']._serialized_end=396
+  _globals['_LOOKUPRESPONSE']._serialized_start=398
+  _globals['_LOOKUPRESPONSE']._serialized_end=479
+  _globals['_STAGEREQUEST']._serialized_start=481
+  _globals['_STAGEREQUEST']._serialized_end=572
+  _globals['_STAGERESPONSE']._serialized_start=574
+  _globals['_STAGERESPONSE']._serialized_end=656
+  _globals['_COMMITREQUEST']._serialized_start=658
+  _globals['_COMMITREQUEST']._serialized_end=737
+  _globals['_COMMITRESPONSE']._serialized_start=739
+  _globals['_COMMITRESPONSE']._serialized_end=866
+  _globals['_VERSIONINFO']._serialized_start=868
+  _globals['_VERSIONINFO']._serialized_end=926
+  _globals['_CREDITSREQUEST']._serialized_start=928
+  _globals['_CREDITSREQUEST']._serialized_end=963
+  _globals['_CREDITSRESPONSE']._serialized_start=966
+  _globals['_CREDITSRESPONSE']._serialized_end=1145
+  _globals['_INFOREQUEST']._serialized_start=1147
+  _globals['_INFOREQUEST']._serialized_end=1160
+  _globals['_GROUPINFO']._serialized_start=1163
+  _globals['_GROUPINFO']._serialized_end=1302
+  _globals['_INFORESPONSE']._serialized_start=1305
+  _globals['_INFORESPONSE']._serialized_end=1662
+  _globals['_EMBEDDINGSERVICE']._serialized_start=1665
+  _globals['_EMBEDDINGSERVICE']._serialized_end=2072
 # @@protoc_insertion_point(module_scope)

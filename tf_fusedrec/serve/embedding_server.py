@@ -2,7 +2,7 @@
 
     python -m tf_fusedrec.serve.embedding_server --export EXPORT --shard i --num-shards n --port P
         [--host 127.0.0.1] [--start S --end E] [--max-inflight K] [--threads T] [--max-request-mb M]
-        [--max-response-mb R] [--max-clients C]
+        [--max-response-mb R] [--max-clients C] [--accept-publish [--max-staged-mb M]]
 
 The server holds, for every group of the export, the rows whose route (format.route of the table key) lies in its
 range [start, end): range i of n even ranges (format.even_ranges), or the explicit hex range --start/--end (how a
@@ -15,7 +15,11 @@ range is split to add a server: RangeTable.split in client.py). It answers
            polled recently), its Lookups in flight and queued, the high-water mark (FlexEMR section 3.2, credit-based
            flow control; clients poll it on a connection of its own, so Lookup traffic never delays it);
   Info     the export's identity (the export directory's base name, never its absolute path), the range held, the
-           groups and the server's limits.
+           groups, the versions held and the server's limits;
+  Stage,   publishing (only with --accept-publish): a trainer stages the rows of a new version (any number of calls,
+  Commit   from any number of workers), then commits it; the version loaded from the export is 0. A Lookup reads one
+           committed version, the newest unless it names one, so a ranker that names the version it serves never
+           mixes two versions' rows while a publish stages or commits beside it (tf_fusedrec/serve/publish.py).
 
 Bounds: requests larger than --max-request-mb are refused by gRPC; more than --max-inflight Lookups at once get
 RESOURCE_EXHAUSTED; at most --threads Lookups compute at once (the others wait in flight); a Lookup whose answer would
@@ -23,8 +27,10 @@ exceed --max-response-mb is refused before any row is gathered (its size is know
 group). Clients are told apart by their Credits client_id (at most MAX_CLIENT_ID_CHARS characters): at most
 --max-clients are registered, each taking a share of --max-inflight; ids beyond that share one pool that counts as one
 client, so a flood of made-up ids cannot shrink the registered clients' shares. A malformed request gets
-INVALID_ARGUMENT naming the group and the field. Requests are decoded from protobuf and numpy buffers only; nothing
-from the wire is ever unpickled.
+INVALID_ARGUMENT naming the group and the field. Staged rows are bounded by --max-staged-mb (beyond: RESOURCE_EXHAUSTED
+and the staged version is dropped); a version holds its own copy of the groups it changed (unchanged groups are
+shared), so a server needs up to (versions held + 1) times its rows' memory while a publish commits. Requests are
+decoded from protobuf and numpy buffers only; nothing from the wire is ever unpickled.
 
 The CLI logs one line to stderr when the tables are loaded, prints "ready" to stdout when it serves, and stops
 gracefully on SIGTERM or SIGINT. EmbeddingServer is the same server in-process (tests, a ranker's tests).
@@ -69,7 +75,11 @@ MAX_ENTRIES = 1024
 # Bytes of a GroupResult beyond its arrays and group name, at most: field tags, length and int varints, and the
 # result's own tag and length within the LookupResponse.
 _RESULT_FRAMING_BYTES = 96
+# The LookupResponse's version field, at most: its tag and a 64-bit varint.
+_VERSION_FIELD_BYTES = 11
 MB = 1 << 20
+# The version loaded from the export at start; a publisher's first version is 1.
+EXPORT_VERSION = 0
 
 
 def export_fingerprint(manifest):
@@ -120,6 +130,15 @@ def parse_hash(text):
     return value
 
 
+class _Refused(Exception):
+    """A well-formed request the server's state refuses (FAILED_PRECONDITION): publishing off, a version not held or
+    not above the newest."""
+
+
+class _Exhausted(Exception):
+    """A request beyond one of the server's bounds (RESOURCE_EXHAUSTED)."""
+
+
 class _Invalid(Exception):
     """A malformed Lookup entry; the message names the group and the field."""
 
@@ -148,14 +167,17 @@ class EmbeddingServer:
       max_request_mb / max_response_mb: the largest request accepted and response sent, in MiB.
       host: the interface to bind (127.0.0.1: only this machine; "0.0.0.0" or "[::]" to serve others).
       max_clients: most clients (Credits client_ids) registered at once; the others share one pool.
+      accept_publish: take Stage and Commit (publishing new versions); False: refuse them (FAILED_PRECONDITION).
+      max_staged_mb: most MiB of rows and keys staged for a version before it is committed.
     """
 
     def __init__(self, export_dir, start=0, end=fmt.HASH_SPACE, max_inflight=32, threads=4, max_request_mb=64,
-                 max_response_mb=512, host="127.0.0.1", max_clients=64):
+                 max_response_mb=512, host="127.0.0.1", max_clients=64, accept_publish=False, max_staged_mb=1024):
         if not 0 <= start < end <= fmt.HASH_SPACE:
             raise ValueError(f"the range [{start:#x}, {end:#x}) must be non-empty and within [0, 2**64)")
         for name, value in (("max_inflight", max_inflight), ("threads", threads), ("max_request_mb", max_request_mb),
-                            ("max_response_mb", max_response_mb), ("max_clients", max_clients)):
+                            ("max_response_mb", max_response_mb), ("max_clients", max_clients),
+                            ("max_staged_mb", max_staged_mb)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         self.export_dir = os.path.abspath(export_dir)
@@ -165,8 +187,16 @@ class EmbeddingServer:
         self.manifest = fmt.read_manifest(self.export_dir)
         self.manifest_sha256 = fmt.sha256_of(os.path.join(self.export_dir, "manifest.json"))
         self.fingerprint = export_fingerprint(self.manifest)
-        self.groups = {g["name"]: fmt.GroupRows(self.export_dir, self.manifest, g, start, end)
-                       for g in self.manifest["groups"]}
+        groups = {g["name"]: fmt.GroupRows(self.export_dir, self.manifest, g, start, end)
+                  for g in self.manifest["groups"]}
+        source_step = self.manifest.get("source", {}).get("step")
+        # (version, step, {group: GroupRows}) of every version held, oldest first; never changed in place, so a
+        # Lookup that took one reads it whole while a commit replaces the list.
+        self._versions = [(EXPORT_VERSION, int(source_step) if isinstance(source_step, int) else -1, groups)]
+        self.accept_publish, self.max_staged_bytes = bool(accept_publish), max_staged_mb * MB
+        self._publish_lock = threading.Lock()  # one Stage or Commit at a time
+        self._staging = None  # the version being staged: {"version", "groups": {name: lists}, "rows", ...}
+        self._last_commit = None  # (CommitRequest, CommitResponse) of the newest commit: a repeated commit's answer
         self._lock = threading.Lock()
         self._compute = threading.Semaphore(threads)
         self._inflight = self._queued = self._high_water = 0
@@ -182,6 +212,16 @@ class EmbeddingServer:
     def port(self):
         """The port served (None before start)."""
         return self._port
+
+    @property
+    def groups(self):
+        """{group: GroupRows} of the newest version."""
+        return self._versions[-1][2]
+
+    @property
+    def versions(self):
+        """[(version, step)] held, oldest first."""
+        return [(v, step) for v, step, _ in self._versions]
 
     @property
     def rows_held(self):
@@ -213,6 +253,8 @@ class EmbeddingServer:
             "Lookup": grpc.unary_unary_rpc_method_handler(self._lookup),
             "Credits": grpc.unary_unary_rpc_method_handler(self._credits),
             "Info": grpc.unary_unary_rpc_method_handler(self._info),
+            "Stage": grpc.unary_unary_rpc_method_handler(self._stage),
+            "Commit": grpc.unary_unary_rpc_method_handler(self._commit),
         }),))
         address = f"{self.host}:{port}"
         try:
@@ -282,7 +324,98 @@ class EmbeddingServer:
             fingerprint=self.fingerprint, source_json=json.dumps(source, sort_keys=True),
             range_start=self.range_start, range_last=self.range_end - 1, groups=groups,
             max_inflight=self.max_inflight, threads=self.threads, max_request_bytes=self.max_request_bytes,
-            max_response_bytes=self.max_response_bytes)
+            max_response_bytes=self.max_response_bytes, versions=self._version_infos(),
+            accepts_publish=self.accept_publish)
+
+    def _version_infos(self):
+        return [pb.VersionInfo(version=v, step=step, rows=sum(len(g) for g in groups.values()))
+                for v, step, groups in self._versions]
+
+    # --- publishing ----------------------------------------------------------------------------------------------
+
+    def stage(self, request):
+        """Stages a StageRequest's rows (also for in-process callers) -> StageResponse; _Invalid naming the field,
+        _Refused when publishing is off or the version is stale, _Exhausted beyond max_staged_mb."""
+        if not self.accept_publish:
+            raise _Refused("this server does not take publishes (start it with --accept-publish)")
+        where = f"stage of version {request.version}, group {request.group!r}"
+        rows_of = self.groups.get(request.group)
+        if rows_of is None:
+            raise _Invalid(f"{where}: field group: no such group on this server (groups: {sorted(self.groups)})")
+        keys = _array(where, "keys", request.keys, "<i8", "int64")
+        removed = _array(where, "removed", request.removed, "<i8", "int64")
+        dim = rows_of.dim
+        if len(request.rows) != 4 * dim * len(keys):
+            raise _Invalid(f"{where}: field rows has {len(request.rows)} bytes, expected {4 * dim * len(keys)} "
+                           f"(float32 [{len(keys)} keys, dim {dim}])")
+        rows = np.frombuffer(request.rows, "<f4").astype(np.float32).reshape(len(keys), dim)
+        for field, values in (("keys", keys), ("removed", removed)):
+            outside = ~fmt.in_range(fmt.route(values), self.range_start, self.range_end)
+            if outside.any():
+                raise _Invalid(f"{where}: field {field}: {int(outside.sum())} of {len(values)} keys route outside "
+                               f"this server's range [{self.range_start:#x}, {self.range_end:#x}) (first: "
+                               f"{int(values[outside][0])}); the publisher's routing table disagrees with the server's")
+        with self._publish_lock:
+            newest = self._versions[-1][0]
+            if request.version <= newest:
+                raise _Refused(f"{where}: version {request.version} is not above the newest version held ({newest})")
+            staging = self._staging
+            if staging is not None and staging["version"] > request.version:
+                raise _Refused(f"{where}: version {staging['version']} is already being staged")
+            if staging is None or staging["version"] < request.version:  # a lower one was abandoned
+                staging = self._staging = {"version": request.version, "groups": {}, "rows": 0, "removed": 0,
+                                           "bytes": 0}
+            added = keys.nbytes + rows.nbytes + removed.nbytes
+            if staging["bytes"] + added > self.max_staged_bytes:
+                self._staging = None
+                raise _Exhausted(f"{where}: the staged version would exceed {self.max_staged_bytes} bytes "
+                                 f"(--max-staged-mb); it is dropped")
+            parts = staging["groups"].setdefault(request.group, {"keys": [], "rows": [], "removed": []})
+            parts["keys"].append(keys)
+            parts["rows"].append(rows)
+            parts["removed"].append(removed)
+            staging["rows"] += len(keys)
+            staging["removed"] += len(removed)
+            staging["bytes"] += added
+            return pb.StageResponse(staged_rows=staging["rows"], staged_removed=staging["removed"],
+                                    staged_bytes=staging["bytes"])
+
+    def commit(self, request):
+        """Commits a CommitRequest's version (also for in-process callers) -> CommitResponse; _Refused when
+        publishing is off or the version is not above the newest held."""
+        if not self.accept_publish:
+            raise _Refused("this server does not take publishes (start it with --accept-publish)")
+        with self._publish_lock:
+            newest = self._versions[-1][0]
+            if self._last_commit is not None and request.version == newest:
+                if self._last_commit[0] == request:
+                    return self._last_commit[1]  # a retry whose first answer was lost
+                raise _Refused(f"commit of version {request.version}: already committed with other fields")
+            if request.version <= newest:
+                raise _Refused(f"commit of version {request.version}: not above the newest version held ({newest})")
+            staging = self._staging
+            staged = staging["groups"] if staging is not None and staging["version"] == request.version else {}
+            groups, changed, removed = {}, 0, 0
+            empty = np.zeros(0, np.int64)
+            for name, rows_of in self.groups.items():
+                parts = staged.get(name)
+                if parts is None and not request.full:
+                    groups[name] = rows_of  # unchanged: shared with the previous version
+                    continue
+                keys = np.concatenate(parts["keys"]) if parts else empty
+                rows = np.concatenate(parts["rows"]) if parts else np.zeros((0, rows_of.dim), np.float32)
+                gone = np.concatenate(parts["removed"]) if parts else empty
+                groups[name], n_changed, n_removed = rows_of.applied(gone, keys, rows, full=request.full)
+                changed += n_changed
+                removed += n_removed
+            keep_from = request.keep_from or newest
+            held = [v for v in self._versions if v[0] >= keep_from] + [(request.version, request.step, groups)]
+            self._versions = held  # one assignment: a Lookup sees the old list or the new one
+            self._staging = None
+            response = pb.CommitResponse(version=request.version, rows_changed=changed, rows_removed=removed,
+                                         versions=self._version_infos())
+            self._last_commit = (request, response)
+            return response
 
     # --- handlers ------------------------------------------------------------------------------------------------
 
@@ -302,6 +435,31 @@ class EmbeddingServer:
         except DecodeError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not an InfoRequest: {e}")
         return self.info().SerializeToString()
+
+    def _stage(self, payload, context):
+        try:
+            request = pb.StageRequest.FromString(payload)
+        except DecodeError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a StageRequest: {e}")
+        return self._publish_call(self.stage, request, context)
+
+    def _commit(self, payload, context):
+        try:
+            request = pb.CommitRequest.FromString(payload)
+        except DecodeError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a CommitRequest: {e}")
+        return self._publish_call(self.commit, request, context)
+
+    @staticmethod
+    def _publish_call(method, request, context):
+        try:
+            return method(request).SerializeToString()
+        except _Invalid as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except _Refused as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except _Exhausted as e:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
 
     def _lookup(self, payload, context):
         with self._lock:
@@ -330,6 +488,8 @@ class EmbeddingServer:
             with self._lock:
                 self._invalid += 1
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except _Refused as e:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         finally:
             with self._lock:
                 self._inflight -= 1
@@ -341,19 +501,29 @@ class EmbeddingServer:
             raise _Invalid(f"the request is not a LookupRequest: {e}") from None
         if not request.groups:
             raise _Invalid("field groups: the request holds no entry")
+        versions = self._versions  # the list of this moment: a commit beside this lookup replaces it, whole
+        if request.HasField("version"):
+            held = [v for v in versions if v[0] == request.version]
+            if not held:
+                raise _Refused(f"field version: version {request.version} is not held (held: "
+                               f"{[v[0] for v in versions]})")
+            version, _, groups = held[0]
+        else:
+            version, _, groups = versions[-1]
         if len(request.groups) > MAX_ENTRIES:
             raise _Invalid(f"field groups: {len(request.groups)} entries, at most {MAX_ENTRIES}")
         # Every entry is decoded and its answer's size added up before any row is gathered: a request whose answer
         # would exceed the limit costs its decoding only, and names the entry that crossed it.
-        decoded, response_bytes = [], 0
+        decoded, response_bytes = [], _VERSION_FIELD_BYTES
         for index, entry in enumerate(request.groups):
-            part = self._decode(index, entry)
+            part = self._decode(index, entry, groups)
             response_bytes += part.response_bytes
             if response_bytes > self.max_response_bytes:
                 raise _Invalid(f"group {entry.group!r} (entry {index}): the response would exceed "
                                f"{self.max_response_bytes} bytes (--max-response-mb); send fewer ids per request")
             decoded.append(part)
-        return pb.LookupResponse(groups=[self._answer_group(part) for part in decoded]).SerializeToString()
+        return pb.LookupResponse(groups=[self._answer_group(part) for part in decoded],
+                                 version=version).SerializeToString()
 
     @staticmethod
     def _answer_group(part):
@@ -374,13 +544,14 @@ class EmbeddingServer:
                               sums=sums.astype("<f4").tobytes(), counts=counts.astype("<i4").tobytes(),
                               not_trained=not_trained)
 
-    def _decode(self, index, entry):
-        """A valid entry as a _Decoded (its arrays, and the size of its answer); _Invalid naming the group and the
-        field otherwise."""
+    def _decode(self, index, entry, groups=None):
+        """A valid entry as a _Decoded (its arrays, and the size of its answer) over `groups` (a version's; None: the
+        newest); _Invalid naming the group and the field otherwise."""
         where = f"group {entry.group!r} (entry {index})"
-        rows_of = self.groups.get(entry.group)
+        groups = self.groups if groups is None else groups
+        rows_of = groups.get(entry.group)
         if rows_of is None:
-            raise _Invalid(f"{where}: field group: no such group on this server (groups: {sorted(self.groups)})")
+            raise _Invalid(f"{where}: field group: no such group on this server (groups: {sorted(groups)})")
         ids = _array(where, "ids", entry.ids, "<i8", "int64")
         categories = _array(where, "categories", entry.categories, "<i4", "int32")
         if len(categories) != len(ids):
@@ -467,6 +638,11 @@ def parse_args(argv=None):
                              "computed (default 512)")
     parser.add_argument("--max-clients", type=int, default=64,
                         help="most clients registered for credits; the others share one pool (default 64)")
+    parser.add_argument("--accept-publish", action="store_true",
+                        help="take new versions of the rows from a trainer (Stage and Commit; python -m "
+                             "tf_fusedrec.train --publish-to): anyone who reaches the port can then replace rows")
+    parser.add_argument("--max-staged-mb", type=int, default=1024,
+                        help="most MiB staged for one version before its commit (default 1024)")
     args = parser.parse_args(argv)
     if (args.start is None) != (args.end is None):
         parser.error("--start and --end go together")
@@ -484,7 +660,8 @@ def main(argv=None):
     try:
         server = EmbeddingServer(args.export, args.start, args.end, max_inflight=args.max_inflight,
                                  threads=args.threads, max_request_mb=args.max_request_mb,
-                                 max_response_mb=args.max_response_mb, host=args.host, max_clients=args.max_clients)
+                                 max_response_mb=args.max_response_mb, host=args.host, max_clients=args.max_clients,
+                                 accept_publish=args.accept_publish, max_staged_mb=args.max_staged_mb)
         server.start(args.port)
     except (fmt.ExportError, ValueError, RuntimeError) as e:
         print(f"embedding_server: {e}", file=sys.stderr, flush=True)

@@ -1,6 +1,11 @@
 """A model rebuilt from an export: embeddings from a backend, combined as training combines them, then the dense
 SavedModel. What fr.export.load_model returns (with every row in this process) and what the ranker runs (with the rows
-on embedding servers)."""
+on embedding servers).
+
+Versions: over a versioned backend (embedding servers a trainer publishes to), the model is at one version at a time,
+rows and dense weights together: a batch reads every row from the version its dense weights are at. The export is
+version 0; install_version(v, step, weights) puts a published version's dense weights into a second copy of the
+SavedModel (once no batch still runs on it) and makes it current between two batches (tf_fusedrec/serve/publish.py)."""
 
 import collections
 import os
@@ -124,12 +129,63 @@ class ServingModel:
         self.groups = {g["name"]: g for g in self.manifest["groups"]}
         self.dense_inputs = self.manifest["dense"]["inputs"]
         self._tf = tf
-        self._loaded = tf.saved_model.load(os.path.join(export_dir, self.manifest["dense"]["path"]))
-        self._signature = self._loaded.signatures[self.manifest["dense"]["signature"]]
+        self._dense_path = os.path.join(export_dir, self.manifest["dense"]["path"])
+        self._loaded = [tf.saved_model.load(self._dense_path)]  # the second copy is loaded by the first publish
+        signature = self._loaded[0].signatures[self.manifest["dense"]["signature"]]
+        self._signatures = [signature]
         # The signature's inputs (name, dtype) in the order its flat call takes them.
         self._flat_inputs = [(name, spec.dtype) for name, spec in
-                             ((p.name, p.type_constraint) for p in self._signature.function_type.parameters.values())]
+                             ((p.name, p.type_constraint) for p in signature.function_type.parameters.values())]
         self._lock = threading.Lock()
+        source_step = self.manifest.get("source", {}).get("step")
+        self.version, self.step = 0, source_step if isinstance(source_step, int) else -1
+        self._current = 0  # the copy of the dense SavedModel at self.version
+        self._in_use = [0, 0]  # batches running on each copy
+        self._swap = threading.Condition()
+        self._install_lock = threading.Lock()
+
+    @property
+    def versioned(self):
+        """Whether the rows come in versions (a publisher may install new ones)."""
+        return bool(getattr(self.backend, "versioned", False))
+
+    def dense_variables(self):
+        """[(name, shape, dtype name)] of the dense weights a published version carries, in order."""
+        return [(v.name, v.shape.as_list(), v.dtype.name) for v in self._loaded[0].dense_variables]
+
+    def install_version(self, version, step, weights):
+        """Makes `version` (committed on every embedding server) current with the dense `weights` (arrays in the
+        order of dense_variables()): put into the copy of the SavedModel no batch uses, which then becomes current
+        between two batches. ValueError naming the weight when one does not fit; nothing changes then."""
+        if not self.versioned:
+            raise ValueError("this model's rows are not versioned (every row in this process, or a backend without "
+                             "versions): only a model over embedding servers takes published versions")
+        expected = self.dense_variables()
+        if len(weights) != len(expected):
+            raise ValueError(f"version {version}: {len(weights)} dense weights, the model has {len(expected)}")
+        arrays = []
+        for i, ((name, shape, dtype), value) in enumerate(zip(expected, weights)):
+            value = np.asarray(value)
+            if list(value.shape) != shape or value.dtype.name != dtype:
+                raise ValueError(f"version {version}: dense weight {i} ({name}) is {value.dtype.name} "
+                                 f"{list(value.shape)}, the model's is {dtype} {shape}")
+            if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
+                raise ValueError(f"version {version}: dense weight {i} ({name}) holds values that are not finite")
+            arrays.append(value)
+        with self._install_lock:  # one install at a time
+            if version <= self.version:
+                raise ValueError(f"version {version} is not above the current version {self.version}")
+            if len(self._loaded) == 1:
+                self._loaded.append(self._tf.saved_model.load(self._dense_path))
+                self._signatures.append(self._loaded[1].signatures[self.manifest["dense"]["signature"]])
+            with self._swap:
+                standby = 1 - self._current
+                # A batch that began before the last swap may still run on the standby copy.
+                self._swap.wait_for(lambda: self._in_use[standby] == 0)
+            for variable, value in zip(self._loaded[standby].dense_variables, arrays):
+                variable.assign(value)
+            with self._swap:
+                self._current, self.version, self.step = standby, int(version), int(step)
 
     def check_names(self, inputs):
         """InputError naming a missing or unknown input."""
@@ -168,9 +224,10 @@ class ServingModel:
                 raise InputError(f"feature '{name}' has {size} instances, feature '{next(iter(sizes))}' has {batch}")
         return flats, batch
 
-    def embed(self, flats, batch):
+    def embed(self, flats, batch, version=None):
         """{signature input: float32/int64 array} of every feature's embeddings, one backend call per group and kind
-        (rows, pooled)."""
+        (rows, pooled), the rows of `version` (None: the backend's newest)."""
+        at = {} if version is None else {"version": version}
         inputs = {}
         for group_name in self.groups:
             # Every feature reading the group's rows, a feature that shares another's rows (manifest "shares") too.
@@ -180,7 +237,7 @@ class ServingModel:
             if direct:
                 ids = np.concatenate([flats[f["name"]].ids for f in direct])
                 cats = np.concatenate([np.full(len(flats[f["name"]].ids), f["category"], np.int32) for f in direct])
-                rows = self.backend.rows(group_name, ids, cats)
+                rows = self.backend.rows(group_name, ids, cats, **at)
                 offset = 0
                 for f in direct:
                     flat = flats[f["name"]]
@@ -190,7 +247,7 @@ class ServingModel:
                 ids = np.concatenate([flats[f["name"]].ids for f in pooled])
                 cats = np.concatenate([np.full(len(flats[f["name"]].ids), f["category"], np.int32) for f in pooled])
                 segments = np.concatenate([flats[f["name"]].rows_of + i * batch for i, f in enumerate(pooled)])
-                sums, counts = self.backend.pooled(group_name, ids, cats, segments, batch * len(pooled))
+                sums, counts = self.backend.pooled(group_name, ids, cats, segments, batch * len(pooled), **at)
                 for i, f in enumerate(pooled):
                     part = slice(i * batch, (i + 1) * batch)
                     inputs[f["inputs"]["rows"]] = combine(f["combiner"], sums[part], counts[part])
@@ -217,15 +274,28 @@ class ServingModel:
         return self.predict_flat(flats, dense, batch)
 
     def predict_flat(self, flats, dense, batch):
+        return self.predict_versioned(flats, dense, batch)[0]
+
+    def predict_versioned(self, flats, dense, batch):
+        """(scores float32 [B], the version they are of): rows and dense weights of one version."""
         tf = self._tf
-        values = {**self.embed(flats, batch), **dense}
-        # The flat call of the signature (TensorFlow is pinned, see requirements.txt): the keyword call binds and
-        # type-checks each of its ~30 inputs in Python, about 0.6 ms of its 1.8 ms for 64 instances (measured), for
-        # inputs that embed() and _dense_value() build in the signature's dtypes and shapes.
-        flat = [tf.constant(values[name], dtype) for name, dtype in self._flat_inputs]
-        with self._lock:  # one signature call at a time: the ranker batches requests instead
-            out = self._signature._call_flat(flat, self._signature.captured_inputs)  # noqa: SLF001
-        return out[self.manifest["dense"]["output"]].numpy()
+        with self._swap:
+            copy, version = self._current, self.version
+            self._in_use[copy] += 1
+        try:
+            values = {**self.embed(flats, batch, version if self.versioned else None), **dense}
+            # The flat call of the signature (TensorFlow is pinned, see requirements.txt): the keyword call binds and
+            # type-checks each of its ~30 inputs in Python, about 0.6 ms of its 1.8 ms for 64 instances (measured),
+            # for inputs that embed() and _dense_value() build in the signature's dtypes and shapes.
+            flat = [tf.constant(values[name], dtype) for name, dtype in self._flat_inputs]
+            signature = self._signatures[copy]
+            with self._lock:  # one signature call at a time: the ranker batches requests instead
+                out = signature._call_flat(flat, signature.captured_inputs)  # noqa: SLF001
+        finally:
+            with self._swap:
+                self._in_use[copy] -= 1
+                self._swap.notify_all()
+        return out[self.manifest["dense"]["output"]].numpy(), version
 
     __call__ = predict
 

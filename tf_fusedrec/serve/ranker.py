@@ -2,6 +2,7 @@
 servers (FlexEMR's disaggregated serving, seed 002 §2.4, §3).
 
     python -m tf_fusedrec.serve.ranker --export EXPORT --servers 127.0.0.1:7001,127.0.0.1:7002 --port 8501
+        [--publish-port 8601]
 
 Endpoints (NAME: --name, default "model"):
   POST /v1/models/NAME:predict   {"instances": [{feature: id or [ids], "dense": [...]}, ...]} -> {"predictions": [..]}
@@ -9,6 +10,11 @@ Endpoints (NAME: --name, default "model"):
   GET  /v1/models/NAME           the model's status (TF Serving's shape)
   GET  /v1/models/NAME/metadata  the inputs the model takes (features: layout, dim, combiner, key dtype)
   GET  /v1/models/NAME/stats     requests, batches, errors, bytes to and from the servers, cache, per-server queues
+
+Versions: a predict answer carries "model_version", the version of the rows and dense weights it was computed from
+(the export is 0); GET /v1/models/NAME and /metadata report the current one and its training step. With
+--publish-port, a trainer (python -m tf_fusedrec.train --publish-to HOST:PORT) installs new versions there
+(tf_fusedrec/serve/publish.py: the endpoint binds to --publish-host, 127.0.0.1 by default, apart from the predict port).
 
 A request is checked in its own handler thread (unknown feature, wrong type, negative or out-of-range id, malformed
 or too deeply nested JSON: HTTP 400 naming the field), then queued for the batcher, which merges the requests waiting
@@ -341,6 +347,10 @@ class Ranker:
     def submit(self, prepared):
         """Scores (list of float) of a prepared request (prepare's answer), through the batcher; Overloaded when the
         queue is full, TimeoutError when no answer came within answer_timeout_s."""
+        return self.submit_versioned(prepared)[0]
+
+    def submit_versioned(self, prepared):
+        """(scores, version) of a prepared request: submit's scores and the model version they were computed at."""
         flats, dense, batch = prepared
         if self.cache is not None:
             self.cache.observe(batch)
@@ -374,7 +384,7 @@ class Ranker:
     def _run(self, taken):
         try:
             flats, dense, batch = merge([t[:3] for t in taken])
-            scores = self.model.predict_flat(flats, dense, batch)
+            scores, version = self.model.predict_versioned(flats, dense, batch)
         except BaseException as e:  # noqa: BLE001  (every waiting request gets the error; the batcher goes on)
             for item in taken:
                 item[3].set_exception(e)
@@ -383,7 +393,7 @@ class Ranker:
         self.count("batched_instances", batch)
         offset = 0
         for item in taken:
-            item[3].set_result(scores[offset:offset + item[2]].tolist())
+            item[3].set_result((scores[offset:offset + item[2]].tolist(), version))
             offset += item[2]
 
     def stats(self):
@@ -677,11 +687,13 @@ def make_handler(ranker, name, max_body_bytes, idle_timeout_s=30.0, read_timeout
             elif what == "/metadata":
                 features = {f["name"]: {k: f[k] for k in ("layout", "dim", "combiner", "key_dtype", "max_id_bits")}
                             for f in ranker.model.manifest["features"]}
-                self._send(200, {"model_spec": {"name": name}, "features": features,
-                                 "dense_inputs": ranker.model.dense_inputs})
+                self._send(200, {"model_spec": {"name": name, "version": str(ranker.model.version),
+                                                "step": ranker.model.step},
+                                 "features": features, "dense_inputs": ranker.model.dense_inputs})
             else:
                 self._send(200, {"model_version_status": [
-                    {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]})
+                    {"version": str(ranker.model.version), "state": "AVAILABLE",
+                     "status": {"error_code": "OK", "error_message": ""}}]})
 
         def do_POST(self):  # noqa: N802
             length, refusal = _content_length(self.headers, max_body_bytes)
@@ -705,7 +717,7 @@ def make_handler(ranker, name, max_body_bytes, idle_timeout_s=30.0, read_timeout
                 del body
                 prepared = ranker.prepare(inputs)
                 del inputs  # the parsed JSON: only the prepared arrays wait for the batcher
-                scores = ranker.submit(prepared)
+                scores, version = ranker.submit_versioned(prepared)
             except TooLarge as e:
                 self._error(413, str(e))
                 return
@@ -727,7 +739,8 @@ def make_handler(ranker, name, max_body_bytes, idle_timeout_s=30.0, read_timeout
             except Exception as e:  # noqa: BLE001  (the ranker answers and stays up)
                 self._error(500, f"{type(e).__name__}: {e}")
                 return
-            self._send(200, {"predictions" if shape == "instances" else "outputs": scores})
+            self._send(200, {"predictions" if shape == "instances" else "outputs": scores,
+                             "model_version": str(version)})
 
     return Handler
 
@@ -763,7 +776,14 @@ def parse_args(argv=None):
                         "taken within it drops the connection)")
     p.add_argument("--io-threads", type=int, default=8, help="threads sending lookups to the servers")
     p.add_argument("--timeout-s", type=float, default=5.0, help="a lookup's deadline (credit wait included)")
+    p.add_argument("--publish-port", type=int,
+                   help="take published versions (rows on the servers, dense weights here) from a trainer on this "
+                        "port (python -m tf_fusedrec.train --publish-to HOST:PORT); needs --servers other than local")
+    p.add_argument("--publish-host", default="127.0.0.1", help="interface of --publish-port (default: loopback only)")
+    p.add_argument("--max-publish-mb", type=float, default=256.0, help="largest published dense body")
     args = p.parse_args(argv)
+    if args.publish_port is not None and args.servers == "local":
+        p.error("--publish-port needs embedding servers (--servers host:port,...): published rows go to them")
     for flag in ("max_batch", "max_queue", "max_instances", "max_ids", "io_threads", "max_connections"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
@@ -818,6 +838,18 @@ def main(argv=None):
     except (ValueError, OSError) as e:
         print(f"ranker: {e}", file=sys.stderr, flush=True)
         return 2
+    publish_server = None
+    if args.publish_port is not None:
+        from tf_fusedrec.serve import publish  # noqa: PLC0415
+
+        try:
+            publish_server = publish.serve_publish(ranker.model, args.publish_host, args.publish_port,
+                                                   args.max_publish_mb)
+        except OSError as e:
+            print(f"ranker: --publish-port {args.publish_port}: {e}", file=sys.stderr, flush=True)
+            return 2
+        print(f"ranker: taking published versions on http://{args.publish_host}:"
+              f"{publish_server.server_address[1]}/publish", file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, lambda signum, frame: threading.Thread(target=server.shutdown).start())
     print(f"ranker: serving '{args.name}' of {args.export} on http://{args.host}:{server.server_address[1]} "
           f"(servers: {args.servers}; pooling {'on' if not args.no_pooling else 'off'}; cache "
@@ -828,6 +860,9 @@ def main(argv=None):
     except KeyboardInterrupt:
         pass
     server.server_close()
+    if publish_server is not None:
+        publish_server.shutdown()
+        publish_server.server_close()
     ranker.close()
     print("ranker: stopped", file=sys.stderr, flush=True)
     return 0

@@ -5,7 +5,7 @@
         [--table-storage float32|float16] [--evict-capacity N] [--admission-min-count N] [--expiry-steps N]
         [--dense-precision float32|mixed_float16|mixed_bfloat16]
         [--steps N] [--steps-per-call K]
-        [--model-dir DIR]
+        [--model-dir DIR] [--publish-to RANKER_HOST:PORT,... [--publish-every N]]
     horovodrun -np 2 -H localhost:2 --gloo python -m tf_fusedrec.train ...
 
 Rank 0 shows a progress bar (step, loss, samples/s over all workers) and ends with a summary: samples/s, AUC on a
@@ -17,7 +17,9 @@ step runs through fr.train.TrainPipeline with the chosen schedule (train/pipelin
 --model-dir resumes from the newest checkpoint every worker sees, with any number of workers, at the same data
 position (batches are a function of (seed, rank, step)); a sequence config's batches are not (token-balanced ones hold
 different sample counts), so its manifest holds each worker's position in its sample stream and the run resumes there,
-on the worker count that wrote it only. Rank 0 writes TensorBoard summaries under DIR/tensorboard.
+on the worker count that wrote it only. Rank 0 writes TensorBoard summaries under DIR/tensorboard. With --publish-to,
+every --publish-every steps and at the end the workers publish the model to running rankers and their embedding
+servers as a new version (train/publishing.py, serve/publish.py).
 """
 
 import argparse
@@ -99,6 +101,14 @@ def parse_args(argv=None):
                         "train.log_every and train.checkpoint_every keeps all calls K steps long")
     p.add_argument("--batch-size", type=int, help="override train.batch_size (per worker)")
     p.add_argument("--model-dir", help="checkpoints and TensorBoard summaries; resumes from it when it has a checkpoint")
+    p.add_argument("--publish-to",
+                   help="rankers' publish endpoints host:port,... (python -m tf_fusedrec.serve.ranker --publish-port): "
+                        "every --publish-every steps and at the end the model goes to them and their embedding "
+                        "servers as a new version (the rows changed since the last one; the first one whole)")
+    p.add_argument("--publish-every", type=int, default=100,
+                   help="steps between published versions (default 100; with --publish-to)")
+    p.add_argument("--publish-timeout-s", type=float, default=60.0,
+                   help="deadline of each call to a server or ranker while publishing (default 60)")
     p.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
     p.add_argument("--summary-json", help="rank 0 writes the final summary here")
     p.add_argument("--step-timeout", type=float, default=600.0,
@@ -395,6 +405,22 @@ class _TrainingRun:
             raise ValueError(f"--model-dir is already at step {self.start} >= --steps {self.plan.steps}; "
                              f"ask for more steps")
 
+    def connect_publisher(self):
+        """With --publish-to: asks the rankers for their embedding servers and checks the model fits theirs."""
+        self.publisher = None
+        args = self.args
+        if args.publish_to:
+            from tf_fusedrec.serve import publish  # noqa: PLC0415
+            from tf_fusedrec.train.publishing import TrainingPublisher  # noqa: PLC0415
+
+            if args.publish_every < 1:
+                raise ValueError(f"--publish-every must be >= 1, got {args.publish_every}")
+            rankers = [a.strip() for a in args.publish_to.split(",") if a.strip()]
+            try:
+                self.publisher = TrainingPublisher(self.model, self.comm, rankers, timeout_s=args.publish_timeout_s)
+            except publish.PublishError as e:
+                raise ValueError(f"--publish-to: {e}") from None
+
     def choose_hot_set(self):
         """Chooses the replicated hot rows from a sample of the coming batches (a restore brought its own back)."""
         replication = self.plan.replication
@@ -438,7 +464,8 @@ class _TrainingRun:
         self.timed_steps, self.timed_seconds, loss_value = 0, 0.0, float("nan")
         self.table_rows = []  # (step, this worker's embedding rows) at each log step: the table size over time
         # Calls end at the last warm-up step (the timing starts after it) and at every log and checkpoint step.
-        every = [config.train.log_every] + ([config.train.checkpoint_every] if self.checkpointer is not None else [])
+        every = [config.train.log_every] + ([config.train.checkpoint_every] if self.checkpointer is not None else []) \
+            + ([args.publish_every] if self.publisher is not None else [])
         step = start
         while step < steps:
             if step == start + warmup and self.meter is not None:
@@ -455,6 +482,9 @@ class _TrainingRun:
                 self._log(step, loss_value)
             if self.checkpointer is not None and (step % config.train.checkpoint_every == 0 or step == steps):
                 self._checkpoint(step)
+            if self.publisher is not None and (step % args.publish_every == 0 or step == steps):
+                with self.watchdog.guard(f"publishing step {step}"):
+                    self.publisher.publish(step)
         self.final_loss = loss_value
 
     def _call(self, step, n):
@@ -532,6 +562,9 @@ class _TrainingRun:
             self._summarize_restored(result)
         if self.checkpointer is not None:
             result["checkpoints"] = self.checkpointer.written_summary()
+        if self.publisher is not None:
+            result["published"] = self.publisher.summary()
+            self.publisher.close()
         result["auc"] = experiment.evaluate(self.model, self.config, plan.batch_size, self.rank, size, comm)
         return result
 
@@ -630,6 +663,7 @@ def run(args):
     training.refuse_old_checkpoints()
     training.build_dense_weights()
     training.restore_checkpoint()
+    training.connect_publisher()
     training.choose_hot_set()
     training.make_pipeline()
     training.train()

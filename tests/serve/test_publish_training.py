@@ -1,0 +1,118 @@
+"""Publishing from training to serving, end to end: `python -m tf_fusedrec.train` on 2 workers with --publish-to
+feeds a ranker (in this process) and 2 embedding servers that started from an export of the untrained model. After
+the run, the ranker serves the last version, and its predictions over HTTP equal the training model's at that step
+(the run's final checkpoint restored here, called with training=False) within 1e-6; its first version was full, the
+next a delta of the rows changed. With hot replication too (the hot rows come from rank 0's replicated copy)."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.serve.serve_fixtures import RankerThread, get, post
+from tests.subprocess_runner import execute, tail, worker_command
+
+pytest.importorskip("horovod.tensorflow", reason="Horovod (horovod.tensorflow) is not importable")
+
+import tensorflow as tf  # noqa: E402
+
+import tf_fusedrec as fr  # noqa: E402
+from tf_fusedrec.export import format as fmt  # noqa: E402
+from tf_fusedrec.serve import embedding_server, publish  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "criteo_synthetic.yaml"
+TIMEOUT_S = 600
+STEPS, EVERY = 6, 3
+
+
+def build_model(hot=False):
+    from tf_fusedrec import config as cfg  # noqa: PLC0415
+    from tf_fusedrec.train import experiment  # noqa: PLC0415
+
+    tf.keras.backend.clear_session()
+    conf = cfg.load_config(str(CONFIG))
+    embedding = experiment.make_embedding("fused", conf.embedding_features(), conf, comm="single",
+                                          replication=fr.HotReplication() if hot else None)
+    model = experiment.make_model(conf, embedding)
+    optimizer = fr.train.make_optimizer(model, default=conf.train.dense_optimizer)
+    batch = next(iter(experiment.make_dataset(conf, 64, 0, 1, held_out=True).take(1)))[0]
+    model(batch, training=False)
+    return model, optimizer, embedding, batch
+
+
+def columns(batch):
+    """A batch dict -> the "inputs" (columnar) shape of a predict request."""
+    out = {}
+    for name, value in batch.items():
+        out[name] = value.to_list() if isinstance(value, tf.RaggedTensor) else np.asarray(value).tolist()
+    return out
+
+
+@pytest.fixture
+def serving(tmp_path):
+    """An export of the untrained model, 2 embedding servers taking publishes, and a ranker with its publish
+    endpoint; -> (ranker thread, publish address, servers)."""
+    model, _, _, batch = build_model()
+    export_dir = str(tmp_path / "export")
+    fr.export.export_model(model, export_dir, example=batch)
+    servers = [embedding_server.EmbeddingServer(export_dir, start, end, accept_publish=True)
+               for start, end in fmt.even_ranges(2)]
+    addresses = [f"127.0.0.1:{s.start()}" for s in servers]
+    ranker = RankerThread(["--export", export_dir, "--servers", ",".join(addresses)])
+    endpoint = publish.serve_publish(ranker.ranker.model, "127.0.0.1", 0)
+    yield ranker, f"127.0.0.1:{endpoint.server_address[1]}", servers
+    endpoint.shutdown()
+    endpoint.server_close()
+    ranker.close()
+    for s in servers:
+        s.stop(grace=0)
+
+
+@pytest.mark.parametrize("hot", ["0", "500"], ids=["plain", "hot"])
+def test_the_ranker_serves_the_training_model_of_the_last_version(tmp_path, serving, hot):
+    ranker, address, servers = serving
+    model_dir, summary_path = tmp_path / "model", tmp_path / "summary.json"
+    cmd = worker_command(["-m", "tf_fusedrec.train", "--config", CONFIG, "--steps", STEPS, "--batch-size", 128,
+                          "--model-dir", model_dir, "--no-progress", "--summary-json", summary_path, "--hot", hot,
+                          "--publish-to", address, "--publish-every", EVERY], 2)
+    rc, log, _ = execute(cmd, TIMEOUT_S, merge_stderr=True)
+    assert rc == 0, f"exit status {rc}: {' '.join(map(str, cmd))}\n{tail(log)}"
+    summary = json.loads(summary_path.read_text())
+    published = summary["published"]
+    assert published["versions"] == [[1, EVERY, True], [2, STEPS, False]], published
+    assert published["failures"] == 0 and published["served_version"] == 2
+    # The delta holds the rows changed in steps 4-6 only: fewer than the model's rows at step 6.
+    held = sum(s.info().versions[-1].rows for s in servers)
+    assert 0 < published["rows_per_publish"][1] < held, (published, held)
+    assert "published version 2 (step 6, delta" in log, tail(log)
+    for server in servers:
+        assert [v for v, _ in server.versions] == [1, 2]  # the rankers' version kept, the export's dropped
+        assert server.versions[-1][1] == STEPS
+    assert get(ranker.url)["model_version_status"][0]["version"] == "2"
+    assert get(f"{ranker.url}/metadata")["model_spec"]["step"] == STEPS
+
+    # The training model at step 6: the run's last checkpoint, restored into this process.
+    from tf_fusedrec.train import checkpoint as ckpt  # noqa: PLC0415
+
+    model, optimizer, embedding, batch = build_model(hot=hot != "0")
+    restored = ckpt.Checkpointer(str(model_dir), model, optimizer, tf.Variable(0, dtype=tf.int64),
+                                 embedding.comm).restore()
+    assert restored["step"] == STEPS
+    want = model(batch, training=False).numpy().reshape(-1)
+    status, answer = post(f"{ranker.url}:predict", {"inputs": columns(batch)})
+    assert status == 200, answer
+    assert answer["model_version"] == "2"
+    np.testing.assert_allclose(answer["outputs"], want, rtol=1e-6, atol=1e-7)
+
+
+def test_publish_to_a_ranker_that_is_not_there_fails_clearly(tmp_path):
+    from tests.serve.serve_fixtures import reserved_port  # noqa: PLC0415
+
+    port = reserved_port()
+    rc, log, _ = execute([sys.executable, "-m", "tf_fusedrec.train", "--config", str(CONFIG), "--steps", "2",
+                          "--batch-size", "64", "--no-progress", "--publish-to", f"127.0.0.1:{port}"],
+                         TIMEOUT_S, merge_stderr=True)
+    assert rc == 2 and f"--publish-to: ranker 127.0.0.1:{port}: GET /publish/targets" in log, tail(log)

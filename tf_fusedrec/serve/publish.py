@@ -1,0 +1,341 @@
+"""Publishing a training model to running servers: versions of the rows and the dense weights, swapped in atomically.
+
+A version v goes out in three steps, each a part of this module (the trainer's side is train/publishing.py):
+
+  stage    every worker sends the rows it owns that changed since the last published version (and the keys it
+           removed) to the embedding servers whose routing ranges hold them (Publisher.stage: StageRequests, chunked
+           under the servers' request limit, to every replica of a range); nothing is served from staged rows;
+  commit   once every worker staged, one worker commits v on every server (Publisher.commit): each server makes v
+           its newest version, keeping the version the rankers serve;
+  install  that worker then sends the dense weights of v to each ranker's publish endpoint (push_dense); the ranker
+           checks that every embedding server holds v, puts the weights into its spare copy of the dense SavedModel
+           and makes v current between two batches (ServingModel.install_version).
+
+A ranker answers each batch from one version, rows and dense weights together (its lookups name the version). A
+publish that fails before the commit leaves every server and ranker on the previous version; one that fails during
+the commit or the install leaves the rankers on the previous version, which every server still holds (a commit keeps
+the versions from the one the rankers serve); the next publish carries every row changed since the last version that
+reached the rankers, so it repairs what the failed one left.
+
+The ranker's publish endpoint (serve_publish; `python -m tf_fusedrec.serve.ranker --publish-port P`) listens on a
+port of its own, on 127.0.0.1 unless told otherwise:
+
+  GET  /publish/targets                      the ranker's embedding servers (routing ranges and addresses), its
+                                             version and step, and its dense weights (name, shape, dtype)
+  POST /publish/dense?version=V&step=S       body: an .npz of the dense weights w0..wN (no pickles); 200 once V is
+                                             current, 409 when a server does not hold V or V is not above the
+                                             ranker's version, 400 naming a weight that does not fit, 413 beyond
+                                             --max-publish-mb
+"""
+
+import http.client
+import io
+import json
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import grpc
+import numpy as np
+
+from tf_fusedrec.export import format as fmt
+from tf_fusedrec.serve import embedding_pb2 as pb
+from tf_fusedrec.serve import embedding_server
+from tf_fusedrec.serve.client import RangeTable
+
+STAGE_METHOD = f"/{embedding_server.SERVICE}/Stage"
+COMMIT_METHOD = f"/{embedding_server.SERVICE}/Commit"
+# Bytes of one staged row's request beyond its float32 values: the key.
+_KEY_BYTES = 8
+# Room for a StageRequest's framing and group name.
+_STAGE_OVERHEAD = 4096
+# The largest StageRequest sent, whatever the server accepts (smaller messages keep memory spikes small).
+MAX_STAGE_BYTES = 16 << 20
+MB = 1 << 20
+
+
+class PublishError(RuntimeError):
+    """A publish step failed; the message names the server or ranker and what it answered."""
+
+
+def _rpc_error(address, what, e):
+    return PublishError(f"server {address}: {what}: {e.code().name}: {e.details()}")
+
+
+class Publisher:
+    """Stages and commits versions on the embedding servers of a RangeTable (every replica of each range).
+
+    Args:
+      table: a RangeTable, or [(start, end, [addresses])] as a ranker's /publish/targets gives it.
+      timeout_s: deadline of each call.
+    """
+
+    def __init__(self, table, timeout_s=60.0):
+        self.table = table if isinstance(table, RangeTable) else RangeTable(table)
+        self.timeout_s = timeout_s
+        options = [("grpc.max_send_message_length", 2 * MAX_STAGE_BYTES),
+                   ("grpc.max_receive_message_length", 64 * MB)]
+        self._channels = {a: grpc.insecure_channel(a, options=options) for a in self.table.addresses}
+        self._calls = {a: {name: channel.unary_unary(method) for name, method in (
+            ("stage", STAGE_METHOD), ("commit", COMMIT_METHOD), ("info", embedding_server.INFO_METHOD))}
+            for a, channel in self._channels.items()}
+        self._lock = threading.Lock()
+        self.bytes_sent = 0
+
+    def close(self):
+        for channel in self._channels.values():
+            channel.close()
+
+    def info(self, address):
+        """The InfoResponse of one server; PublishError when it does not answer."""
+        try:
+            return pb.InfoResponse.FromString(self._calls[address]["info"](
+                pb.InfoRequest().SerializeToString(), timeout=self.timeout_s))
+        except grpc.RpcError as e:
+            raise _rpc_error(address, "Info", e) from None
+
+    def newest_versions(self):
+        """{address: newest version held}; PublishError naming a server that does not answer or takes no publish."""
+        newest = {}
+        for address in self.table.addresses:
+            info = self.info(address)
+            if not info.accepts_publish:
+                raise PublishError(f"server {address} does not take publishes (start it with --accept-publish)")
+            newest[address] = info.versions[-1].version if info.versions else embedding_server.EXPORT_VERSION
+        return newest
+
+    def stage(self, version, group, dim, keys, rows, removed):
+        """Sends a version's rows of one group (keys int64 [n], rows float32 [n, dim]) and removed keys (int64 [m])
+        to the servers whose ranges hold them, in chunks; -> bytes sent. PublishError naming the first server that
+        refused or did not answer."""
+        keys = np.asarray(keys, np.int64)
+        rows = np.asarray(rows, np.float32).reshape(len(keys), dim)
+        removed = np.asarray(removed, np.int64)
+        entry_of_key = self.table.index(fmt.route(keys))
+        entry_of_removed = self.table.index(fmt.route(removed))
+        per_row = 4 * dim + _KEY_BYTES
+        chunk = max(1, (MAX_STAGE_BYTES - _STAGE_OVERHEAD) // per_row)
+        sent = 0
+        for r, (_, _, addresses) in enumerate(self.table.entries):
+            mine = np.flatnonzero(entry_of_key == r)
+            gone = removed[entry_of_removed == r]
+            if not len(mine) and not len(gone):
+                continue
+            # A server applies a version's removals before its rows, whatever the order they arrive in.
+            requests = [pb.StageRequest(version=version, group=group, keys=keys[part].astype("<i8").tobytes(),
+                                        rows=rows[part].astype("<f4").tobytes())
+                        for part in (mine[i:i + chunk] for i in range(0, len(mine), chunk))]
+            removed_chunk = (MAX_STAGE_BYTES - _STAGE_OVERHEAD) // _KEY_BYTES
+            requests += [pb.StageRequest(version=version, group=group,
+                                         removed=gone[i:i + removed_chunk].astype("<i8").tobytes())
+                         for i in range(0, len(gone), removed_chunk)]
+            for request in requests:
+                payload = request.SerializeToString()
+                for address in addresses:
+                    try:
+                        self._calls[address]["stage"](payload, timeout=self.timeout_s)
+                    except grpc.RpcError as e:
+                        raise _rpc_error(address, f"Stage of version {version}, group {group!r}", e) from None
+                    sent += len(payload)
+        with self._lock:
+            self.bytes_sent += sent
+        return sent
+
+    def commit(self, version, step, full, keep_from):
+        """Commits `version` on every server -> {address: CommitResponse}; PublishError naming every server that
+        failed (the others have committed: they still hold keep_from, which the rankers serve)."""
+        payload = pb.CommitRequest(version=version, full=full, step=step, keep_from=keep_from).SerializeToString()
+        calls = {a: c["commit"].future(payload, timeout=self.timeout_s) for a, c in self._calls.items()}
+        answers, failures = {}, []
+        for address, call in calls.items():
+            try:
+                answers[address] = pb.CommitResponse.FromString(call.result())
+            except grpc.RpcError as e:
+                failures.append(str(_rpc_error(address, f"Commit of version {version}", e)))
+        if failures:
+            raise PublishError("; ".join(failures))
+        return answers
+
+    def holds(self, version):
+        """[addresses of the servers that do not hold `version`] (those that do not answer included)."""
+        missing = []
+        for address in self.table.addresses:
+            try:
+                info = self.info(address)
+            except PublishError:
+                missing.append(address)
+                continue
+            if version not in [v.version for v in info.versions]:
+                missing.append(address)
+        return missing
+
+
+# --- the ranker's side ---------------------------------------------------------------------------------------------
+
+
+def _routing_table(backend):
+    """The RangeTable of a model's backend (a RemoteBackend, or a CachedBackend over one); None without one."""
+    while backend is not None:
+        table = getattr(backend, "table", None)
+        if isinstance(table, RangeTable):
+            return table
+        backend = getattr(backend, "inner", None)
+    return None
+
+
+def targets_of(model):
+    """What GET /publish/targets answers for a ServingModel."""
+    table = _routing_table(model.backend)
+    return {"servers": [{"start": f"{start:#x}", "end": f"{end:#x}", "addresses": list(addresses)}
+                        for start, end, addresses in (table or [])],
+            "version": model.version, "step": model.step,
+            "dense": [{"name": n, "shape": s, "dtype": d} for n, s, d in model.dense_variables()]}
+
+
+def encode_weights(arrays):
+    """The body of POST /publish/dense: an .npz of arrays w0..wN."""
+    out = io.BytesIO()
+    np.savez(out, **{f"w{i}": np.asarray(a) for i, a in enumerate(arrays)})
+    return out.getvalue()
+
+
+def decode_weights(body):
+    """[arrays] of an .npz body (w0..wN, no pickles); ValueError naming what is wrong."""
+    try:
+        with np.load(io.BytesIO(body), allow_pickle=False) as z:
+            names = list(z.files)
+            expected = [f"w{i}" for i in range(len(names))]
+            if sorted(names) != sorted(expected):
+                raise ValueError(f"the .npz must hold arrays w0..w{len(names) - 1}, holds {sorted(names)[:10]}")
+            return [z[n] for n in expected]
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001  (whatever a malformed archive raises: a clear answer)
+        raise ValueError(f"the body is not an .npz of arrays: {type(e).__name__}: {e}") from None
+
+
+def install(model, version, step, body, timeout_s=10.0):
+    """POST /publish/dense: checks that every embedding server holds `version`, then installs the dense weights.
+    -> (HTTP status, answer dict)."""
+    try:
+        weights = decode_weights(body)
+    except ValueError as e:
+        return 400, {"error": str(e)}
+    table = _routing_table(model.backend)
+    if table is None:
+        return 409, {"error": "this ranker reads no embedding servers (--servers): it takes no published versions"}
+    if version <= model.version:
+        return 409, {"error": f"version {version} is not above the ranker's version {model.version}"}
+    publisher = Publisher(table, timeout_s=timeout_s)
+    try:
+        missing = publisher.holds(version)
+    finally:
+        publisher.close()
+    if missing:
+        return 409, {"error": f"version {version} is not committed on every embedding server (missing on "
+                              f"{missing}); the ranker stays at version {model.version}"}
+    try:
+        model.install_version(version, step, weights)
+    except ValueError as e:
+        return 400, {"error": str(e)}
+    return 200, {"version": model.version, "step": model.step}
+
+
+def serve_publish(model, host="127.0.0.1", port=0, max_body_mb=256):
+    """Starts the publish endpoint of a ranker's ServingModel on a thread -> the ThreadingHTTPServer (its
+    server_address[1] is the port; shutdown() stops it)."""
+    max_body = int(max_body_mb * MB)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "tf_fusedrec-ranker-publish"
+
+        def log_message(self, fmt, *args):  # noqa: A002
+            pass
+
+        def _send(self, status, payload):
+            body = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):  # noqa: N802
+            if urllib.parse.urlsplit(self.path).path != "/publish/targets":
+                self._send(404, {"error": "no such endpoint (GET /publish/targets, POST /publish/dense)"})
+                return
+            self._send(200, targets_of(model))
+
+        def do_POST(self):  # noqa: N802
+            url = urllib.parse.urlsplit(self.path)
+            try:
+                length = int(self.headers.get("Content-Length", ""))
+            except ValueError:
+                self.close_connection = True
+                self._send(411, {"error": "a Content-Length header is needed"})
+                return
+            if length < 0 or length > max_body:
+                self.close_connection = True
+                self._send(413, {"error": f"the body has {length} bytes, at most {max_body} (--max-publish-mb)"})
+                return
+            body = self.rfile.read(length)
+            if url.path != "/publish/dense":
+                self._send(404, {"error": "no such endpoint (POST /publish/dense?version=V&step=S)"})
+                return
+            query = urllib.parse.parse_qs(url.query)
+            try:
+                version = int(query["version"][0])
+                step = int(query.get("step", ["-1"])[0])
+                if version < 1:
+                    raise ValueError
+            except (KeyError, ValueError):
+                self._send(400, {"error": "query field version: an int >= 1 is needed (and step: an int)"})
+                return
+            self._send(*install(model, version, step, body))
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="ranker_publish", daemon=True).start()
+    return server
+
+
+# --- the trainer's side of the ranker's endpoint ---------------------------------------------------------------------
+
+
+def _request(address, method, path, body=None, timeout_s=60.0):
+    host, _, port = address.rpartition(":")
+    connection = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout_s)
+    try:
+        headers = {"Content-Type": "application/octet-stream"} if body is not None else {}
+        connection.request(method, path, body=body, headers=headers)
+        response = connection.getresponse()
+        text = response.read()
+    except OSError as e:
+        raise PublishError(f"ranker {address}: {method} {path.split('?')[0]}: {e}") from None
+    finally:
+        connection.close()
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        answer = {"error": text[:200].decode(errors="replace")}
+    if response.status != 200:
+        raise PublishError(f"ranker {address}: {method} {path.split('?')[0]}: HTTP {response.status}: "
+                           f"{answer.get('error', answer)}")
+    return answer
+
+
+def ranker_targets(address, timeout_s=60.0):
+    """GET /publish/targets of the ranker at host:port -> its answer (servers, version, step, dense)."""
+    return _request(address, "GET", "/publish/targets", timeout_s=timeout_s)
+
+
+def table_of_targets(targets):
+    """The RangeTable of a /publish/targets answer."""
+    return RangeTable([(int(s["start"], 16), int(s["end"], 16), s["addresses"]) for s in targets["servers"]])
+
+
+def push_dense(address, version, step, arrays, timeout_s=60.0):
+    """POST /publish/dense: the ranker at host:port installs `version` -> its answer; PublishError otherwise."""
+    return _request(address, "POST", f"/publish/dense?version={int(version)}&step={int(step)}",
+                    body=encode_weights(arrays), timeout_s=timeout_s)

@@ -1,0 +1,178 @@
+"""The trainer's side of publishing to serving (`python -m tf_fusedrec.train --publish-to RANKER --publish-every N`).
+
+Every N steps the workers publish the model as a new version (the protocol: tf_fusedrec/serve/publish.py):
+
+  1. rank 0 picks the version (one above the newest any embedding server holds) and every rank learns it;
+  2. every rank stages, on the servers owning their routing ranges, the rows of its shard that changed since the last
+     version the rankers took (new keys included) and the keys it no longer holds; rank 0 also stages the replicated
+     hot rows that changed (every rank leaves hot keys out of its shard's rows: the hot copy is the model's);
+  3. the ranks agree that all of them staged; rank 0 commits the version on every server, then sends the dense
+     weights to every ranker, which makes the version current;
+  4. the ranks agree on the outcome: after a success each remembers its rows as the base of the next delta; after a
+     failure (a server or ranker down, an answer refused) the next publish carries everything since the last version
+     that reached the rankers, and training goes on (rank 0 logs the failure; the summary counts it).
+
+A process's first version is full: it replaces whatever the servers held (an export of another run, or of an older
+step), so a trainer never has to know what was loaded. Change detection is exact (bit for bit) and needs a host copy
+of this rank's rows as of the last published version.
+"""
+
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tf_fusedrec.export import writer
+from tf_fusedrec.serve import publish
+from tf_fusedrec.train.optimizer import embedding_layers
+
+
+def row_changes(previous, keys, rows):
+    """(bool [K] over keys: new or changed bit for bit since `previous`, int64 keys of previous no longer held).
+
+    Args:
+      previous: (keys int64 [P], rows float32 [P, dim]) or None (everything is new).
+      keys / rows: the current ones, any order.
+    """
+    if previous is None:
+        return np.ones(len(keys), bool), np.zeros(0, np.int64)
+    old_keys, old_rows = previous
+    order = np.argsort(old_keys, kind="stable")
+    old_keys, old_rows = old_keys[order], old_rows[order]
+    position = np.minimum(np.searchsorted(old_keys, keys), max(len(old_keys) - 1, 0))
+    known = (old_keys[position] == keys) if len(old_keys) else np.zeros(len(keys), bool)
+    changed = np.ones(len(keys), bool)
+    if known.any():
+        same = (old_rows[position[known]].view(np.uint32) == rows[known].view(np.uint32)).all(axis=1)
+        changed[known] = ~same
+    return changed, old_keys[~np.isin(old_keys, keys)]
+
+
+class TrainingPublisher:
+    """Publishes a training model's versions to rankers and their embedding servers (module docstring).
+
+    Args:
+      model: the Keras model holding one FusedEmbedding (fusion "deferred") or PerFeatureEmbedding.
+      comm: the workers' comm.
+      rankers: ["host:port"] of the rankers' publish endpoints (--publish-port); they must read the same servers.
+      timeout_s: deadline of each call to a server or ranker.
+    """
+
+    def __init__(self, model, comm, rankers, timeout_s=60.0):
+        layers = embedding_layers(model)
+        if len(layers) != 1:
+            raise ValueError(f"--publish-to: the model must hold exactly one embedding layer, found {len(layers)}")
+        self.layer, self.comm, self.rankers = layers[0], comm, list(rankers)
+        if not self.rankers:
+            raise ValueError("--publish-to: give at least one ranker's publish address (host:port)")
+        self.dense = writer.dense_variables(model, self.layer)
+        targets = [publish.ranker_targets(a, timeout_s) for a in self.rankers]
+        tables = [publish.table_of_targets(t) for t in targets]
+        for address, table in zip(self.rankers[1:], tables[1:]):
+            if table != tables[0]:
+                raise ValueError(f"--publish-to: ranker {address} reads other embedding servers ({table!r}) than "
+                                 f"ranker {self.rankers[0]} ({tables[0]!r})")
+        expected = [(d["shape"], d["dtype"]) for d in targets[0]["dense"]]
+        have = [(v.shape.as_list(), v.dtype.base_dtype.name) for v in self.dense]
+        if expected != have:
+            raise ValueError(f"--publish-to: the ranker's model has dense weights {expected}, this model {have}: "
+                             f"the ranker serves another model (export this config's model for it)")
+        # Group names and dims as the export writes them (writer.group_parts), checked against the servers'.
+        self.publisher = publish.Publisher(tables[0], timeout_s=timeout_s)
+        served = {g.name: g.dim for g in self.publisher.info(tables[0].addresses[0]).groups}
+        mine = {g["name"]: g["dim"] for g, *_ in writer.group_parts(self.layer)}
+        if served != mine:
+            raise ValueError(f"--publish-to: the embedding servers hold groups {served}, this model's are {mine}")
+        self.served_version = min(int(t["version"]) for t in targets)  # what the rankers read: kept on the servers
+        self.previous = None  # {group: ((keys, rows), (hot keys, hot rows))} of the last version the rankers took
+        self.versions, self.failures, self.bytes, self.rows, self.seconds = [], 0, [], [], []
+        self.last_error = None
+
+    def _agree(self, values, name):
+        """int64 [size, len(values)]: every rank's values, in rank order."""
+        return self.comm.allgather(tf.constant([values], tf.int64), name=name).numpy()
+
+    def publish(self, step):
+        """Publishes the model of training step `step` (every rank calls it) -> True when the rankers took it."""
+        rank, start = self.comm.rank, time.perf_counter()
+        version = -1
+        if rank == 0:
+            try:
+                version = max(max(self.publisher.newest_versions().values()), self.served_version) + 1
+            except publish.PublishError as e:
+                self.last_error = str(e)
+        version = int(self._agree([version], f"FusedRec/publish/{step}/version")[0, 0])
+        if version < 0:
+            return self._failed(step, self.last_error if rank == 0 else None)
+        full = self.previous is None
+        current, staged, rows_staged, error = {}, 0, 0, None
+        try:
+            for group, keys, rows, hot_keys, hot_rows in writer.group_parts(self.layer):
+                name, dim = group["name"], group["dim"]
+                if len(hot_keys):
+                    cold = ~np.isin(keys, hot_keys)
+                    keys, rows = keys[cold], rows[cold]
+                before = None if full else self.previous[name]
+                changed, removed = row_changes(before and before[0], keys, rows)
+                if rank == 0:
+                    hot_changed, hot_removed = row_changes(before and before[1], hot_keys, hot_rows)
+                    # A key leaving the hot set is removed from the hot rows; its owner stages it as a new row.
+                    keys_out = np.concatenate([keys[changed], hot_keys[hot_changed]])
+                    rows_out = np.concatenate([rows[changed], hot_rows[hot_changed]])
+                    removed = np.concatenate([removed, hot_removed[~np.isin(hot_removed, keys)]])
+                else:
+                    keys_out, rows_out = keys[changed], rows[changed]
+                # A key that moved into the hot set leaves this shard: not removed, rank 0 stages its hot row.
+                removed = removed[~np.isin(removed, hot_keys)]
+                staged += self.publisher.stage(version, name, dim, keys_out, rows_out, removed)
+                rows_staged += len(keys_out)
+                current[name] = ((keys, rows), (hot_keys, hot_rows))
+        except publish.PublishError as e:
+            error = str(e)
+        failed = self._agree([int(error is not None)], f"FusedRec/publish/{step}/staged")[:, 0]
+        ok = 1
+        if rank == 0:
+            if failed.any():
+                error = error or f"rank(s) {np.flatnonzero(failed).tolist()} could not stage version {version}"
+                ok = 0
+            else:
+                try:
+                    self.publisher.commit(version, step, full, keep_from=self.served_version)
+                    weights = [v.numpy() for v in self.dense]
+                    for address in self.rankers:
+                        publish.push_dense(address, version, step, weights)
+                except publish.PublishError as e:
+                    error, ok = str(e), 0
+        ok = bool(self._agree([ok], f"FusedRec/publish/{step}/done")[0, 0])
+        if not ok:
+            return self._failed(step, error)
+        self.previous, self.served_version = current, version
+        sent, rows_sent = (int(x) for x in self._agree([staged, rows_staged], f"FusedRec/publish/{step}/bytes").sum(0))
+        self.versions.append((version, step, full))
+        self.bytes.append(sent)
+        self.rows.append(rows_sent)
+        self.seconds.append(time.perf_counter() - start)
+        if rank == 0:
+            print(f"published version {version} (step {step}, {'full' if full else 'delta'}, {rows_sent} rows, "
+                  f"{sent} bytes staged, "
+                  f"{self.seconds[-1]:.2f} s)", file=sys.stderr, flush=True)
+        return True
+
+    def _failed(self, step, error):
+        self.failures += 1
+        if self.comm.rank == 0:
+            print(f"warning: publishing step {step} failed; the rankers stay at version {self.served_version}: "
+                  f"{error}", file=sys.stderr, flush=True)
+        return False
+
+    def summary(self):
+        """{"versions": [[version, step, full]], "failures", "rows_per_publish", "bytes_per_publish",
+        "mean_seconds", ...}."""
+        return {"rankers": self.rankers, "versions": [list(v) for v in self.versions], "failures": self.failures,
+                "rows_per_publish": self.rows, "bytes_per_publish": self.bytes,
+                "mean_seconds": float(np.mean(self.seconds)) if self.seconds else None,
+                "served_version": self.served_version}
+
+    def close(self):
+        self.publisher.close()
