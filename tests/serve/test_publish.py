@@ -3,6 +3,9 @@ reference: the rows a version holds are the previous version's (none for a full 
 its staged rows; a Lookup naming a version reads exactly that version; a publish that stops half-way changes nothing
 served, and the next one succeeds. The trainer's side and the ranker's: tests/serve/test_publish_training.py."""
 
+import os
+import shutil
+
 import grpc
 import numpy as np
 import pytest
@@ -276,3 +279,73 @@ def test_row_changes_against_numpy():
     assert sorted(removed.tolist()) == sorted(old_keys[200:].tolist())
     changed, removed = row_changes(None, keys, rows)
     assert changed.all() and len(removed) == 0
+
+
+def test_the_publish_log_replays_to_the_newest_version(export, tmp_path):
+    """Two ranks' logged versions (1 full, 2 a delta with removals), replayed for a half range, equal the NumPy
+    reference; a full version 3 removes the older ones; a log without a full version is refused by name."""
+    log_dir = str(tmp_path / "log")
+    spec, ids, categories, keys, rows = TABLES[GROUP]
+    rng = np.random.default_rng(4)
+    half = rng.permutation(len(keys))
+    rank_keys = [keys[half[:len(keys) // 2]], keys[half[len(keys) // 2:]]]
+    rank_rows = [rows[half[:len(keys) // 2]], rows[half[len(keys) // 2:]]]
+    none = np.zeros(0, np.int64)
+    empty = (none, np.zeros((0, 4), np.float32), none)
+    for r in range(2):
+        publish.write_log_rank(log_dir, 1, r, 2, {GROUP: (rank_keys[r], rank_rows[r], none), "packed": empty})
+    publish.write_log_version(log_dir, 1, 10, True, 2, [np.ones(3, np.float32)])
+    changed = rng.normal(size=(20, spec["dim"])).astype(np.float32)
+    publish.write_log_rank(log_dir, 2, 0, 2, {GROUP: (rank_keys[0][:20], changed, rank_keys[0][20:30])})
+    publish.write_log_rank(log_dir, 2, 1, 2, {GROUP: (none, np.zeros((0, spec["dim"]), np.float32),
+                                                      rank_keys[1][:5])})
+    publish.write_log_version(log_dir, 2, 20, False, 2, [np.full(3, 2.0, np.float32)])
+    want = reference((keys, rows))
+    want.update(reference((rank_keys[0][:20], changed)))
+    for k in np.concatenate([rank_keys[0][20:30], rank_keys[1][:5]]).tolist():
+        del want[k]
+    start, end = fmt.even_ranges(2)[1]
+    server = embedding_server.EmbeddingServer(export, start, end, catch_up=log_dir)
+    assert server.versions == [(2, 20)]
+    held = server.groups[GROUP]
+    mine = {k: r for k, r in want.items() if fmt.in_range(fmt.route(np.array([k])), start, end)[0]}
+    assert sorted(held.keys.tolist()) == sorted(mine)
+    for k, r in zip(held.keys.tolist(), held.rows):
+        np.testing.assert_array_equal(r, mine[k])
+    assert len(server.groups["packed"]) == 0  # version 1 was full and staged nothing for it
+    version, step, weights = publish.log_dense(log_dir)
+    assert (version, step) == (2, 20) and np.array_equal(weights[0], np.full(3, 2.0, np.float32))
+    # A full version 3: versions 1 and 2 are removed; a failed version 4 leaves no trace.
+    publish.write_log_rank(log_dir, 3, 0, 1, {GROUP: (keys[:3], rows[:3], none)})
+    publish.write_log_version(log_dir, 3, 30, True, 1, [np.zeros(3, np.float32)])
+    publish.write_log_rank(log_dir, 4, 0, 1, {GROUP: (keys[:3], rows[:3], none)})
+    publish.drop_log_version(log_dir, 4)
+    assert sorted(os.listdir(log_dir)) == ["v0000000003"]
+    assert [m["version"] for m in publish.read_log(log_dir)] == [3]
+    shutil.rmtree(os.path.join(log_dir, "v0000000003"))
+    publish.write_log_rank(log_dir, 5, 0, 1, {GROUP: (keys[:3], rows[:3], none)})
+    publish.write_log_version(log_dir, 5, 50, False, 1, [np.zeros(3, np.float32)])
+    with pytest.raises(ValueError, match="holds no full version"):
+        publish.read_log(log_dir)
+    with pytest.raises(ValueError, match="no such directory"):
+        publish.read_log(str(tmp_path / "nothing"))
+
+
+def test_a_new_attempt_at_a_version_drops_the_rows_of_the_last(export, servers):
+    """A publisher that failed at version 1 (or died) and tries version 1 again with another publish_id: only the new
+    attempt's rows are committed."""
+    started, table = servers
+    spec, ids, categories, keys, rows = TABLES[GROUP]
+    publisher = publish.Publisher(table)
+    backend = RemoteBackend(export, table)
+    try:
+        publisher.stage(1, GROUP, spec["dim"], keys[:30], rows[:30] + 5, keys[30:40], publish_id=11)
+        publisher.stage(1, GROUP, spec["dim"], keys[:3], rows[:3] + 1, np.zeros(0, np.int64), publish_id=12)
+        publisher.commit(1, step=2, full=False, keep_from=0, publish_id=12)
+        want = reference((keys, rows))
+        want.update(reference((keys[:3], rows[:3] + 1)))
+        np.testing.assert_array_equal(served_rows(backend, ids, categories, 1),
+                                      expected_rows(want, spec, ids, categories))
+    finally:
+        backend.close()
+        publisher.close()

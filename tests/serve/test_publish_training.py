@@ -63,7 +63,7 @@ def serving(tmp_path):
     addresses = [f"127.0.0.1:{s.start()}" for s in servers]
     ranker = RankerThread(["--export", export_dir, "--servers", ",".join(addresses)])
     endpoint = publish.serve_publish(ranker.ranker.model, "127.0.0.1", 0)
-    yield ranker, f"127.0.0.1:{endpoint.server_address[1]}", servers
+    yield ranker, f"127.0.0.1:{endpoint.server_address[1]}", servers, export_dir
     endpoint.shutdown()
     endpoint.server_close()
     ranker.close()
@@ -73,11 +73,11 @@ def serving(tmp_path):
 
 @pytest.mark.parametrize("hot", ["0", "500"], ids=["plain", "hot"])
 def test_the_ranker_serves_the_training_model_of_the_last_version(tmp_path, serving, hot):
-    ranker, address, servers = serving
-    model_dir, summary_path = tmp_path / "model", tmp_path / "summary.json"
+    ranker, address, servers, export_dir = serving
+    model_dir, summary_path, log_dir = tmp_path / "model", tmp_path / "summary.json", tmp_path / "publish_log"
     cmd = worker_command(["-m", "tf_fusedrec.train", "--config", CONFIG, "--steps", STEPS, "--batch-size", 128,
                           "--model-dir", model_dir, "--no-progress", "--summary-json", summary_path, "--hot", hot,
-                          "--publish-to", address, "--publish-every", EVERY], 2)
+                          "--publish-to", address, "--publish-every", EVERY, "--publish-log", log_dir], 2)
     rc, log, _ = execute(cmd, TIMEOUT_S, merge_stderr=True)
     assert rc == 0, f"exit status {rc}: {' '.join(map(str, cmd))}\n{tail(log)}"
     summary = json.loads(summary_path.read_text())
@@ -86,6 +86,7 @@ def test_the_ranker_serves_the_training_model_of_the_last_version(tmp_path, serv
     assert published["failures"] == 0 and published["served_version"] == 2
     # The delta holds the rows changed in steps 4-6 only: fewer than the model's rows at step 6.
     held = sum(s.info().versions[-1].rows for s in servers)
+    assert published["rows_held_per_publish"][1] == held
     assert 0 < published["rows_per_publish"][1] < held, (published, held)
     assert "published version 2 (step 6, delta" in log, tail(log)
     for server in servers:
@@ -107,6 +108,23 @@ def test_the_ranker_serves_the_training_model_of_the_last_version(tmp_path, serv
     assert answer["model_version"] == "2"
     np.testing.assert_allclose(answer["outputs"], want, rtol=1e-6, atol=1e-7)
 
+    # A server and a ranker started now catch up from the publish log: version 2, the same answers. The new server
+    # holds the whole hash space: the log is not tied to the ranges of the servers that were running.
+    assert sorted(p.name for p in log_dir.iterdir()) == ["v0000000001", "v0000000002"]
+    late = embedding_server.EmbeddingServer(export_dir, catch_up=str(log_dir))
+    late_ranker = None
+    try:
+        assert late.versions == [(2, STEPS)]
+        late_ranker = RankerThread(["--export", export_dir, "--servers", f"127.0.0.1:{late.start()}", "--catch-up",
+                                    str(log_dir)])
+        status, answer = post(f"{late_ranker.url}:predict", {"inputs": columns(batch)})
+        assert status == 200 and answer["model_version"] == "2", answer
+        np.testing.assert_allclose(answer["outputs"], want, rtol=1e-6, atol=1e-7)
+    finally:
+        if late_ranker is not None:
+            late_ranker.close()
+        late.stop(grace=0)
+
 
 def test_publish_to_a_ranker_that_is_not_there_fails_clearly(tmp_path):
     from tests.serve.serve_fixtures import reserved_port  # noqa: PLC0415
@@ -116,3 +134,51 @@ def test_publish_to_a_ranker_that_is_not_there_fails_clearly(tmp_path):
                           "--batch-size", "64", "--no-progress", "--publish-to", f"127.0.0.1:{port}"],
                          TIMEOUT_S, merge_stderr=True)
     assert rc == 2 and f"--publish-to: ranker 127.0.0.1:{port}: GET /publish/targets" in log, tail(log)
+
+
+def test_a_failed_publish_is_repaired_by_the_next(tmp_path, serving, monkeypatch):
+    """The ranker refuses version 2 after the servers committed it (an install that fails half-way): the rankers stay
+    on version 1, training goes on, and version 3 carries every row changed since version 1, so the ranker again
+    serves the training model exactly."""
+    ranker, address, servers, _ = serving
+    install, calls = publish.install, []
+
+    def failing_second(model, version, step, body, timeout_s=10.0):
+        calls.append(version)
+        if len(calls) == 2:
+            return 503, {"error": "injected failure"}
+        return install(model, version, step, body, timeout_s)
+
+    monkeypatch.setattr(publish, "install", failing_second)
+    model_dir, summary_path, log_dir = tmp_path / "model", tmp_path / "summary.json", tmp_path / "publish_log"
+    cmd = worker_command(["-m", "tf_fusedrec.train", "--config", CONFIG, "--steps", STEPS, "--batch-size", 128,
+                          "--model-dir", model_dir, "--no-progress", "--summary-json", summary_path,
+                          "--publish-to", address, "--publish-every", 2, "--publish-log", log_dir], 2)
+    rc, log, _ = execute(cmd, TIMEOUT_S, merge_stderr=True)
+    assert rc == 0, f"exit status {rc}: {' '.join(map(str, cmd))}\n{tail(log)}"
+    published = json.loads(summary_path.read_text())["published"]
+    assert calls == [1, 2, 3]
+    assert published["versions"] == [[1, 2, True], [3, 6, False]] and published["failures"] == 1, published
+    assert "warning: publishing step 4 failed; the rankers stay at version 1" in log, tail(log)
+    for server in servers:
+        assert [v for v, _ in server.versions] == [1, 2, 3]  # 2 was committed; 1, which the ranker read, was kept
+    assert ranker.ranker.model.version == 3
+    # The log holds the versions that reached the ranker (1 full, 3 a delta on it): replayed, they give the rows
+    # the servers hold at version 3, which they built on version 2.
+    assert sorted(p.name for p in log_dir.iterdir()) == ["v0000000001", "v0000000003"]
+    late = embedding_server.EmbeddingServer(serving[3], catch_up=str(log_dir))
+    for name, rows_of in late.groups.items():
+        keys = np.concatenate([s.groups[name].keys for s in servers])
+        rows = np.concatenate([s.groups[name].rows for s in servers])
+        order = np.argsort(keys)
+        np.testing.assert_array_equal(rows_of.keys, keys[order], err_msg=name)
+        np.testing.assert_array_equal(rows_of.rows, rows[order], err_msg=name)
+
+    from tf_fusedrec.train import checkpoint as ckpt  # noqa: PLC0415
+
+    model, optimizer, embedding, batch = build_model()
+    ckpt.Checkpointer(str(model_dir), model, optimizer, tf.Variable(0, dtype=tf.int64), embedding.comm).restore()
+    want = model(batch, training=False).numpy().reshape(-1)
+    status, answer = post(f"{ranker.url}:predict", {"inputs": columns(batch)})
+    assert status == 200 and answer["model_version"] == "3", answer
+    np.testing.assert_allclose(answer["outputs"], want, rtol=1e-6, atol=1e-7)

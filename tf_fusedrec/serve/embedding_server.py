@@ -2,7 +2,7 @@
 
     python -m tf_fusedrec.serve.embedding_server --export EXPORT --shard i --num-shards n --port P
         [--host 127.0.0.1] [--start S --end E] [--max-inflight K] [--threads T] [--max-request-mb M]
-        [--max-response-mb R] [--max-clients C] [--accept-publish [--max-staged-mb M]]
+        [--max-response-mb R] [--max-clients C] [--accept-publish [--max-staged-mb M]] [--catch-up LOG]
 
 The server holds, for every group of the export, the rows whose route (format.route of the table key) lies in its
 range [start, end): range i of n even ranges (format.even_ranges), or the explicit hex range --start/--end (how a
@@ -20,6 +20,9 @@ range is split to add a server: RangeTable.split in client.py). It answers
   Commit   from any number of workers), then commits it; the version loaded from the export is 0. A Lookup reads one
            committed version, the newest unless it names one, so a ranker that names the version it serves never
            mixes two versions' rows while a publish stages or commits beside it (tf_fusedrec/serve/publish.py).
+           A server started after versions were published catches up from the trainer's publish log
+           (--catch-up LOG: python -m tf_fusedrec.train --publish-log LOG): it serves the log's newest version,
+           built from the newest full version and the deltas after it (the export gives the groups' specs).
 
 Bounds: requests larger than --max-request-mb are refused by gRPC; more than --max-inflight Lookups at once get
 RESOURCE_EXHAUSTED; at most --threads Lookups compute at once (the others wait in flight); a Lookup whose answer would
@@ -169,10 +172,13 @@ class EmbeddingServer:
       max_clients: most clients (Credits client_ids) registered at once; the others share one pool.
       accept_publish: take Stage and Commit (publishing new versions); False: refuse them (FAILED_PRECONDITION).
       max_staged_mb: most MiB of rows and keys staged for a version before it is committed.
+      catch_up: a publish log directory (publish.replay_log), or None: its newest version, if any, is the version
+        served (the only one held) instead of the export's rows.
     """
 
     def __init__(self, export_dir, start=0, end=fmt.HASH_SPACE, max_inflight=32, threads=4, max_request_mb=64,
-                 max_response_mb=512, host="127.0.0.1", max_clients=64, accept_publish=False, max_staged_mb=1024):
+                 max_response_mb=512, host="127.0.0.1", max_clients=64, accept_publish=False, max_staged_mb=1024,
+                 catch_up=None):
         if not 0 <= start < end <= fmt.HASH_SPACE:
             raise ValueError(f"the range [{start:#x}, {end:#x}) must be non-empty and within [0, 2**64)")
         for name, value in (("max_inflight", max_inflight), ("threads", threads), ("max_request_mb", max_request_mb),
@@ -193,6 +199,12 @@ class EmbeddingServer:
         # (version, step, {group: GroupRows}) of every version held, oldest first; never changed in place, so a
         # Lookup that took one reads it whole while a commit replaces the list.
         self._versions = [(EXPORT_VERSION, int(source_step) if isinstance(source_step, int) else -1, groups)]
+        if catch_up is not None:
+            from tf_fusedrec.serve import publish  # noqa: PLC0415  (publish imports this module)
+
+            caught_up = publish.replay_log(catch_up, groups, start, end)
+            if caught_up is not None:
+                self._versions = [caught_up]
         self.accept_publish, self.max_staged_bytes = bool(accept_publish), max_staged_mb * MB
         self._publish_lock = threading.Lock()  # one Stage or Commit at a time
         self._staging = None  # the version being staged: {"version", "groups": {name: lists}, "rows", ...}
@@ -362,9 +374,10 @@ class EmbeddingServer:
             staging = self._staging
             if staging is not None and staging["version"] > request.version:
                 raise _Refused(f"{where}: version {staging['version']} is already being staged")
-            if staging is None or staging["version"] < request.version:  # a lower one was abandoned
-                staging = self._staging = {"version": request.version, "groups": {}, "rows": 0, "removed": 0,
-                                           "bytes": 0}
+            attempt = (request.version, request.publish_id)
+            if staging is None or staging["attempt"] != attempt:  # a lower version or another attempt: abandoned
+                staging = self._staging = {"version": request.version, "attempt": attempt, "groups": {}, "rows": 0,
+                                           "removed": 0, "bytes": 0}
             added = keys.nbytes + rows.nbytes + removed.nbytes
             if staging["bytes"] + added > self.max_staged_bytes:
                 self._staging = None
@@ -394,7 +407,8 @@ class EmbeddingServer:
             if request.version <= newest:
                 raise _Refused(f"commit of version {request.version}: not above the newest version held ({newest})")
             staging = self._staging
-            staged = staging["groups"] if staging is not None and staging["version"] == request.version else {}
+            mine = staging is not None and staging["attempt"] == (request.version, request.publish_id)
+            staged = staging["groups"] if mine else {}
             groups, changed, removed = {}, 0, 0
             empty = np.zeros(0, np.int64)
             for name, rows_of in self.groups.items():
@@ -643,6 +657,9 @@ def parse_args(argv=None):
                              "tf_fusedrec.train --publish-to): anyone who reaches the port can then replace rows")
     parser.add_argument("--max-staged-mb", type=int, default=1024,
                         help="most MiB staged for one version before its commit (default 1024)")
+    parser.add_argument("--catch-up", metavar="LOG",
+                        help="a trainer's publish log (--publish-log): serve its newest version rather than the "
+                             "export's rows")
     args = parser.parse_args(argv)
     if (args.start is None) != (args.end is None):
         parser.error("--start and --end go together")
@@ -661,9 +678,10 @@ def main(argv=None):
         server = EmbeddingServer(args.export, args.start, args.end, max_inflight=args.max_inflight,
                                  threads=args.threads, max_request_mb=args.max_request_mb,
                                  max_response_mb=args.max_response_mb, host=args.host, max_clients=args.max_clients,
-                                 accept_publish=args.accept_publish, max_staged_mb=args.max_staged_mb)
+                                 accept_publish=args.accept_publish, max_staged_mb=args.max_staged_mb,
+                                 catch_up=args.catch_up)
         server.start(args.port)
-    except (fmt.ExportError, ValueError, RuntimeError) as e:
+    except (fmt.ExportError, ValueError, RuntimeError, OSError) as e:
         print(f"embedding_server: {e}", file=sys.stderr, flush=True)
         return 2
     stop = threading.Event()

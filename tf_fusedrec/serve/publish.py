@@ -31,6 +31,8 @@ port of its own, on 127.0.0.1 unless told otherwise:
 import http.client
 import io
 import json
+import os
+import shutil
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -104,10 +106,11 @@ class Publisher:
             newest[address] = info.versions[-1].version if info.versions else embedding_server.EXPORT_VERSION
         return newest
 
-    def stage(self, version, group, dim, keys, rows, removed):
+    def stage(self, version, group, dim, keys, rows, removed, publish_id=0):
         """Sends a version's rows of one group (keys int64 [n], rows float32 [n, dim]) and removed keys (int64 [m])
         to the servers whose ranges hold them, in chunks; -> bytes sent. PublishError naming the first server that
-        refused or did not answer."""
+        refused or did not answer. publish_id: the attempt (commit() takes the same); a server drops rows staged for
+        the version by another attempt."""
         keys = np.asarray(keys, np.int64)
         rows = np.asarray(rows, np.float32).reshape(len(keys), dim)
         removed = np.asarray(removed, np.int64)
@@ -123,10 +126,10 @@ class Publisher:
                 continue
             # A server applies a version's removals before its rows, whatever the order they arrive in.
             requests = [pb.StageRequest(version=version, group=group, keys=keys[part].astype("<i8").tobytes(),
-                                        rows=rows[part].astype("<f4").tobytes())
+                                        rows=rows[part].astype("<f4").tobytes(), publish_id=publish_id)
                         for part in (mine[i:i + chunk] for i in range(0, len(mine), chunk))]
             removed_chunk = (MAX_STAGE_BYTES - _STAGE_OVERHEAD) // _KEY_BYTES
-            requests += [pb.StageRequest(version=version, group=group,
+            requests += [pb.StageRequest(version=version, group=group, publish_id=publish_id,
                                          removed=gone[i:i + removed_chunk].astype("<i8").tobytes())
                          for i in range(0, len(gone), removed_chunk)]
             for request in requests:
@@ -141,10 +144,12 @@ class Publisher:
             self.bytes_sent += sent
         return sent
 
-    def commit(self, version, step, full, keep_from):
-        """Commits `version` on every server -> {address: CommitResponse}; PublishError naming every server that
-        failed (the others have committed: they still hold keep_from, which the rankers serve)."""
-        payload = pb.CommitRequest(version=version, full=full, step=step, keep_from=keep_from).SerializeToString()
+    def commit(self, version, step, full, keep_from, publish_id=0):
+        """Commits `version` (the rows staged with publish_id) on every server -> {address: CommitResponse};
+        PublishError naming every server that failed (the others have committed: they still hold keep_from, which
+        the rankers serve)."""
+        payload = pb.CommitRequest(version=version, full=full, step=step, keep_from=keep_from,
+                                   publish_id=publish_id).SerializeToString()
         calls = {a: c["commit"].future(payload, timeout=self.timeout_s) for a, c in self._calls.items()}
         answers, failures = {}, []
         for address, call in calls.items():
@@ -168,6 +173,130 @@ class Publisher:
             if version not in [v.version for v in info.versions]:
                 missing.append(address)
         return missing
+
+
+# --- the publish log: catching up later -----------------------------------------------------------------------------
+#
+# DIR/v{version}/rank-{r}-of-{N}.npz   what rank r staged for the version: per group i, "{i}.keys", "{i}.rows",
+#                                      "{i}.removed", and "groups" (the group names, JSON as uint8)
+# DIR/v{version}/dense.npz             the dense weights w0..wN
+# DIR/v{version}/manifest.json         {"version", "step", "full", "ranks"}: written last, by rank 0, once the
+#                                      version reached the rankers; a directory without it is not a version
+# A version is written into DIR/.tmp-v{version}/ and renamed into place whole. A full version makes the older ones
+# useless: they are removed. Files are .npz without pickles.
+
+LOG_MANIFEST = "manifest.json"
+
+
+def _log_name(version):
+    return f"v{int(version):010d}"
+
+
+def _save_npz(path, arrays):
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_log_rank(log_dir, version, rank, size, groups):
+    """Writes what one rank staged for `version` ({group: (keys, rows, removed)}) into the version's staging
+    directory."""
+    staging = os.path.join(log_dir, f".tmp-{_log_name(version)}")
+    os.makedirs(staging, exist_ok=True)
+    names = sorted(groups)
+    arrays = {"groups": np.frombuffer(json.dumps(names).encode(), np.uint8)}
+    for i, name in enumerate(names):
+        keys, rows, removed = groups[name]
+        arrays.update({f"{i}.keys": np.asarray(keys, np.int64), f"{i}.rows": np.asarray(rows, np.float32),
+                       f"{i}.removed": np.asarray(removed, np.int64)})
+    _save_npz(os.path.join(staging, f"rank-{rank}-of-{size}.npz"), arrays)
+
+
+def write_log_version(log_dir, version, step, full, size, weights):
+    """Rank 0, once `version` reached the rankers: its dense weights and manifest, then the rename into place; a full
+    version removes the older ones."""
+    staging = os.path.join(log_dir, f".tmp-{_log_name(version)}")
+    _save_npz(os.path.join(staging, "dense.npz"), {f"w{i}": np.asarray(w) for i, w in enumerate(weights)})
+    with open(os.path.join(staging, LOG_MANIFEST), "w") as f:
+        json.dump({"version": int(version), "step": int(step), "full": bool(full), "ranks": int(size)}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(staging, os.path.join(log_dir, _log_name(version)))
+    for name in os.listdir(log_dir):
+        older = name.startswith(".tmp-v") and name < f".tmp-{_log_name(version)}"
+        older |= full and name.startswith("v") and name < _log_name(version)
+        if older:
+            shutil.rmtree(os.path.join(log_dir, name), ignore_errors=True)
+
+
+def drop_log_version(log_dir, version):
+    """Removes what a failed publish of `version` wrote."""
+    shutil.rmtree(os.path.join(log_dir, f".tmp-{_log_name(version)}"), ignore_errors=True)
+
+
+def read_log(log_dir):
+    """[manifest dict] of the versions in the log, oldest first, from the newest full one on; [] for an empty log.
+    ValueError naming the directory when the versions do not start with a full one."""
+    if not os.path.isdir(log_dir):
+        raise ValueError(f"--catch-up {log_dir}: no such directory")
+    manifests = []
+    for name in sorted(os.listdir(log_dir)):
+        path = os.path.join(log_dir, name, LOG_MANIFEST)
+        if name.startswith("v") and os.path.exists(path):
+            with open(path) as f:
+                manifests.append({**json.load(f), "directory": os.path.join(log_dir, name)})
+    fulls = [i for i, m in enumerate(manifests) if m["full"]]
+    if manifests and not fulls:
+        raise ValueError(f"--catch-up {log_dir}: the log holds no full version (versions "
+                         f"{[m['version'] for m in manifests]})")
+    return manifests[fulls[-1]:] if manifests else []
+
+
+def replay_log(log_dir, groups, start=0, end=fmt.HASH_SPACE):
+    """The newest version of a publish log for the routing range [start, end): (version, step, {group: GroupRows})
+    built from `groups` ({name: GroupRows}, the export's: their specs; a full version starts empty) by applying each
+    version's rows; None for an empty log."""
+    manifests = read_log(log_dir)
+    if not manifests:
+        return None
+    for manifest in manifests:
+        staged = {name: ([], [], []) for name in groups}
+        for r in range(manifest["ranks"]):
+            path = os.path.join(manifest["directory"], f"rank-{r}-of-{manifest['ranks']}.npz")
+            with np.load(path, allow_pickle=False) as z:
+                names = json.loads(z["groups"].tobytes().decode())
+                for i, name in enumerate(names):
+                    if name not in groups:
+                        raise ValueError(f"{path}: group {name!r} is not one of the export's {sorted(groups)}")
+                    keys, rows, removed = z[f"{i}.keys"], z[f"{i}.rows"], z[f"{i}.removed"]
+                    mine = fmt.in_range(fmt.route(keys), start, end)
+                    staged[name][0].append(keys[mine])
+                    staged[name][1].append(rows[mine])
+                    staged[name][2].append(removed[fmt.in_range(fmt.route(removed), start, end)])
+        updated = {}
+        for name, rows_of in groups.items():
+            keys, rows, removed = staged[name]
+            dim = rows_of.dim
+            updated[name] = rows_of.applied(
+                np.concatenate(removed) if removed else np.zeros(0, np.int64),
+                np.concatenate(keys) if keys else np.zeros(0, np.int64),
+                np.concatenate(rows).reshape(-1, dim) if rows else np.zeros((0, dim), np.float32),
+                full=manifest["full"])[0]
+        groups = updated
+    return manifests[-1]["version"], manifests[-1]["step"], groups
+
+
+def log_dense(log_dir):
+    """(version, step, [dense weights]) of the newest version of a publish log; None for an empty log."""
+    manifests = read_log(log_dir)
+    if not manifests:
+        return None
+    with open(os.path.join(manifests[-1]["directory"], "dense.npz"), "rb") as f:
+        weights = decode_weights(f.read())
+    return manifests[-1]["version"], manifests[-1]["step"], weights
 
 
 # --- the ranker's side ---------------------------------------------------------------------------------------------

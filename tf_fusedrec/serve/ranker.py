@@ -781,9 +781,13 @@ def parse_args(argv=None):
                         "port (python -m tf_fusedrec.train --publish-to HOST:PORT); needs --servers other than local")
     p.add_argument("--publish-host", default="127.0.0.1", help="interface of --publish-port (default: loopback only)")
     p.add_argument("--max-publish-mb", type=float, default=256.0, help="largest published dense body")
+    p.add_argument("--catch-up", metavar="LOG",
+                   help="a trainer's publish log (python -m tf_fusedrec.train --publish-log): start at its newest "
+                        "version (the embedding servers must hold it: start them with --catch-up LOG too)")
     args = p.parse_args(argv)
-    if args.publish_port is not None and args.servers == "local":
-        p.error("--publish-port needs embedding servers (--servers host:port,...): published rows go to them")
+    if (args.publish_port is not None or args.catch_up) and args.servers == "local":
+        p.error("--publish-port and --catch-up need embedding servers (--servers host:port,...): published rows go to "
+                "them")
     for flag in ("max_batch", "max_queue", "max_instances", "max_ids", "io_threads", "max_connections"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
@@ -817,6 +821,12 @@ def build(args):
                                         high_load=args.cache_high_load, low_load=args.cache_low_load)
         backend = cache_lib.CachedBackend(backend, cache)
     model = ServingModel(args.export, backend=backend, pooling=pooling)
+    if getattr(args, "catch_up", None):
+        from tf_fusedrec.serve import publish  # noqa: PLC0415
+
+        newest = publish.log_dense(args.catch_up)
+        if newest is not None:
+            model.install_version(*newest)
     return Ranker(model, cache, max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1000,
                   max_queue=args.max_queue, max_instances=args.max_instances, max_ids=args.max_ids)
 

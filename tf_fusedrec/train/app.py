@@ -107,6 +107,10 @@ def parse_args(argv=None):
                         "servers as a new version (the rows changed since the last one; the first one whole)")
     p.add_argument("--publish-every", type=int, default=100,
                    help="steps between published versions (default 100; with --publish-to)")
+    p.add_argument("--publish-log", metavar="DIR",
+                   help="with --publish-to: also write each published version here (the workers' rows, the dense "
+                        "weights), so that servers and rankers started later catch up (--catch-up DIR); on several "
+                        "hosts a file system every worker writes")
     p.add_argument("--publish-timeout-s", type=float, default=60.0,
                    help="deadline of each call to a server or ranker while publishing (default 60)")
     p.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
@@ -409,15 +413,20 @@ class _TrainingRun:
         """With --publish-to: asks the rankers for their embedding servers and checks the model fits theirs."""
         self.publisher = None
         args = self.args
+        if args.publish_log and not args.publish_to:
+            raise ValueError("--publish-log needs --publish-to (it logs the versions published)")
         if args.publish_to:
             from tf_fusedrec.serve import publish  # noqa: PLC0415
             from tf_fusedrec.train.publishing import TrainingPublisher  # noqa: PLC0415
 
+            if args.publish_log:
+                os.makedirs(args.publish_log, exist_ok=True)
             if args.publish_every < 1:
                 raise ValueError(f"--publish-every must be >= 1, got {args.publish_every}")
             rankers = [a.strip() for a in args.publish_to.split(",") if a.strip()]
             try:
-                self.publisher = TrainingPublisher(self.model, self.comm, rankers, timeout_s=args.publish_timeout_s)
+                self.publisher = TrainingPublisher(self.model, self.comm, rankers, timeout_s=args.publish_timeout_s,
+                                                   log_dir=args.publish_log)
             except publish.PublishError as e:
                 raise ValueError(f"--publish-to: {e}") from None
 

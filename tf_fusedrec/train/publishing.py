@@ -10,13 +10,15 @@ Every N steps the workers publish the model as a new version (the protocol: tf_f
      weights to every ranker, which makes the version current;
   4. the ranks agree on the outcome: after a success each remembers its rows as the base of the next delta; after a
      failure (a server or ranker down, an answer refused) the next publish carries everything since the last version
-     that reached the rankers, and training goes on (rank 0 logs the failure; the summary counts it).
+     that reached the rankers, and removes the keys the failed ones staged that are gone since (a server may have
+     committed them), and training goes on (rank 0 logs the failure; the summary counts it).
 
 A process's first version is full: it replaces whatever the servers held (an export of another run, or of an older
 step), so a trainer never has to know what was loaded. Change detection is exact (bit for bit) and needs a host copy
 of this rank's rows as of the last published version.
 """
 
+import os
 import sys
 import time
 
@@ -57,9 +59,12 @@ class TrainingPublisher:
       comm: the workers' comm.
       rankers: ["host:port"] of the rankers' publish endpoints (--publish-port); they must read the same servers.
       timeout_s: deadline of each call to a server or ranker.
+      log_dir: a directory every worker can write (a shared file system on several hosts), or None: each version
+        that reaches the rankers is also written there (publish.write_log_*), so that an embedding server or a
+        ranker started later catches up (--catch-up DIR) from the newest full version and the deltas after it.
     """
 
-    def __init__(self, model, comm, rankers, timeout_s=60.0):
+    def __init__(self, model, comm, rankers, timeout_s=60.0, log_dir=None):
         layers = embedding_layers(model)
         if len(layers) != 1:
             raise ValueError(f"--publish-to: the model must hold exactly one embedding layer, found {len(layers)}")
@@ -67,6 +72,7 @@ class TrainingPublisher:
         if not self.rankers:
             raise ValueError("--publish-to: give at least one ranker's publish address (host:port)")
         self.dense = writer.dense_variables(model, self.layer)
+        self.log_dir = log_dir
         targets = [publish.ranker_targets(a, timeout_s) for a in self.rankers]
         tables = [publish.table_of_targets(t) for t in targets]
         for address, table in zip(self.rankers[1:], tables[1:]):
@@ -86,7 +92,12 @@ class TrainingPublisher:
             raise ValueError(f"--publish-to: the embedding servers hold groups {served}, this model's are {mine}")
         self.served_version = min(int(t["version"]) for t in targets)  # what the rankers read: kept on the servers
         self.previous = None  # {group: ((keys, rows), (hot keys, hot rows))} of the last version the rankers took
+        # {group: int64 keys} this rank staged in publishes since then that failed: committed on some servers
+        # perhaps, so the next delta removes those this rank no longer holds (the others it stages anyway: they
+        # changed since the last version the rankers took).
+        self.uncertain = {}
         self.versions, self.failures, self.bytes, self.rows, self.seconds = [], 0, [], [], []
+        self.rows_held = []  # rank 0: the rows of each version on the servers (the model's rows at its step)
         self.last_error = None
 
     def _agree(self, values, name):
@@ -96,17 +107,20 @@ class TrainingPublisher:
     def publish(self, step):
         """Publishes the model of training step `step` (every rank calls it) -> True when the rankers took it."""
         rank, start = self.comm.rank, time.perf_counter()
-        version = -1
+        version, publish_id = -1, 0
         if rank == 0:
             try:
                 version = max(max(self.publisher.newest_versions().values()), self.served_version) + 1
             except publish.PublishError as e:
                 self.last_error = str(e)
-        version = int(self._agree([version], f"FusedRec/publish/{step}/version")[0, 0])
+            # A version number a failed attempt used may come again: its id tells the servers to drop those rows.
+            publish_id = int.from_bytes(os.urandom(8), "little") >> 1
+        version, publish_id = (int(x) for x in self._agree([version, publish_id],
+                                                           f"FusedRec/publish/{step}/version")[0])
         if version < 0:
             return self._failed(step, self.last_error if rank == 0 else None)
         full = self.previous is None
-        current, staged, rows_staged, error = {}, 0, 0, None
+        current, attempted, logged, staged, rows_staged, error = {}, {}, {}, 0, 0, None
         try:
             for group, keys, rows, hot_keys, hot_rows in writer.group_parts(self.layer):
                 name, dim = group["name"], group["dim"]
@@ -123,13 +137,23 @@ class TrainingPublisher:
                     removed = np.concatenate([removed, hot_removed[~np.isin(hot_removed, keys)]])
                 else:
                     keys_out, rows_out = keys[changed], rows[changed]
+                maybe = self.uncertain.get(name)
+                if maybe is not None and not full:
+                    # Keys a failed publish may have left on some servers, which this rank no longer holds.
+                    removed = np.concatenate([removed, maybe[~np.isin(maybe, keys)]])
                 # A key that moved into the hot set leaves this shard: not removed, rank 0 stages its hot row.
                 removed = removed[~np.isin(removed, hot_keys)]
-                staged += self.publisher.stage(version, name, dim, keys_out, rows_out, removed)
+                attempted[name] = keys_out
+                logged[name] = (keys_out, rows_out, removed)
+                staged += self.publisher.stage(version, name, dim, keys_out, rows_out, removed, publish_id)
                 rows_staged += len(keys_out)
                 current[name] = ((keys, rows), (hot_keys, hot_rows))
+            if self.log_dir is not None:
+                publish.write_log_rank(self.log_dir, version, rank, self.comm.size, logged)
         except publish.PublishError as e:
             error = str(e)
+        except OSError as e:
+            error = f"--publish-log {self.log_dir}: {e}"
         failed = self._agree([int(error is not None)], f"FusedRec/publish/{step}/staged")[:, 0]
         ok = 1
         if rank == 0:
@@ -138,25 +162,41 @@ class TrainingPublisher:
                 ok = 0
             else:
                 try:
-                    self.publisher.commit(version, step, full, keep_from=self.served_version)
+                    answers = self.publisher.commit(version, step, full, keep_from=self.served_version,
+                                                    publish_id=publish_id)
+                    primaries = {addresses[0] for _, _, addresses in self.publisher.table}
+                    held = sum(a.versions[-1].rows for address, a in answers.items() if address in primaries)
                     weights = [v.numpy() for v in self.dense]
                     for address in self.rankers:
                         publish.push_dense(address, version, step, weights)
                 except publish.PublishError as e:
                     error, ok = str(e), 0
+        if rank == 0 and self.log_dir is not None:
+            try:
+                if ok:  # the version reached the rankers: it joins the log
+                    publish.write_log_version(self.log_dir, version, step, full, self.comm.size, weights)
+                else:
+                    publish.drop_log_version(self.log_dir, version)
+            except OSError as e:
+                print(f"warning: --publish-log {self.log_dir}: version {version} is served but not logged: {e}",
+                      file=sys.stderr, flush=True)
         ok = bool(self._agree([ok], f"FusedRec/publish/{step}/done")[0, 0])
         if not ok:
+            for name, keys in attempted.items():  # perhaps committed on some servers: see self.uncertain
+                self.uncertain[name] = np.union1d(self.uncertain.get(name, np.zeros(0, np.int64)), keys)
             return self._failed(step, error)
-        self.previous, self.served_version = current, version
-        sent, rows_sent = (int(x) for x in self._agree([staged, rows_staged], f"FusedRec/publish/{step}/bytes").sum(0))
+        self.previous, self.served_version, self.uncertain = current, version, {}
+        if rank == 0:
+            self.rows_held.append(held)
+        agreed = self._agree([staged, rows_staged], f"FusedRec/publish/{step}/bytes").sum(0)
+        sent, rows_sent = int(agreed[0]), int(agreed[1])
         self.versions.append((version, step, full))
         self.bytes.append(sent)
         self.rows.append(rows_sent)
         self.seconds.append(time.perf_counter() - start)
         if rank == 0:
             print(f"published version {version} (step {step}, {'full' if full else 'delta'}, {rows_sent} rows, "
-                  f"{sent} bytes staged, "
-                  f"{self.seconds[-1]:.2f} s)", file=sys.stderr, flush=True)
+                  f"{sent} bytes staged, {self.seconds[-1]:.2f} s)", file=sys.stderr, flush=True)
         return True
 
     def _failed(self, step, error):
@@ -167,10 +207,12 @@ class TrainingPublisher:
         return False
 
     def summary(self):
-        """{"versions": [[version, step, full]], "failures", "rows_per_publish", "bytes_per_publish",
-        "mean_seconds", ...}."""
+        """{"versions": [[version, step, full]], "failures", "rows_per_publish", "rows_held_per_publish",
+        "bytes_per_publish", "seconds" (each publish's), "mean_seconds", ...}."""
         return {"rankers": self.rankers, "versions": [list(v) for v in self.versions], "failures": self.failures,
-                "rows_per_publish": self.rows, "bytes_per_publish": self.bytes,
+                "rows_per_publish": self.rows, "rows_held_per_publish": self.rows_held,
+                "bytes_per_publish": self.bytes,
+                "seconds": [round(x, 4) for x in self.seconds],
                 "mean_seconds": float(np.mean(self.seconds)) if self.seconds else None,
                 "served_version": self.served_version}
 
