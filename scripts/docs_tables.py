@@ -429,6 +429,32 @@ def model_projection():
 
 
 # name -> (the files it is read from, as the marker names them; the renderer)
+def publish_training():
+    """scripts/bench_publish.py: training samples/s with and without publishing, alternating (docs/publish)."""
+    runs = _json("docs/publish/publish_bench.json")["runs"]
+    rows = []
+    for i, r in enumerate(runs):
+        other = runs[i + 1] if r["mode"] == "publish" and i + 1 < len(runs) else None
+        rows.append([r["mode"].replace("_", " "), r["repeat"], f"{r['step_samples_per_s']:,.0f}",
+                     f"{r['publish_seconds']:.2f}", f"{r['samples_per_s']:,.0f}",
+                     f"{r['samples_per_s'] / other['samples_per_s']:.2f}x" if other else ""])
+    return _table(["run", "round", "samples/s of the steps", "s publishing", "samples/s with publishing",
+                   "vs the run without after it"], "llrrrr", rows)
+
+
+def publish_versions():
+    """scripts/bench_publish.py: each published version's rows, bytes and freshness (docs/publish)."""
+    rows = []
+    for r in _json("docs/publish/publish_bench.json")["runs"]:
+        for v in r.get("versions", []):
+            rows.append([r["repeat"], v["version"], v["step"], "full" if v["full"] else "delta",
+                         f"{v['rows_staged']:,}", f"{v['rows_held']:,}",
+                         f"{v['rows_staged'] / max(v['rows_held'], 1):.0%}", f"{v['bytes_staged'] / 1e6:.1f}",
+                         _num(v["freshness_s"], ".2f")])
+    return _table(["round", "version", "step", "kind", "rows staged", "rows held", "staged / held", "MB staged",
+                   "freshness s"], "lrrlrrrrr", rows)
+
+
 TABLES = {
     "grm-storage": (("docs/grm/storage_bench.json",), grm_storage),
     "grm-storage-seeds": (("docs/grm/storage_bench_float16_seeds.json",), grm_storage_seeds),
@@ -447,6 +473,8 @@ TABLES = {
     "hot-sweep-1gbit": (("docs/hot/1gbit-n2/hot_sweep.json",), hot_sweep_1gbit),
     "serve-bench": (("docs/serve/serve_bench.json",), serve_bench),
     "serve-curve": (("docs/serve/serve_curve.json",), serve_curve),
+    "publish-training": (("docs/publish/publish_bench.json",), publish_training),
+    "publish-versions": (("docs/publish/publish_bench.json",), publish_versions),
     "cluster-probe": (("docs/cluster/*-n2/probe.json", "docs/cluster/model.json"), cluster_probe),
     "cluster-bench": (("docs/cluster/*-n2/bench.json", "docs/cluster/model.json"), cluster_bench),
     "model-checks": (("docs/cluster/model.json",), model_checks),
