@@ -2,7 +2,9 @@
 feeds a ranker (in this process) and 2 embedding servers that started from an export of the untrained model. After
 the run, the ranker serves the last version, and its predictions over HTTP equal the training model's at that step
 (the run's final checkpoint restored here, called with training=False) within 1e-6; its first version was full, the
-next a delta of the rows changed. With hot replication too (the hot rows come from rank 0's replicated copy)."""
+next ones deltas of the rows changed. With a version that fails half-way (repaired by the next), and with hot
+replication (the hot rows come from rank 0's replicated copy). A server and a ranker started later catch up from the
+publish log."""
 
 import json
 import sys
@@ -25,7 +27,7 @@ from tf_fusedrec.serve import embedding_server, publish  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "criteo_synthetic.yaml"
 TIMEOUT_S = 600
-STEPS, EVERY = 6, 3
+STEPS, EVERY = 6, 2
 
 
 def build_model(hot=False):
@@ -71,28 +73,54 @@ def serving(tmp_path):
         s.stop(grace=0)
 
 
-@pytest.mark.parametrize("hot", ["0", "500"], ids=["plain", "hot"])
-def test_the_ranker_serves_the_training_model_of_the_last_version(tmp_path, serving, hot):
+# (--hot, the ranker refuses the second version): plain training where version 2 fails after the servers committed
+# it, and hot replication where every version goes through. One 2-worker run each (6 steps, a publish every 2).
+CASES = [("0", True), ("500", False)]
+
+
+@pytest.mark.parametrize("hot,fail_second", CASES, ids=["plain-second_fails", "hot"])
+def test_the_ranker_serves_the_training_model_of_the_last_version(tmp_path, serving, monkeypatch, hot, fail_second):
+    """Versions at steps 2, 4 and 6. With fail_second, the ranker refuses version 2 after the servers committed it
+    (an install that fails half-way): the ranker stays on version 1, training goes on, and version 3 carries every
+    row changed since version 1. Either way the ranker then serves the training model of step 6 exactly, and a server
+    and a ranker started afterwards catch up from the publish log."""
     ranker, address, servers, export_dir = serving
+    install, calls = publish.install, []
+
+    def install_failing_second(model, version, step, body, timeout_s=10.0):
+        calls.append(version)
+        if fail_second and len(calls) == 2:
+            return 503, {"error": "injected failure"}
+        return install(model, version, step, body, timeout_s)
+
+    monkeypatch.setattr(publish, "install", install_failing_second)
     model_dir, summary_path, log_dir = tmp_path / "model", tmp_path / "summary.json", tmp_path / "publish_log"
     cmd = worker_command(["-m", "tf_fusedrec.train", "--config", CONFIG, "--steps", STEPS, "--batch-size", 128,
                           "--model-dir", model_dir, "--no-progress", "--summary-json", summary_path, "--hot", hot,
                           "--publish-to", address, "--publish-every", EVERY, "--publish-log", log_dir], 2)
     rc, log, _ = execute(cmd, TIMEOUT_S, merge_stderr=True)
     assert rc == 0, f"exit status {rc}: {' '.join(map(str, cmd))}\n{tail(log)}"
-    summary = json.loads(summary_path.read_text())
-    published = summary["published"]
-    assert published["versions"] == [[1, EVERY, True], [2, STEPS, False]], published
-    assert published["failures"] == 0 and published["served_version"] == 2
-    # The delta holds the rows changed in steps 4-6 only: fewer than the model's rows at step 6.
+    published = json.loads(summary_path.read_text())["published"]
+    assert calls == [1, 2, 3]
+    last = 3
+    if fail_second:
+        assert published["versions"] == [[1, 2, True], [3, 6, False]] and published["failures"] == 1, published
+        assert "warning: publishing step 4 failed; the rankers stay at version 1" in log, tail(log)
+        # 2 was committed on the servers; 1, which the ranker read, was kept.
+        assert [[v for v, _ in s.versions] for s in servers] == [[1, 2, 3]] * 2
+        logged = ["v0000000001", "v0000000003"]
+    else:
+        assert published["versions"] == [[1, 2, True], [2, 4, False], [3, 6, False]], published
+        assert published["failures"] == 0
+        assert [[v for v, _ in s.versions] for s in servers] == [[2, 3]] * 2  # the ranker's version and the new one
+        logged = ["v0000000001", "v0000000002", "v0000000003"]
+    assert published["served_version"] == last and all(s.versions[-1][1] == STEPS for s in servers)
+    # A delta holds the rows changed since the last version the ranker took: fewer than the model's rows.
     held = sum(s.info().versions[-1].rows for s in servers)
-    assert published["rows_held_per_publish"][1] == held
-    assert 0 < published["rows_per_publish"][1] < held, (published, held)
-    assert "published version 2 (step 6, delta" in log, tail(log)
-    for server in servers:
-        assert [v for v, _ in server.versions] == [1, 2]  # the rankers' version kept, the export's dropped
-        assert server.versions[-1][1] == STEPS
-    assert get(ranker.url)["model_version_status"][0]["version"] == "2"
+    assert published["rows_held_per_publish"][-1] == held
+    assert 0 < published["rows_per_publish"][-1] < held, (published, held)
+    assert f"published version {last} (step 6, delta" in log, tail(log)
+    assert get(ranker.url)["model_version_status"][0]["version"] == str(last)
     assert get(f"{ranker.url}/metadata")["model_spec"]["step"] == STEPS
 
     # The training model at step 6: the run's last checkpoint, restored into this process.
@@ -104,21 +132,27 @@ def test_the_ranker_serves_the_training_model_of_the_last_version(tmp_path, serv
     assert restored["step"] == STEPS
     want = model(batch, training=False).numpy().reshape(-1)
     status, answer = post(f"{ranker.url}:predict", {"inputs": columns(batch)})
-    assert status == 200, answer
-    assert answer["model_version"] == "2"
+    assert status == 200 and answer["model_version"] == str(last), answer
     np.testing.assert_allclose(answer["outputs"], want, rtol=1e-6, atol=1e-7)
 
-    # A server and a ranker started now catch up from the publish log: version 2, the same answers. The new server
-    # holds the whole hash space: the log is not tied to the ranges of the servers that were running.
-    assert sorted(p.name for p in log_dir.iterdir()) == ["v0000000001", "v0000000002"]
+    # The log holds the versions that reached the ranker. A server started now, over the whole hash space (the log
+    # is not tied to the running servers' ranges), replays them into the rows the servers hold (which, with
+    # fail_second, built version 3 on version 2), and a ranker over it answers as the first.
+    assert sorted(p.name for p in log_dir.iterdir()) == logged
     late = embedding_server.EmbeddingServer(export_dir, catch_up=str(log_dir))
     late_ranker = None
     try:
-        assert late.versions == [(2, STEPS)]
+        assert late.versions == [(last, STEPS)]
+        for name, rows_of in late.groups.items():
+            keys = np.concatenate([s.groups[name].keys for s in servers])
+            rows = np.concatenate([s.groups[name].rows for s in servers])
+            order = np.argsort(keys)
+            np.testing.assert_array_equal(rows_of.keys, keys[order], err_msg=name)
+            np.testing.assert_array_equal(rows_of.rows, rows[order], err_msg=name)
         late_ranker = RankerThread(["--export", export_dir, "--servers", f"127.0.0.1:{late.start()}", "--catch-up",
                                     str(log_dir)])
         status, answer = post(f"{late_ranker.url}:predict", {"inputs": columns(batch)})
-        assert status == 200 and answer["model_version"] == "2", answer
+        assert status == 200 and answer["model_version"] == str(last), answer
         np.testing.assert_allclose(answer["outputs"], want, rtol=1e-6, atol=1e-7)
     finally:
         if late_ranker is not None:
@@ -134,51 +168,3 @@ def test_publish_to_a_ranker_that_is_not_there_fails_clearly(tmp_path):
                           "--batch-size", "64", "--no-progress", "--publish-to", f"127.0.0.1:{port}"],
                          TIMEOUT_S, merge_stderr=True)
     assert rc == 2 and f"--publish-to: ranker 127.0.0.1:{port}: GET /publish/targets" in log, tail(log)
-
-
-def test_a_failed_publish_is_repaired_by_the_next(tmp_path, serving, monkeypatch):
-    """The ranker refuses version 2 after the servers committed it (an install that fails half-way): the rankers stay
-    on version 1, training goes on, and version 3 carries every row changed since version 1, so the ranker again
-    serves the training model exactly."""
-    ranker, address, servers, _ = serving
-    install, calls = publish.install, []
-
-    def failing_second(model, version, step, body, timeout_s=10.0):
-        calls.append(version)
-        if len(calls) == 2:
-            return 503, {"error": "injected failure"}
-        return install(model, version, step, body, timeout_s)
-
-    monkeypatch.setattr(publish, "install", failing_second)
-    model_dir, summary_path, log_dir = tmp_path / "model", tmp_path / "summary.json", tmp_path / "publish_log"
-    cmd = worker_command(["-m", "tf_fusedrec.train", "--config", CONFIG, "--steps", STEPS, "--batch-size", 128,
-                          "--model-dir", model_dir, "--no-progress", "--summary-json", summary_path,
-                          "--publish-to", address, "--publish-every", 2, "--publish-log", log_dir], 2)
-    rc, log, _ = execute(cmd, TIMEOUT_S, merge_stderr=True)
-    assert rc == 0, f"exit status {rc}: {' '.join(map(str, cmd))}\n{tail(log)}"
-    published = json.loads(summary_path.read_text())["published"]
-    assert calls == [1, 2, 3]
-    assert published["versions"] == [[1, 2, True], [3, 6, False]] and published["failures"] == 1, published
-    assert "warning: publishing step 4 failed; the rankers stay at version 1" in log, tail(log)
-    for server in servers:
-        assert [v for v, _ in server.versions] == [1, 2, 3]  # 2 was committed; 1, which the ranker read, was kept
-    assert ranker.ranker.model.version == 3
-    # The log holds the versions that reached the ranker (1 full, 3 a delta on it): replayed, they give the rows
-    # the servers hold at version 3, which they built on version 2.
-    assert sorted(p.name for p in log_dir.iterdir()) == ["v0000000001", "v0000000003"]
-    late = embedding_server.EmbeddingServer(serving[3], catch_up=str(log_dir))
-    for name, rows_of in late.groups.items():
-        keys = np.concatenate([s.groups[name].keys for s in servers])
-        rows = np.concatenate([s.groups[name].rows for s in servers])
-        order = np.argsort(keys)
-        np.testing.assert_array_equal(rows_of.keys, keys[order], err_msg=name)
-        np.testing.assert_array_equal(rows_of.rows, rows[order], err_msg=name)
-
-    from tf_fusedrec.train import checkpoint as ckpt  # noqa: PLC0415
-
-    model, optimizer, embedding, batch = build_model()
-    ckpt.Checkpointer(str(model_dir), model, optimizer, tf.Variable(0, dtype=tf.int64), embedding.comm).restore()
-    want = model(batch, training=False).numpy().reshape(-1)
-    status, answer = post(f"{ranker.url}:predict", {"inputs": columns(batch)})
-    assert status == 200 and answer["model_version"] == "3", answer
-    np.testing.assert_allclose(answer["outputs"], want, rtol=1e-6, atol=1e-7)
