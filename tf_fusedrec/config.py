@@ -343,6 +343,7 @@ class DataConfig:
     num_dense: int = 13
     seed: int = 0
     eval_batches: int = 8
+    drift: float = 0.0  # source synthetic: ids per step by which every feature's popular ids move (data/synthetic.py)
     sequences: Any = None  # a SequenceConfig for the SEQUENCE_SOURCES (parsed from a mapping), else None
 
 
@@ -480,6 +481,10 @@ def parse_config(raw, where="config"):
     data = _build(DataConfig, raw.get("data"), f"{where}.data")
     if data.source not in DATA_SOURCES:
         raise ValueError(f"{where}.data.source: must be one of {DATA_SOURCES}, got {data.source!r}")
+    if not isinstance(data.drift, (int, float)) or isinstance(data.drift, bool) or not data.drift >= 0:
+        raise ValueError(f"{where}.data.drift: a number >= 0 (ids per step), got {data.drift!r}")
+    if data.drift and data.source != "synthetic":
+        raise ValueError(f"{where}.data.drift: only for source 'synthetic', not {data.source!r}")
     if data.source not in ("synthetic", "grm_synthetic") and not data.path:
         raise ValueError(f"{where}.data.path: required for source {data.source!r}")
     if data.source in SEQUENCE_SOURCES:

@@ -248,3 +248,17 @@ def test_train_intervals_must_be_positive(apps, key):
     # training step, with a traceback and exit status 1 instead of "error: ..." and exit status 2.
     rejects(apps.tiny_config(train={key: 0}), f"train.{key}")
 
+
+
+def test_data_drift_reaches_the_dataset_and_is_checked(apps):
+    """data.drift (synthetic source only, a number >= 0) moves the ids of make_dataset's batches."""
+    config = parse(apps.tiny_config(data={"drift": 7}))
+    assert config.data.drift == 7
+    still = next(iter(experiment.make_dataset(parse(apps.tiny_config()), 8, 0, 1, start_step=3).take(1)))[0]
+    moved = next(iter(experiment.make_dataset(config, 8, 0, 1, start_step=3).take(1)))[0]
+    name = config.features[0].name
+    assert (still[name].numpy() != moved[name].numpy()).mean() > 0.5  # the popular ids moved
+    rejects(apps.tiny_config(data={"drift": -1}), "data.drift", ">= 0")
+    rejects(apps.tiny_config(data={"drift": "fast"}), "data.drift")
+    rejects(apps.tiny_config(data={"source": "grm_synthetic", "num_dense": 0, "drift": 1}), "data.drift",
+            "only for source 'synthetic'")

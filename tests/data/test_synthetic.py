@@ -354,3 +354,46 @@ def test_hidden_model_is_a_hash_not_a_table():
     assert math.gcd(a.mult, 2 ** 40) == 1
     out = a.ids(np.random.default_rng(0).random(10_000))
     assert out.min() >= 0 and out.max() < 2 ** 40
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Drift
+# ------------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("drift", [0.5, 3.0, 250.0])
+def test_drift_moves_every_drawn_rank_by_floor_drift_times_step(drift):
+    """With drift d, a draw of rank k at step s gives the id of rank k + floor(d s) (mod vocab): the ranks of the
+    drifted ids, read through the inverse of the feature's bijection, are the undrifted ranks plus the shift, feature
+    by feature; the labels follow the hidden weights of the new ids; drift 0 is the default stream."""
+    still = _take(synthetic_dataset(INPUTS, 3, 64, seed=5, steps=6), 6)
+    moved = _take(synthetic_dataset(INPUTS, 3, 64, seed=5, steps=6, drift=drift), 6)
+    default = _take(synthetic_dataset(INPUTS, 3, 64, seed=5, steps=6, drift=0), 6)
+
+    def flat(x):
+        return (x.flat_values if isinstance(x, tf.RaggedTensor) else x).numpy()
+
+    for step, ((f0, _), (f1, label1), (fd, _)) in enumerate(zip(still, moved, default)):
+        shift = math.floor(drift * step)
+        for inp in INPUTS:
+            feature = syn._Feature(inp, 5)  # noqa: SLF001  (the bijection rank -> id)
+            v = inp.vocab_size
+            inverse = pow(feature.mult, -1, v) if v > 1 else 1
+
+            def rank_of(ids):
+                return (ids - feature.offset) % v * inverse % v  # noqa: B023
+
+            np.testing.assert_array_equal((rank_of(flat(f0[inp.name])) + shift) % v, rank_of(flat(f1[inp.name])),
+                                          err_msg=inp.name)
+            np.testing.assert_array_equal(flat(fd[inp.name]), flat(f0[inp.name]))
+            if isinstance(f0[inp.name], tf.RaggedTensor):
+                np.testing.assert_array_equal(f0[inp.name].row_splits.numpy(), f1[inp.name].row_splits.numpy())
+        np.testing.assert_array_equal(f0["dense"].numpy(), f1["dense"].numpy())
+        if shift:
+            logits = hidden_logits(INPUTS, f1, seed=5)
+            assert np.corrcoef(logits, label1.numpy())[0, 1] > 0.3  # labels from the drifted ids' weights
+
+
+@pytest.mark.parametrize("drift", [-1, float("nan"), True, "2"])
+def test_bad_drift_is_refused(drift):
+    with pytest.raises(ValueError, match="drift must be a finite number >= 0"):
+        synthetic_dataset(INPUTS, 3, 64, drift=drift)

@@ -25,6 +25,13 @@ then maps it through the fixed bijection ``id = (k * A_f + B_f) % vocab_size`` w
 ``[B, None]`` (ids of a row drawn independently, so repeats happen); ``hotness=(lo, hi)`` draws each row's length
 uniformly in ``[lo, hi]``, and ``lo = 0`` gives empty rows.
 
+**Drift** (``drift=d``, default 0): popularity moves over time. At step ``s`` a drawn rank ``k`` takes the id of rank
+``(k + floor(d * s)) % vocab_size``, ``id = (((k + floor(d * s)) % vocab_size) * A_f + B_f) % vocab_size``: every id
+climbs the ranks by ``d`` per step, so about ``d`` ids enter the top ranks per step while the most popular ones drop
+to the tail, and the hidden weight of each id stays what it was. A model ``n`` steps old has not trained the ids
+that became popular since (how fresh a served model must be: scripts/bench_freshness_auc.py). Step 0 and the
+calibration sample are unshifted; the held-out stream of a step drifts as the training stream does.
+
 **Labels.** A hidden model: each (feature, id) has a weight ``w in [-1, 1)``, a splitmix64 hash of (seed, feature
 name, id), never stored. An example's sparse score is the sum over features of the weight of its id (the mean over a
 multi-hot row; 0 for an empty row), standardized over a fixed calibration sample so it has mean 0 and variance 1;
@@ -371,9 +378,11 @@ class _Feature:
             self.mult, self.offset = mult, (key >> 32) % v
         self.weight_key = np.uint64(_key64("weight", seed, inp.name))
 
-    def ids(self, u: np.ndarray) -> np.ndarray:
+    def ids(self, u: np.ndarray, shift: int = 0) -> np.ndarray:
         ranks = self.law.sample(u)
         v = self.inp.vocab_size
+        if shift:
+            ranks = (ranks + shift % v) % v
         return (ranks * self.mult % v + self.offset) % v
 
     def weights(self, ids: np.ndarray) -> np.ndarray:
@@ -421,7 +430,7 @@ class _Generator:
         label_u = rng.random(rows)
         return sparse, dense, label_u
 
-    def _ids(self, drawn):
+    def _ids(self, drawn, shift=0):
         sparse, dense, label_u = drawn
         rows = label_u.size
         ids = []
@@ -431,7 +440,7 @@ class _Generator:
             else:
                 splits = np.zeros(rows + 1, np.int64)
                 np.cumsum(lengths, out=splits[1:])
-            ids.append((f.ids(u), splits))
+            ids.append((f.ids(u, shift), splits))
         return ids, dense, label_u
 
     def _sparse_score(self, ids):
@@ -460,8 +469,9 @@ class _Generator:
             parts += 1
         return _LOGIT_SCALE * z / math.sqrt(max(parts, 1))
 
-    def rows(self, step: int, held_out: bool, start: int, stop: int):
-        """Global rows [start, stop) of the batch of ``step``: (ids per feature as (values, splits), dense, label)."""
+    def rows(self, step: int, held_out: bool, start: int, stop: int, drift: float = 0.0):
+        """Global rows [start, stop) of the batch of ``step``: (ids per feature as (values, splits), dense, label);
+        `drift` ids per step shift the popular ids (the module docstring)."""
         b0, b1 = start // _BLOCK, -(-stop // _BLOCK)
         blocks = [self._draw(np.random.Generator(np.random.PCG64([self.seed, int(held_out), step, b, _STREAM_TAG])),
                              _BLOCK) for b in range(b0, b1)]
@@ -479,7 +489,7 @@ class _Generator:
                 sparse.append((lengths[lo:hi], u[offsets[lo]:offsets[hi]]))
         dense = np.concatenate([blk[1] for blk in blocks])[lo:hi]
         label_u = np.concatenate([blk[2] for blk in blocks])[lo:hi]
-        ids, dense, label_u = self._ids((sparse, dense, label_u))
+        ids, dense, label_u = self._ids((sparse, dense, label_u), int(math.floor(drift * step)))
         logit = self.logits(ids, dense)
         label = (label_u < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
         return ids, dense, label
@@ -499,13 +509,14 @@ def _check_int(name, value, low, high=None):
 
 def synthetic_dataset(inputs: Sequence[SparseInput], num_dense: int, batch_size: int, seed: int = 0,
                       rank: int = 0, num_ranks: int = 1, steps: int | None = None, held_out: bool = False,
-                      start_step: int = 0) -> tf.data.Dataset:
+                      start_step: int = 0, drift: float = 0.0) -> tf.data.Dataset:
     """This worker's batches ``(features, label)`` of the synthetic stream; see the module docstring.
 
     ``features``: name -> int64 ``[B]`` (hotness 1) or ragged int64 ``[B, None]``, plus ``"dense"`` -> float32
     ``[B, num_dense]`` when ``num_dense > 0``; ``label``: float32 ``[B]`` in {0, 1}. ``B = batch_size`` (per worker).
     The stream has the batches of steps ``start_step, ..., steps - 1`` (endless with ``steps=None``): it equals
     ``synthetic_dataset(..., steps=steps).skip(start_step)`` but generates nothing for the skipped steps.
+    ``drift``: ids per step by which popularity moves (a number >= 0; the module docstring).
     """
     inputs = _as_inputs(inputs)
     num_dense = _check_int("num_dense", num_dense, 0)
@@ -518,6 +529,10 @@ def synthetic_dataset(inputs: Sequence[SparseInput], num_dense: int, batch_size:
     if steps is not None:
         steps = _check_int("steps", steps, 0)
     start_step = _check_int("start_step", start_step, 0)
+    if (not isinstance(drift, numbers.Real) or isinstance(drift, bool) or not math.isfinite(drift)
+            or drift < 0):
+        raise ValueError(f"drift must be a finite number >= 0 (ids per step), got {drift!r}")
+    drift = float(drift)
     held_out = bool(held_out)
     gen = _generator(inputs, num_dense, seed)
     start, stop = rank * batch_size, (rank + 1) * batch_size
@@ -525,7 +540,7 @@ def synthetic_dataset(inputs: Sequence[SparseInput], num_dense: int, batch_size:
     def batches():
         step = start_step
         while steps is None or step < steps:
-            ids, dense, label = gen.rows(step, held_out, start, stop)
+            ids, dense, label = gen.rows(step, held_out, start, stop, drift)
             flat = []
             for inp, (values, splits) in zip(inputs, ids):
                 flat.extend([values] if not inp.multi_hot else [values, splits])

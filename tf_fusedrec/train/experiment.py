@@ -93,7 +93,7 @@ def make_dataset(config, batch_size, rank, size, held_out=False, start_step=0, s
         inputs = [data.SparseInput(f.name, f.vocab, f.zipf, tuple(f.hotness) if isinstance(f.hotness, list)
                                    else f.hotness) for f in config.features]
         return data.synthetic_dataset(inputs, d.num_dense, batch_size, seed=d.seed, rank=rank, num_ranks=size,
-                                      steps=steps, held_out=held_out, start_step=start_step)
+                                      steps=steps, held_out=held_out, start_step=start_step, drift=d.drift)
     if d.source == "criteo":
         # Criteo files have no split: the first eval_batches batches of each worker are held out from training.
         ds = data.criteo_dataset(d.path, batch_size, rank=rank, num_ranks=size, num_dense=d.num_dense)
