@@ -455,6 +455,17 @@ def publish_versions():
                    "freshness s"], "lrrlrrrrr", rows)
 
 
+def publish_auc():
+    """scripts/bench_freshness_auc.py: AUC of the served model on the coming batches per publish interval, per drift
+    (docs/publish/freshness_auc.json; the plot is docs/publish/freshness_auc.png)."""
+    drifts = _json("docs/publish/freshness_auc.json")["drifts"]
+    intervals = list(next(iter(drifts.values())))
+    rows = [[f"{drift} ids/step", *(f"{by[n]['auc']:.4f}" for n in intervals),
+             f"{by[intervals[-1]]['auc'] - by[intervals[0]]['auc']:+.4f}"] for drift, by in drifts.items()]
+    return _table(["drift", *(f"N = {n}" for n in intervals), f"N = {intervals[-1]} - N = {intervals[0]}"],
+                  "l" + "r" * (len(intervals) + 1), rows)
+
+
 TABLES = {
     "grm-storage": (("docs/grm/storage_bench.json",), grm_storage),
     "grm-storage-seeds": (("docs/grm/storage_bench_float16_seeds.json",), grm_storage_seeds),
@@ -475,6 +486,7 @@ TABLES = {
     "serve-curve": (("docs/serve/serve_curve.json",), serve_curve),
     "publish-training": (("docs/publish/publish_bench.json",), publish_training),
     "publish-versions": (("docs/publish/publish_bench.json",), publish_versions),
+    "publish-auc": (("docs/publish/freshness_auc.json",), publish_auc),
     "cluster-probe": (("docs/cluster/*-n2/probe.json", "docs/cluster/model.json"), cluster_probe),
     "cluster-bench": (("docs/cluster/*-n2/bench.json", "docs/cluster/model.json"), cluster_bench),
     "model-checks": (("docs/cluster/model.json",), model_checks),

@@ -310,11 +310,13 @@ def pytest_sessionstart(session):
 _MULTIWORKER = {"tests/distributed", "tests/apps/test_train.py", "tests/apps/test_train_crash.py",
                 "tests/apps/test_train_grm.py", "tests/apps/test_train_movielens_seq.py",
                 "tests/apps/test_train_pipeline.py", "tests/apps/test_bench.py", "tests/serve/test_export.py",
-                "tests/train/test_steps_per_call.py", "tests/cluster/test_cluster_equality.py"}
+                "tests/serve/test_publish_training.py", "tests/train/test_steps_per_call.py",
+                "tests/cluster/test_cluster_equality.py"}
 _AREAS = {"tests/cluster": "cluster", "tests/serve": "serving"}
 _SLOW = _MULTIWORKER | {"tests/cluster", "tests/cuda/test_cuda_harness.py", "tests/serve/test_serve_bench.py",
                         "tests/serve/test_ranker.py", "tests/serve/test_fuzz.py", "tests/test_entry_points.py",
-                        "tests/serve/test_embedding_server.py", "tests/serve/test_loadtest.py"}
+                        "tests/serve/test_embedding_server.py", "tests/serve/test_loadtest.py",
+                        "tests/serve/test_publish.py"}
 
 
 def _under(path, prefixes):

@@ -343,7 +343,7 @@ class DataConfig:
     num_dense: int = 13
     seed: int = 0
     eval_batches: int = 8
-    drift: float = 0.0  # source synthetic: ids per step by which every feature's popular ids move (data/synthetic.py)
+    drift: float = 0.0  # source synthetic: new popular ids per step, every id sinking as many ranks (data/synthetic.py)
     sequences: Any = None  # a SequenceConfig for the SEQUENCE_SOURCES (parsed from a mapping), else None
 
 

@@ -362,9 +362,10 @@ def test_hidden_model_is_a_hash_not_a_table():
 
 @pytest.mark.parametrize("drift", [0.5, 3.0, 250.0])
 def test_drift_moves_every_drawn_rank_by_floor_drift_times_step(drift):
-    """With drift d, a draw of rank k at step s gives the id of rank k + floor(d s) (mod vocab): the ranks of the
+    """With drift d, a draw of rank k at step s gives the id of rank k - floor(d s) (mod vocab): the ranks of the
     drifted ids, read through the inverse of the feature's bijection, are the undrifted ranks plus the shift, feature
-    by feature; the labels follow the hidden weights of the new ids; drift 0 is the default stream."""
+    by feature (new ids arrive at the top); the labels follow the hidden weights of the new ids; drift 0 is the default
+    stream."""
     still = _take(synthetic_dataset(INPUTS, 3, 64, seed=5, steps=6), 6)
     moved = _take(synthetic_dataset(INPUTS, 3, 64, seed=5, steps=6, drift=drift), 6)
     default = _take(synthetic_dataset(INPUTS, 3, 64, seed=5, steps=6, drift=0), 6)
@@ -382,7 +383,7 @@ def test_drift_moves_every_drawn_rank_by_floor_drift_times_step(drift):
             def rank_of(ids):
                 return (ids - feature.offset) % v * inverse % v  # noqa: B023
 
-            np.testing.assert_array_equal((rank_of(flat(f0[inp.name])) + shift) % v, rank_of(flat(f1[inp.name])),
+            np.testing.assert_array_equal((rank_of(flat(f0[inp.name])) - shift) % v, rank_of(flat(f1[inp.name])),
                                           err_msg=inp.name)
             np.testing.assert_array_equal(flat(fd[inp.name]), flat(f0[inp.name]))
             if isinstance(f0[inp.name], tf.RaggedTensor):

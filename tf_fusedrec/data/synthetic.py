@@ -25,12 +25,13 @@ then maps it through the fixed bijection ``id = (k * A_f + B_f) % vocab_size`` w
 ``[B, None]`` (ids of a row drawn independently, so repeats happen); ``hotness=(lo, hi)`` draws each row's length
 uniformly in ``[lo, hi]``, and ``lo = 0`` gives empty rows.
 
-**Drift** (``drift=d``, default 0): popularity moves over time. At step ``s`` a drawn rank ``k`` takes the id of rank
-``(k + floor(d * s)) % vocab_size``, ``id = (((k + floor(d * s)) % vocab_size) * A_f + B_f) % vocab_size``: every id
-climbs the ranks by ``d`` per step, so about ``d`` ids enter the top ranks per step while the most popular ones drop
-to the tail, and the hidden weight of each id stays what it was. A model ``n`` steps old has not trained the ids
-that became popular since (how fresh a served model must be: scripts/bench_freshness_auc.py). Step 0 and the
-calibration sample are unshifted; the held-out stream of a step drifts as the training stream does.
+**Drift** (``drift=d``, default 0): new ids arrive popular and fade. At step ``s`` a drawn rank ``k`` takes the id of
+rank ``(k - floor(d * s)) % vocab_size`` of step 0, ``id = (((k - floor(d * s)) % vocab_size) * A_f + B_f) %
+vocab_size``: every id sinks ``d`` ranks per step, and the ``d`` ids that enter the top ranks per step come from the
+far tail (almost never seen before), like new items, while the hidden weight of each id stays what it was. A model
+``n`` steps old has not trained the ids that arrived since (how fresh a served model must be:
+scripts/bench_freshness_auc.py). Step 0 and the calibration sample are unshifted; the held-out stream of a step
+drifts as the training stream does.
 
 **Labels.** A hidden model: each (feature, id) has a weight ``w in [-1, 1)``, a splitmix64 hash of (seed, feature
 name, id), never stored. An example's sparse score is the sum over features of the weight of its id (the mean over a
@@ -382,7 +383,7 @@ class _Feature:
         ranks = self.law.sample(u)
         v = self.inp.vocab_size
         if shift:
-            ranks = (ranks + shift % v) % v
+            ranks = (ranks - shift % v) % v
         return (ranks * self.mult % v + self.offset) % v
 
     def weights(self, ids: np.ndarray) -> np.ndarray:
