@@ -3,6 +3,7 @@ reference: the rows a version holds are the previous version's (none for a full 
 its staged rows; a Lookup naming a version reads exactly that version; a publish that stops half-way changes nothing
 served, and the next one succeeds. The trainer's side and the ranker's: tests/serve/test_publish_training.py."""
 
+import json
 import os
 import shutil
 
@@ -349,3 +350,64 @@ def test_a_new_attempt_at_a_version_drops_the_rows_of_the_last(export, servers):
     finally:
         backend.close()
         publisher.close()
+
+
+class _FakeModel:
+    """What the publish endpoint reads of a ServingModel: its backend's routing table, version, step, dense weights."""
+
+    def __init__(self, table):
+        self.backend = type("Backend", (), {"table": table})()
+        self.version, self.step, self.installed = 0, -1, []
+
+    def dense_variables(self):
+        return [("kernel", [2, 3], "float32")]
+
+    def install_version(self, version, step, weights):
+        if [list(w.shape) for w in weights] != [[2, 3]]:
+            raise ValueError("dense weight 0 (kernel) does not fit")
+        self.installed.append((version, step))
+        self.version, self.step = version, step
+
+
+def test_the_ranker_publish_endpoint_answers_bad_requests_by_name(export, servers):
+    import http.client  # noqa: PLC0415
+
+    _, table = servers
+    model = _FakeModel(table)
+    endpoint = publish.serve_publish(model, "127.0.0.1", 0, max_body_mb=0.01)
+    address = f"127.0.0.1:{endpoint.server_address[1]}"
+
+    def call(method, path, body=None):
+        connection = http.client.HTTPConnection("127.0.0.1", endpoint.server_address[1], timeout=10)
+        try:
+            connection.request(method, path, body=body)
+            response = connection.getresponse()
+            return response.status, json.loads(response.read())
+        finally:
+            connection.close()
+
+    try:
+        targets = publish.ranker_targets(address)
+        assert publish.table_of_targets(targets) == table and targets["version"] == 0
+        assert targets["dense"] == [{"name": "kernel", "shape": [2, 3], "dtype": "float32"}]
+        good = publish.encode_weights([np.zeros((2, 3), np.float32)])
+        assert call("GET", "/nothing")[0] == 404
+        assert call("POST", "/publish/dense?version=x", good)[0] == 400
+        assert call("POST", "/publish/dense?version=1", b"not an npz")[1]["error"].startswith("the body is not")
+        assert call("POST", "/publish/dense?version=1", b"\0" * 20000)[0] == 413
+        status, answer = call("POST", "/publish/dense?version=1&step=3", good)
+        assert status == 409 and "not committed on every embedding server" in answer["error"], answer
+        publisher = publish.Publisher(table)
+        try:
+            publisher.commit(1, step=3, full=False, keep_from=0)
+        finally:
+            publisher.close()
+        bad = publish.encode_weights([np.zeros((3, 2), np.float32)])
+        assert call("POST", "/publish/dense?version=1&step=3", bad)[0] == 400
+        assert publish.push_dense(address, 1, 3, [np.zeros((2, 3), np.float32)]) == {"version": 1, "step": 3}
+        assert model.installed == [(1, 3)]
+        with pytest.raises(publish.PublishError, match="not above the ranker's version 1"):
+            publish.push_dense(address, 1, 3, [np.zeros((2, 3), np.float32)])
+    finally:
+        endpoint.shutdown()
+        endpoint.server_close()

@@ -332,15 +332,13 @@ def decode_weights(body):
     """[arrays] of an .npz body (w0..wN, no pickles); ValueError naming what is wrong."""
     try:
         with np.load(io.BytesIO(body), allow_pickle=False) as z:
-            names = list(z.files)
-            expected = [f"w{i}" for i in range(len(names))]
-            if sorted(names) != sorted(expected):
-                raise ValueError(f"the .npz must hold arrays w0..w{len(names) - 1}, holds {sorted(names)[:10]}")
-            return [z[n] for n in expected]
-    except ValueError:
-        raise
-    except Exception as e:  # noqa: BLE001  (whatever a malformed archive raises: a clear answer)
-        raise ValueError(f"the body is not an .npz of arrays: {type(e).__name__}: {e}") from None
+            arrays = {name: z[name] for name in z.files}
+    except Exception as e:  # noqa: BLE001  (whatever a malformed archive raises, pickles refused: a clear answer)
+        raise ValueError(f"the body is not an .npz of arrays w0..wN: {type(e).__name__}: {e}") from None
+    expected = [f"w{i}" for i in range(len(arrays))]
+    if sorted(arrays) != sorted(expected):
+        raise ValueError(f"the .npz must hold arrays w0..w{len(arrays) - 1}, holds {sorted(arrays)[:10]}")
+    return [arrays[name] for name in expected]
 
 
 def install(model, version, step, body, timeout_s=10.0):
@@ -378,6 +376,7 @@ def serve_publish(model, host="127.0.0.1", port=0, max_body_mb=256):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "tf_fusedrec-ranker-publish"
+        timeout = 60.0  # seconds a connection may sit silent (a stalled client does not hold a thread for good)
 
         def log_message(self, fmt, *args):  # noqa: A002
             pass
