@@ -149,8 +149,12 @@ def test_the_ranker_serves_the_training_model_of_the_last_version(tmp_path, serv
             order = np.argsort(keys)
             np.testing.assert_array_equal(rows_of.keys, keys[order], err_msg=name)
             np.testing.assert_array_equal(rows_of.rows, rows[order], err_msg=name)
-        late_ranker = RankerThread(["--export", export_dir, "--servers", f"127.0.0.1:{late.start()}", "--catch-up",
-                                    str(log_dir)])
+        late_address = f"127.0.0.1:{late.start()}"
+        # Without --catch-up a ranker would start at the export's version 0, which the server no longer holds.
+        with pytest.raises(ValueError, match=f"do not hold version 0, .* \\(they hold \\[{last}\\]\\): start it with "
+                                             f"--catch-up"):
+            RankerThread(["--export", export_dir, "--servers", late_address])
+        late_ranker = RankerThread(["--export", export_dir, "--servers", late_address, "--catch-up", str(log_dir)])
         status, answer = post(f"{late_ranker.url}:predict", {"inputs": columns(batch)})
         assert status == 200 and answer["model_version"] == str(last), answer
         np.testing.assert_allclose(answer["outputs"], want, rtol=1e-6, atol=1e-7)

@@ -161,6 +161,19 @@ class Publisher:
             raise PublishError("; ".join(failures))
         return answers
 
+    def lacking(self, version):
+        """{address: [versions held]} of the servers that answer and do not hold `version` (a server that does not
+        answer is left out: it may come up later)."""
+        out = {}
+        for address in self.table.addresses:
+            try:
+                held = [v.version for v in self.info(address).versions]
+            except PublishError:
+                continue
+            if version not in held:
+                out[address] = held
+        return out
+
     def holds(self, version):
         """[addresses of the servers that do not hold `version`] (those that do not answer included)."""
         missing = []

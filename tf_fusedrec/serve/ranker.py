@@ -803,6 +803,7 @@ def build(args):
     """(Ranker, name) from the parsed flags."""
     from tf_fusedrec.export import format as fmt  # noqa: PLC0415
     from tf_fusedrec.serve import cache as cache_lib  # noqa: PLC0415
+    from tf_fusedrec.serve import publish  # noqa: PLC0415
     from tf_fusedrec.serve.backend import LocalBackend  # noqa: PLC0415
     from tf_fusedrec.serve.client import RemoteBackend  # noqa: PLC0415
     from tf_fusedrec.serve.model import ServingModel  # noqa: PLC0415
@@ -822,11 +823,22 @@ def build(args):
         backend = cache_lib.CachedBackend(backend, cache)
     model = ServingModel(args.export, backend=backend, pooling=pooling)
     if getattr(args, "catch_up", None):
-        from tf_fusedrec.serve import publish  # noqa: PLC0415
-
         newest = publish.log_dense(args.catch_up)
         if newest is not None:
             model.install_version(*newest)
+    if args.servers != "local":
+        # Lookups name the ranker's version: servers a trainer published to since would refuse every one.
+        publisher = publish.Publisher(backend.inner.table if cache is not None else backend.table,
+                                      timeout_s=args.timeout_s)
+        try:
+            lacking = publisher.lacking(model.version)
+        finally:
+            publisher.close()
+        if lacking:
+            model.close()
+            raise ValueError(f"the embedding servers {sorted(lacking)} do not hold version {model.version}, which this "
+                             f"ranker starts at (they hold {sorted(set(v for h in lacking.values() for v in h))}): "
+                             f"start it with --catch-up LOG (the trainer's --publish-log), or the servers anew")
     return Ranker(model, cache, max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1000,
                   max_queue=args.max_queue, max_instances=args.max_instances, max_ids=args.max_ids)
 
