@@ -433,36 +433,31 @@ class EmbeddingServer:
 
     # --- handlers ------------------------------------------------------------------------------------------------
 
-    def _credits(self, payload, context):
+    @staticmethod
+    def _parse(message, payload, context):
+        """The request `payload` as a `message` (a protobuf class); INVALID_ARGUMENT naming it when it is not one."""
         try:
-            request = pb.CreditsRequest.FromString(payload)
+            return message.FromString(payload)
         except DecodeError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a CreditsRequest: {e}")
+            article = "an" if message.__name__[0] in "AEIOU" else "a"
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not {article} {message.__name__}: {e}")
+
+    def _credits(self, payload, context):
+        request = self._parse(pb.CreditsRequest, payload, context)
         try:
             return self.credits_state(request.client_id).SerializeToString()
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
 
     def _info(self, payload, context):
-        try:
-            pb.InfoRequest.FromString(payload)
-        except DecodeError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not an InfoRequest: {e}")
+        self._parse(pb.InfoRequest, payload, context)
         return self.info().SerializeToString()
 
     def _stage(self, payload, context):
-        try:
-            request = pb.StageRequest.FromString(payload)
-        except DecodeError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a StageRequest: {e}")
-        return self._publish_call(self.stage, request, context)
+        return self._publish_call(self.stage, self._parse(pb.StageRequest, payload, context), context)
 
     def _commit(self, payload, context):
-        try:
-            request = pb.CommitRequest.FromString(payload)
-        except DecodeError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a CommitRequest: {e}")
-        return self._publish_call(self.commit, request, context)
+        return self._publish_call(self.commit, self._parse(pb.CommitRequest, payload, context), context)
 
     @staticmethod
     def _publish_call(method, request, context):

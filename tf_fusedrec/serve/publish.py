@@ -161,31 +161,24 @@ class Publisher:
             raise PublishError("; ".join(failures))
         return answers
 
+    def versions_held(self):
+        """{address: [versions held], or None for a server that does not answer}."""
+        held = {}
+        for address in self.table.addresses:
+            try:
+                held[address] = [v.version for v in self.info(address).versions]
+            except PublishError:
+                held[address] = None
+        return held
+
     def lacking(self, version):
         """{address: [versions held]} of the servers that answer and do not hold `version` (a server that does not
         answer is left out: it may come up later)."""
-        out = {}
-        for address in self.table.addresses:
-            try:
-                held = [v.version for v in self.info(address).versions]
-            except PublishError:
-                continue
-            if version not in held:
-                out[address] = held
-        return out
+        return {a: held for a, held in self.versions_held().items() if held is not None and version not in held}
 
     def holds(self, version):
         """[addresses of the servers that do not hold `version`] (those that do not answer included)."""
-        missing = []
-        for address in self.table.addresses:
-            try:
-                info = self.info(address)
-            except PublishError:
-                missing.append(address)
-                continue
-            if version not in [v.version for v in info.versions]:
-                missing.append(address)
-        return missing
+        return [a for a, held in self.versions_held().items() if held is None or version not in held]
 
 
 # --- the publish log: catching up later -----------------------------------------------------------------------------
@@ -315,7 +308,7 @@ def log_dense(log_dir):
 # --- the ranker's side ---------------------------------------------------------------------------------------------
 
 
-def _routing_table(backend):
+def routing_table(backend):
     """The RangeTable of a model's backend (a RemoteBackend, or a CachedBackend over one); None without one."""
     while backend is not None:
         table = getattr(backend, "table", None)
@@ -327,7 +320,7 @@ def _routing_table(backend):
 
 def targets_of(model):
     """What GET /publish/targets answers for a ServingModel."""
-    table = _routing_table(model.backend)
+    table = routing_table(model.backend)
     return {"servers": [{"start": f"{start:#x}", "end": f"{end:#x}", "addresses": list(addresses)}
                         for start, end, addresses in (table or [])],
             "version": model.version, "step": model.step,
@@ -361,7 +354,7 @@ def install(model, version, step, body, timeout_s=10.0):
         weights = decode_weights(body)
     except ValueError as e:
         return 400, {"error": str(e)}
-    table = _routing_table(model.backend)
+    table = routing_table(model.backend)
     if table is None:
         return 409, {"error": "this ranker reads no embedding servers (--servers): it takes no published versions"}
     if version <= model.version:

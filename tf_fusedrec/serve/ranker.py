@@ -828,8 +828,7 @@ def build(args):
             model.install_version(*newest)
     if args.servers != "local":
         # Lookups name the ranker's version: servers a trainer published to since would refuse every one.
-        publisher = publish.Publisher(backend.inner.table if cache is not None else backend.table,
-                                      timeout_s=args.timeout_s)
+        publisher = publish.Publisher(publish.routing_table(backend), timeout_s=args.timeout_s)
         try:
             lacking = publisher.lacking(model.version)
         finally:
