@@ -127,7 +127,9 @@ class TFBuildExt(build_ext):
             commands, cuda_libs = cuda_commands(nvcc, tf.sysconfig.get_compile_flags(), build_dir)
             cuda_flags = ["-DGOOGLE_CUDA=1"]
         cxx = os.environ.get("CXX", "g++")
-        flags = ["-fPIC", "-O3", "-Wall", "-I."] + tf.sysconfig.get_compile_flags() + cuda_flags
+        # -ffp-contract=off: no fused multiply-adds even where CXXFLAGS allow FMA, so the table's optimizer updates
+        # round each product and sum as TensorFlow's CPU kernels and the NumPy references do.
+        flags = ["-fPIC", "-O3", "-ffp-contract=off", "-Wall", "-I."] + tf.sysconfig.get_compile_flags() + cuda_flags
         for src in ext.sources:
             obj = os.path.join(build_dir, os.path.basename(src).replace(".cc", ".o"))
             commands.append(([cxx, "-c"] + flags + [src, "-o", obj], obj))

@@ -362,9 +362,9 @@ def native_table_apply_sparse(table, keys, grads, categories, ids, lr, beta1=0.9
 
     * sgd: w -= lr * g
     * adagrad (ResourceSparseApplyAdagradV2): acc += g * g; w -= lr * g / (sqrt(acc) + epsilon)
-    * adam (Keras' legacy sparse Adam on the touched rows only, i.e. lazy Adam as in TFRA):
-      m = m * beta1 + g * (1 - beta1); v = v * beta2 + (g * g) * (1 - beta2); w -= lr * m / (sqrt(v) + epsilon),
-      with lr bias-corrected by the caller: see adam_bias_corrected_lr.
+    * adam (lazy Adam as in TFRA: the touched rows only, with the arithmetic of TensorFlow's ResourceApplyAdam kernel,
+      which TFRA runs on a step's rows): m += (g - m) * (1 - beta1); v += (g * g - v) * (1 - beta2);
+      w -= (m * lr) / (sqrt(v) + epsilon), with lr bias-corrected by the caller: see adam_bias_corrected_lr.
 
     Args:
       table: NativeTableResource.
@@ -409,7 +409,8 @@ tf.no_gradient("FusedRec>NativeTableApplySparse")
 
 
 def adam_bias_corrected_lr(lr, beta1, beta2, step):
-    """The lr Adam's update takes: lr * sqrt(1 - beta2^step) / (1 - beta1^step), in float32 as Keras computes it.
+    """The lr Adam's update takes: (lr * sqrt(1 - beta2^step)) / (1 - beta1^step), in float32 as TensorFlow's
+    ResourceApplyAdam kernel computes its alpha from Keras' beta powers (beta^step, tf.pow in float32).
 
     Args:
       lr, beta1, beta2: float32 scalars.
@@ -421,7 +422,7 @@ def adam_bias_corrected_lr(lr, beta1, beta2, step):
     with tf.name_scope("adam_bias_corrected_lr"):
         lr, beta1, beta2 = (tf.convert_to_tensor(x, tf.float32) for x in (lr, beta1, beta2))
         step = tf.cast(step, tf.float32)
-        return lr * (tf.sqrt(1 - tf.pow(beta2, step)) / (1 - tf.pow(beta1, step)))
+        return (lr * tf.sqrt(1 - tf.pow(beta2, step))) / (1 - tf.pow(beta1, step))
 
 
 @_not_autograph

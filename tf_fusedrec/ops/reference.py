@@ -407,9 +407,10 @@ class NativeTableReference:
                 s[0] = s[0] + g * g
                 w = w - lr * g / (np.sqrt(s[0]) + eps)
             else:
-                s[0] = s[0] * beta1 + g * (one - beta1)
-                s[1] = s[1] * beta2 + (g * g) * (one - beta2)
-                w = w - lr * s[0] / (np.sqrt(s[1]) + eps)
+                # TensorFlow's ResourceApplyAdam arithmetic (what TFRA runs on a step's rows); lr is its alpha
+                s[0] = s[0] + (g - s[0]) * (one - beta1)
+                s[1] = s[1] + (g * g - s[1]) * (one - beta2)
+                w = w - (s[0] * lr) / (np.sqrt(s[1]) + eps)
             self.rows[k] = self._round_update(k, w, update_count)
 
     def find(self, keys, part=0):

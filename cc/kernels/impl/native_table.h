@@ -491,9 +491,12 @@ struct AdagradRule {
   }
 };
 
-// Keras' (legacy) Adam sparse update on the touched rows only (lazy Adam, TFRA's semantics):
-// m = m * beta1 + g * (1 - beta1); v = v * beta2 + (g * g) * (1 - beta2); w -= lr * m / (sqrt(v) + epsilon),
-// with lr already bias-corrected by the caller. Slots: m, then v.
+// Adam on the touched rows only (lazy Adam, TFRA's semantics), with the arithmetic of TensorFlow's ResourceApplyAdam
+// kernel, which is what TFRA runs on a step's rows (a TFRA shadow variable's gradient is dense over them):
+// m += (g - m) * (1 - beta1); v += (g * g - v) * (1 - beta2); w -= (m * lr) / (sqrt(v) + epsilon),
+// with lr the kernel's alpha, bias-corrected by the caller (adam_bias_corrected_lr). Slots: m, then v.
+// (Keras' sparse Adam, m * beta1 + g * (1 - beta1), rounds differently: 1-ulp differences that Adam's normalisation
+// grows over steps.) No FMA: each product and sum is rounded as TensorFlow's CPU kernel rounds it.
 struct AdamRule {
   static constexpr int kSlots = 2;
   static void Apply(const OptimizerHyper& h, const float* __restrict g, int64_t dim, float* __restrict w,
@@ -504,23 +507,23 @@ struct AdamRule {
     const float one_minus_beta2 = 1.0f - h.beta2;
     int64_t d = 0;
 #if defined(__SSE2__)
-    const __m128 lr = _mm_set1_ps(h.lr), eps = _mm_set1_ps(h.epsilon);
-    const __m128 b1 = _mm_set1_ps(h.beta1), b2 = _mm_set1_ps(h.beta2);
+    const __m128 alpha = _mm_set1_ps(h.lr), eps = _mm_set1_ps(h.epsilon);
     const __m128 c1 = _mm_set1_ps(one_minus_beta1), c2 = _mm_set1_ps(one_minus_beta2);
     for (; d + 4 <= dim; d += 4) {
       const __m128 gv = _mm_loadu_ps(g + d);
-      const __m128 mv = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(m + d), b1), _mm_mul_ps(gv, c1));
-      const __m128 vv = _mm_add_ps(_mm_mul_ps(_mm_loadu_ps(v + d), b2), _mm_mul_ps(_mm_mul_ps(gv, gv), c2));
+      const __m128 m0 = _mm_loadu_ps(m + d), v0 = _mm_loadu_ps(v + d);
+      const __m128 mv = _mm_add_ps(m0, _mm_mul_ps(_mm_sub_ps(gv, m0), c1));
+      const __m128 vv = _mm_add_ps(v0, _mm_mul_ps(_mm_sub_ps(_mm_mul_ps(gv, gv), v0), c2));
       _mm_storeu_ps(m + d, mv);
       _mm_storeu_ps(v + d, vv);
-      const __m128 step = _mm_div_ps(_mm_mul_ps(lr, mv), _mm_add_ps(_mm_sqrt_ps(vv), eps));
+      const __m128 step = _mm_div_ps(_mm_mul_ps(mv, alpha), _mm_add_ps(_mm_sqrt_ps(vv), eps));
       _mm_storeu_ps(w + d, _mm_sub_ps(_mm_loadu_ps(w + d), step));
     }
 #endif
     for (; d < dim; ++d) {
-      m[d] = m[d] * h.beta1 + g[d] * one_minus_beta1;
-      v[d] = v[d] * h.beta2 + (g[d] * g[d]) * one_minus_beta2;
-      w[d] -= h.lr * m[d] / (std::sqrt(v[d]) + h.epsilon);
+      m[d] = m[d] + (g[d] - m[d]) * one_minus_beta1;
+      v[d] = v[d] + (g[d] * g[d] - v[d]) * one_minus_beta2;
+      w[d] -= (m[d] * h.lr) / (std::sqrt(v[d]) + h.epsilon);
     }
   }
 };
