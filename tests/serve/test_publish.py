@@ -411,3 +411,41 @@ def test_the_ranker_publish_endpoint_answers_bad_requests_by_name(export, server
     finally:
         endpoint.shutdown()
         endpoint.server_close()
+
+
+def test_stage_requests_fit_the_servers_request_limit(export):
+    """A server started with --max-request-mb 1 gets StageRequests of at most 1 MiB (the publisher reads the limit
+    from its Info), so a version of about 1.5 MiB of rows per server publishes, in several requests, and is served."""
+    started = [embedding_server.EmbeddingServer(export, start, end, accept_publish=True, max_request_mb=1)
+               for start, end in fmt.even_ranges(2)]
+    table = RangeTable.even([f"127.0.0.1:{s.start()}" for s in started])
+    spec, ids, categories, keys, rows = TABLES[GROUP]
+    n = 3 * publish.MB // (4 * spec["dim"] + 8)
+    rng = np.random.default_rng(5)
+    new_ids = rng.choice(np.arange(serve_fixtures.ID_SPACE, 50 * serve_fixtures.ID_SPACE), n, replace=False)
+    new_categories = rng.integers(0, len(spec["features"]), n)
+    new_keys = fmt.table_keys(new_ids, new_categories, len(spec["features"]), spec["encoding"])
+    new_rows = rng.normal(0, 0.1, (n, spec["dim"])).astype(np.float32)
+    publisher = publish.Publisher(table)
+    sizes = []
+    for address, calls in publisher._calls.items():  # noqa: SLF001  (a spy on what is sent)
+        def spy(payload, timeout, stage=calls["stage"]):
+            sizes.append(len(payload))
+            return stage(payload, timeout=timeout)
+        calls["stage"] = spy
+    backend = RemoteBackend(export, table)
+    try:
+        assert publisher.stage_bytes(table.addresses) == publish.MB
+        publisher.stage(1, GROUP, spec["dim"], new_keys, new_rows, np.zeros(0, np.int64))
+        assert len(sizes) >= 4 and max(sizes) <= publish.MB, sizes
+        publisher.commit(1, step=8, full=False, keep_from=0)
+        want = reference((keys, rows))
+        want.update(reference((new_keys, new_rows)))
+        sample = rng.choice(n, 500, replace=False)
+        q_ids, q_cats = np.concatenate([ids, new_ids[sample]]), np.concatenate([categories, new_categories[sample]])
+        np.testing.assert_array_equal(served_rows(backend, q_ids, q_cats, 1), expected_rows(want, spec, q_ids, q_cats))
+    finally:
+        backend.close()
+        publisher.close()
+        for s in started:
+            s.stop(grace=0)

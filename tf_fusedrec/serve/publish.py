@@ -51,7 +51,8 @@ COMMIT_METHOD = f"/{embedding_server.SERVICE}/Commit"
 _KEY_BYTES = 8
 # Room for a StageRequest's framing and group name.
 _STAGE_OVERHEAD = 4096
-# The largest StageRequest sent, whatever the server accepts (smaller messages keep memory spikes small).
+# The largest StageRequest sent (smaller messages keep memory spikes small); less to a server that accepts less
+# (its InfoResponse.max_request_bytes, --max-request-mb).
 MAX_STAGE_BYTES = 16 << 20
 MB = 1 << 20
 
@@ -82,6 +83,7 @@ class Publisher:
             ("stage", STAGE_METHOD), ("commit", COMMIT_METHOD), ("info", embedding_server.INFO_METHOD))}
             for a, channel in self._channels.items()}
         self._lock = threading.Lock()
+        self._max_request = {}  # address: the largest request it accepts, from its Info
         self.bytes_sent = 0
 
     def close(self):
@@ -91,10 +93,23 @@ class Publisher:
     def info(self, address):
         """The InfoResponse of one server; PublishError when it does not answer."""
         try:
-            return pb.InfoResponse.FromString(self._calls[address]["info"](
+            info = pb.InfoResponse.FromString(self._calls[address]["info"](
                 pb.InfoRequest().SerializeToString(), timeout=self.timeout_s))
         except grpc.RpcError as e:
             raise _rpc_error(address, "Info", e) from None
+        if info.max_request_bytes > 0:
+            self._max_request[address] = info.max_request_bytes
+        return info
+
+    def stage_bytes(self, addresses):
+        """The largest StageRequest to send to all of `addresses`: MAX_STAGE_BYTES, or less where a server accepts
+        less (asked once per server)."""
+        limit = MAX_STAGE_BYTES
+        for address in addresses:
+            if address not in self._max_request:
+                self.info(address)
+            limit = min(limit, self._max_request.get(address, MAX_STAGE_BYTES))
+        return limit
 
     def newest_versions(self):
         """{address: newest version held}; PublishError naming a server that does not answer or takes no publish."""
@@ -117,18 +132,19 @@ class Publisher:
         entry_of_key = self.table.index(fmt.route(keys))
         entry_of_removed = self.table.index(fmt.route(removed))
         per_row = 4 * dim + _KEY_BYTES
-        chunk = max(1, (MAX_STAGE_BYTES - _STAGE_OVERHEAD) // per_row)
         sent = 0
         for r, (_, _, addresses) in enumerate(self.table.entries):
             mine = np.flatnonzero(entry_of_key == r)
             gone = removed[entry_of_removed == r]
             if not len(mine) and not len(gone):
                 continue
+            room = max(_KEY_BYTES, self.stage_bytes(addresses) - _STAGE_OVERHEAD)
+            chunk = max(1, room // per_row)
             # A server applies a version's removals before its rows, whatever the order they arrive in.
             requests = [pb.StageRequest(version=version, group=group, keys=keys[part].astype("<i8").tobytes(),
                                         rows=rows[part].astype("<f4").tobytes(), publish_id=publish_id)
                         for part in (mine[i:i + chunk] for i in range(0, len(mine), chunk))]
-            removed_chunk = (MAX_STAGE_BYTES - _STAGE_OVERHEAD) // _KEY_BYTES
+            removed_chunk = room // _KEY_BYTES
             requests += [pb.StageRequest(version=version, group=group, publish_id=publish_id,
                                          removed=gone[i:i + removed_chunk].astype("<i8").tobytes())
                          for i in range(0, len(gone), removed_chunk)]
