@@ -8,6 +8,8 @@ HOROVODRUN := .venv/bin/horovodrun -np 2 -H localhost:2 --gloo
 # Each local worker on a core of its own (scripts/pin_worker.sh): measured faster on this 2-core machine (README).
 PINNED_HOROVODRUN := $(HOROVODRUN) scripts/pin_worker.sh
 DEMO_STEPS ?= 100
+# The Bazel build of the op library (make bazel, and make test beside the suite).
+BAZEL_BUILD := bazel build --jobs=2 //...
 
 .PHONY: install build bazel wheel demo test test-fast test-ops test-bazel bench bench-ops bench-cluster bench-cluster-runs bench-serve \
 	docs-tables cuda-harness cuda-check cuda-bench clean
@@ -21,7 +23,7 @@ build: install
 
 # The Bazel build of the same library, offline (see .bazelrc).
 bazel: install
-	bazel build --jobs=2 //...
+	$(BAZEL_BUILD)
 
 # pip's route end to end: a wheel that carries the library.
 wheel: install
@@ -50,7 +52,7 @@ PYTEST_PARALLEL := -n 2 --dist loadgroup
 # target, after the suite, with its log's tail (the whole log: build/bazel-build.log).
 test: build
 	@mkdir -p build; \
-	nice -n 19 bazel build --jobs=2 //... >build/bazel-build.log 2>&1 & bazel_pid=$$!; \
+	nice -n 19 $(BAZEL_BUILD) >build/bazel-build.log 2>&1 & bazel_pid=$$!; \
 	TF_FUSEDREC_REQUIRE_HOROVOD=1 $(PY) -m pytest $(PYTEST_PARALLEL) --durations=30 tests; suite=$$?; \
 	if ! wait $$bazel_pid; then \
 	  echo "make test: the Bazel build failed (build/bazel-build.log):"; tail -n 40 build/bazel-build.log; exit 1; \
