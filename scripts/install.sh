@@ -52,7 +52,8 @@ if ! .venv/bin/python -c "import horovod, sys; sys.exit(horovod.__version__ != '
   || ! .venv/bin/python -c "import horovod.tensorflow" >/dev/null 2>&1; then
   log "building horovod $HOROVOD_VERSION with TensorFlow and Gloo (about 2.5 minutes on 2 cores)"
   # scripts/horovod_cmake.sh: Horovod's optimised build without debug information (140 s against 169 s here).
-  HOROVOD_CMAKE="$(pwd)/scripts/horovod_cmake.sh" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
+  HOROVOD_CMAKE="$(pwd)/scripts/horovod_cmake.sh" \
+    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_PYTORCH=1 \
     HOROVOD_WITHOUT_MXNET=1 "${PIP[@]}" install -q --no-build-isolation --no-cache-dir "horovod==$HOROVOD_VERSION"
 fi
 # tf_fusedrec itself, editable, into .venv: `.venv/bin/python my_script.py` imports it from any directory, and edits
