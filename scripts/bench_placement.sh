@@ -8,6 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${MODES:?MODES=mode,mode,... is required}" "${OUT:?OUT=directory is required}"
 RUNS=${RUNS:-2} STEPS=${STEPS:-15} REPEATS=${REPEATS:-3} WARMUP=${WARMUP:-10}
+# HOROVODRUN from the environment, or the Makefile's HOROVODRUN line.
+read -r -a horovodrun <<<"${HOROVODRUN:-.venv/bin/horovodrun -np 2 -H localhost:2 --gloo}"
 for n in $(seq 1 "$RUNS"); do
   for placement in pinned unpinned; do
     dir=$OUT/$placement-$n
@@ -18,7 +20,7 @@ for n in $(seq 1 "$RUNS"); do
     pin=()
     if [ "$placement" = pinned ]; then pin=(scripts/pin_worker.sh); fi
     echo "[bench_placement] $dir"
-    .venv/bin/horovodrun -np 2 -H localhost:2 --gloo "${pin[@]}" .venv/bin/python -m tf_fusedrec.bench \
+    "${horovodrun[@]}" "${pin[@]}" .venv/bin/python -m tf_fusedrec.bench \
       --modes "$MODES" --sweep '' --steps "$STEPS" --repeats "$REPEATS" --warmup "$WARMUP" --out "$dir"
   done
 done
