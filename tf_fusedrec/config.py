@@ -7,6 +7,7 @@ collective names from the same config.
 
 import dataclasses
 import json
+import math
 from typing import Any, Optional, Tuple
 
 import tensorflow as tf
@@ -481,8 +482,9 @@ def parse_config(raw, where="config"):
     data = _build(DataConfig, raw.get("data"), f"{where}.data")
     if data.source not in DATA_SOURCES:
         raise ValueError(f"{where}.data.source: must be one of {DATA_SOURCES}, got {data.source!r}")
-    if not isinstance(data.drift, (int, float)) or isinstance(data.drift, bool) or not data.drift >= 0:
-        raise ValueError(f"{where}.data.drift: a number >= 0 (ids per step), got {data.drift!r}")
+    if (not isinstance(data.drift, (int, float)) or isinstance(data.drift, bool) or not math.isfinite(data.drift)
+            or data.drift < 0):
+        raise ValueError(f"{where}.data.drift: a finite number >= 0 (ids per step), got {data.drift!r}")
     if data.drift and data.source != "synthetic":
         raise ValueError(f"{where}.data.drift: only for source 'synthetic', not {data.source!r}")
     if data.source not in ("synthetic", "grm_synthetic") and not data.path:

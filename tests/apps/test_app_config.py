@@ -260,5 +260,6 @@ def test_data_drift_reaches_the_dataset_and_is_checked(apps):
     assert (still[name].numpy() != moved[name].numpy()).mean() > 0.5  # the popular ids moved
     rejects(apps.tiny_config(data={"drift": -1}), "data.drift", ">= 0")
     rejects(apps.tiny_config(data={"drift": "fast"}), "data.drift")
+    rejects(apps.tiny_config(data={"drift": float("inf")}), "data.drift", "finite")
     rejects(apps.tiny_config(data={"source": "grm_synthetic", "num_dense": 0, "drift": 1}), "data.drift",
             "only for source 'synthetic'")
