@@ -9,6 +9,7 @@ from tf_fusedrec.ops.category_unique_ops import (
     packed_segment_bits,
 )
 from tf_fusedrec.ops.fused_sender_ops import FusedSenderResult, fused_sender
+from tf_fusedrec.ops.gather_segment_sum_ops import gather_segment_sum
 from tf_fusedrec.ops.native_table_ops import (
     NativeTableAccessStatus,
     NativeTableConfig,
@@ -29,6 +30,7 @@ from tf_fusedrec.ops.native_table_ops import (
 )
 from tf_fusedrec.ops.partition_ops import PartitionResult, owner_of, partition_by_owner
 from tf_fusedrec.ops.segment_unique_ops import SegmentUniqueResult, segment_unique
+from tf_fusedrec.ops.upper_triangle_ops import upper_triangle
 
 __all__ = [
     "CategoryUniqueResult",
@@ -45,6 +47,7 @@ __all__ = [
     "create_native_table",
     "decode_unified_keys",
     "fused_sender",
+    "gather_segment_sum",
     "library_path",
     "load_ops",
     "native_table_access_status",
@@ -61,4 +64,5 @@ __all__ = [
     "packed_segment_bits",
     "partition_by_owner",
     "segment_unique",
+    "upper_triangle",
 ]

@@ -455,3 +455,50 @@ class NativeTableReference:
         counts = np.array([self.access[k][0] for k in keys.tolist()], np.int64)
         last = np.array([self.access[k][1] for k in keys.tolist()], np.int64)
         return keys, counts, last, self.clock
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# gather_segment_sum (tf_fusedrec.ops.gather_segment_sum_ops): the recover gather and the combiner sums.
+# ----------------------------------------------------------------------------------------------------------------
+
+__all__ += ["gather_segment_sum", "gather_segment_sum_grad"]
+
+
+def _feature_spans(index, segment_ids, num_segments):
+    """[(feature's index part, its segment ids, its output rows)], checked as the op checks them."""
+    index = np.asarray(index, np.int64).reshape(-1)
+    spans, offset = [], 0
+    for f, (seg, size) in enumerate(zip(segment_ids, num_segments)):
+        seg, size = np.asarray(seg, np.int64).reshape(-1), int(size)
+        if seg.size and (seg.min() < 0 or seg.max() >= size):
+            raise ValueError(f"segment_ids[{f}] must be in [0, {size})")
+        spans.append((index[offset:offset + seg.size], seg, size))
+        offset += seg.size
+    if offset != index.size:
+        raise ValueError(f"index has {index.size} entries but segment_ids hold {offset} ids")
+    return spans
+
+
+def gather_segment_sum(params, index, segment_ids, num_segments):
+    """Per feature f: out[f][segment_ids[f][j]] += params[index[o_f + j]], j in order, from zeros (a Python loop)."""
+    params = np.asarray(params)
+    if np.asarray(index).size and not 0 <= np.min(index) <= np.max(index) < params.shape[0]:
+        raise ValueError(f"index must be in [0, {params.shape[0]})")
+    outputs = []
+    for part, seg, size in _feature_spans(index, segment_ids, num_segments):
+        out = np.zeros((size, params.shape[1]), params.dtype)
+        for i, s in zip(part.tolist(), seg.tolist()):
+            out[s] = out[s] + params[i]
+        outputs.append(out)
+    return outputs
+
+
+def gather_segment_sum_grad(grads, index, segment_ids, num_segments, num_params):
+    """params_grad[index[o_f + j]] += grads[f][segment_ids[f][j]], f then j in order, from zeros."""
+    dim = np.asarray(grads[0]).shape[1]
+    out = np.zeros((int(num_params), dim), np.asarray(grads[0]).dtype)
+    for g, (part, seg, _) in zip(grads, _feature_spans(index, segment_ids, num_segments)):
+        g = np.asarray(g)
+        for i, s in zip(part.tolist(), seg.tolist()):
+            out[i] = out[i] + g[s]
+    return out
