@@ -167,8 +167,9 @@ def main():
     for index, run in enumerate(runs):
         print(f"[scenario] rank {rank}: run {index + 1}/{len(runs)}: {run}", flush=True)
         tf.keras.backend.clear_session()
-        # fused_chain: the fused layer sending its keys through the op chain the fused sender op replaces.
-        group_lookup.FUSED_SENDER = run["layer"] != "fused_chain"
+        # fused_chain: the fused layer sending its keys and combining its rows through the op chains the fused sender
+        # and gather_segment_sum ops replace.
+        group_lookup.FUSED_SENDER = group_lookup.FUSED_OUTPUT = run["layer"] != "fused_chain"
         run_one(rank, size, name="sparse" if index == 0 else f"sparse_{index}", **run)
 
 
@@ -194,6 +195,7 @@ def run_one(rank, size, layer, optimizer, steps, mode, autograph, out, name):
                for k, v in forward(first).items()}
     alltoalls = count_alltoalls(forward, first)
     sender_ops = count_ops(forward, first, op_type="FusedRec>FusedSender")
+    output_ops = count_ops(forward, first, op_type="FusedRec>GatherSegmentSum")
     losses = [float(train_step(local_slice(make_batch(s), rank, size)).numpy()) for s in range(steps)]
     stats = {}
     if hasattr(model.embedding, "statistics"):
@@ -211,6 +213,7 @@ def run_one(rank, size, layer, optimizer, steps, mode, autograph, out, name):
                 if r is not None:
                     tables[f"table/{f.name}/{i}"] = r
     save_rank(out, rank, dict(losses=np.array(losses), alltoalls=alltoalls, sender_ops=sender_ops,
+                              output_ops=output_ops,
                               eval_pred=eval_pred, kernel=model.dense.kernel.numpy(), bias=model.dense.bias.numpy(),
                               **{f"out/{k}": v for k, v in outputs.items()}, **tables, **stats))
 

@@ -11,7 +11,7 @@ of a worker count run in one launch, one after another); the tests then compare 
 * one all-to-all pair per spec group (fused) vs per feature (per_feature), none with 1 worker;
 * per-feature statistics survive fusion (ids, unique_sent, unique_looked_up checked against NumPy);
 * eager training steps == tf.function steps;
-* the fused sender op == the op chain it replaces (2 workers, bit for bit).
+* the fused ops (sender, output sums) == the op chains they replace (2 workers, bit for bit).
 
 Most runs trace with ``--autograph off`` (about half the time of a run); the main configuration (2 workers, fused,
 Adagrad, tf.function) keeps the default AutoGraph path, so comparisons against it also cover that path.
@@ -446,17 +446,20 @@ def test_statistics(scenario, workers):
 # 6. Eager training steps == tf.function steps
 # --------------------------------------------------------------------------------------------------------------
 
-def test_fused_sender_equals_the_op_chain_on_two_workers(scenario):
-    """The fused sender op (group_lookup.FusedSender, the default) and the op chain it replaces (ChainSender) give the
-    same training bit for bit: outputs, losses, tables, dense weights, held-out predictions, statistics."""
+def test_fused_ops_equal_the_op_chains_on_two_workers(scenario):
+    """The fused sender op (group_lookup.FusedSender, the default) and the output's gather_segment_sum op
+    (GroupLookup.output_sums) against the op chains they replace (ChainSender; gather, split and a segment sum per
+    feature) give the same training bit for bit: outputs, losses, tables, dense weights, held-out predictions,
+    statistics."""
     fused, chain = scenario(2, "fused", "adagrad"), scenario(2, "fused_chain", "adagrad")
     for r in range(2):
-        # The runs really differ in their sender: one fused op per group, or none (the chain).
-        senders = int(fused.ranks[r]["sender_ops"]), int(chain.ranks[r]["sender_ops"])
-        assert senders == (NUM_GROUPS, 0), (r, senders)
+        # The runs really differ: one fused op of each kind per group, or none (the chains).
+        for ops in ("sender_ops", "output_ops"):
+            counts = int(fused.ranks[r][ops]), int(chain.ranks[r][ops])
+            assert counts == (NUM_GROUPS, 0), (r, ops, counts)
         assert sorted(fused.ranks[r]) == sorted(chain.ranks[r]), (r, set(fused.ranks[r]) ^ set(chain.ranks[r]))
         for key, value in chain.ranks[r].items():
-            if key != "sender_ops":
+            if key not in ("sender_ops", "output_ops"):
                 np.testing.assert_array_equal(fused.ranks[r][key], value, err_msg=f"rank {r}: {key}")
 
 

@@ -674,21 +674,34 @@ def test_each_group_uses_its_own_optimizer(mode):
         np.testing.assert_allclose(rows, want, atol=2e-6, rtol=1e-5, err_msg=f.name)
 
 
-def test_combiner_gradient_numerically():
-    """tf.test.compute_gradient of the combine step alone (float64), through the layer's own code path."""
+@pytest.mark.parametrize("path", ["chain", "fused"])
+def test_combiner_gradient_numerically(path):
+    """tf.test.compute_gradient of the combine step alone (float64), through the layer's own code paths: the
+    per-feature chain (unflatten_rows) and the fused layer's (one gather_segment_sum over a row buffer, then
+    finish_rows), which must also agree with the chain exactly."""
     from tf_fusedrec.layers import _inputs  # noqa: PLC0415
 
     ids = tf.ragged.constant([[1, 2, 2], [], [3]], tf.int64)
-    for combiner in ("sum", "mean", "sqrtn"):
+    index = tf.constant([2, 0, 0, 1], tf.int32)  # each id's row in a buffer of 3 (duplicates share one)
+    for combiner in ("sum", "mean", "sqrtn", None):
         feature = fr.Feature("f", 2, combiner=combiner)
-        flat, _ = _inputs.flatten_feature(feature, ids)
+        flat = _inputs.flatten_feature(feature, ids)
 
-        def combine(rows, flat=flat, feature=feature):
-            return _inputs.unflatten_rows(feature, rows, flat.layout)
+        def chain(buffer, flat=flat, feature=feature):
+            out = _inputs.unflatten_rows(feature, tf.gather(buffer, index), flat.layout)
+            return out.flat_values if isinstance(out, tf.RaggedTensor) else out
 
-        rows = tf.constant(np.random.default_rng(0).normal(size=(4, 2)), tf.float64)
-        theoretical, numerical = tf.test.compute_gradient(combine, [rows])
-        np.testing.assert_allclose(theoretical[0], numerical[0], atol=1e-6, err_msg=combiner)
+        def fused(buffer, flat=flat, feature=feature):
+            segments, total = _inputs.output_segments(feature, flat.layout)
+            sums, = fr.ops.gather_segment_sum(buffer, index, [segments], [total])
+            out = _inputs.finish_rows(feature, sums, flat.layout)
+            return out.flat_values if isinstance(out, tf.RaggedTensor) else out
+
+        buffer = tf.constant(np.random.default_rng(0).normal(size=(3, 2)), tf.float64)
+        combine = fused if path == "fused" else chain
+        theoretical, numerical = tf.test.compute_gradient(combine, [buffer])
+        np.testing.assert_allclose(theoretical[0], numerical[0], atol=1e-6, err_msg=str(combiner))
+        np.testing.assert_array_equal(combine(buffer).numpy(), chain(buffer).numpy(), err_msg=str(combiner))
 
 
 # --------------------------------------------------------------------------------------------------------------

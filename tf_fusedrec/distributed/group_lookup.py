@@ -5,7 +5,10 @@
 * ``lookup(dists, training)``: table read of the unique keys (new keys get their initial rows) -> gather to the
   received order. Reads the table, so it runs after the previous batch's update.
 * ``output_dist(rows, dist, slot)``: embeddings all-to-all -> recover the fused layout with one composed index ->
-  split per feature.
+  split per feature. The layer calls ``output_sums`` instead, which ends in each feature's rows summed into its
+  output rows (its combiner's sums, or one row per id): the recover gather and those sums as one op
+  (``ops.gather_segment_sum``), or, with ``fused_output=False`` (or ``FUSED_OUTPUT``), as the chain it replaces
+  (output_dist, then a segment sum per feature).
 
 What differs between modes is chosen once, when the object is built, never per batch:
 
@@ -38,6 +41,8 @@ from tf_fusedrec.distributed.comm import slot_name
 # The default of FusedGroupLookup's `fused_sender`: layers build their lookups without it, so a process that compares
 # the fused sender with the op chain it replaces (a test, a benchmark) sets this before building its layer.
 FUSED_SENDER = True
+# The default of GroupLookup's `fused_output`, likewise (the combine op, or the chain it replaces).
+FUSED_OUTPUT = True
 
 GroupDist = collections.namedtuple(
     "GroupDist",
@@ -246,10 +251,13 @@ class GroupLookup:
       table: the group's EmbeddingTable on this worker.
       comm: the comm object (rank, size, alltoall, ...).
       prefix: deterministic collective name prefix (layer and group).
+      fused_output: output_sums sums with one op (ops.gather_segment_sum) rather than the chain it replaces
+        (bit-identical); None: FUSED_OUTPUT.
     """
 
-    def __init__(self, group, table, comm, prefix):
+    def __init__(self, group, table, comm, prefix, fused_output=None):
         self.group, self.table, self.comm, self.prefix = group, table, comm, prefix
+        self.fused_output = FUSED_OUTPUT if fused_output is None else fused_output
 
     def input_dist(self, ids_per_feature, slot=0, send_after=()):
         """ids: list of int64 [n_f] valid ids, in group order -> GroupDist. `send_after`: tensors the keys all-to-all
@@ -271,7 +279,21 @@ class GroupLookup:
 
     def output_dist(self, rows, dist, slot=0):
         """Rows in received order -> list of float32 [n_f, dim], one per feature in group order."""
-        return self._recover(self._send_rows(rows, dist, slot), dist)
+        return self._recover(self.output_buffer(rows, dist, slot), dist)
+
+    def output_sums(self, rows, dist, segments, num_segments, slot=0):
+        """output_dist, then each feature's rows summed into its output rows: rows in received order -> list, one per
+        feature in group order, of unsorted_segment_sum(feature's rows, segments[f], num_segments[f]) (segments:
+        int64 [n_f] per feature; num_segments: int64 scalars). One op, or the chain, bit-identical."""
+        buffer = self.output_buffer(rows, dist, slot)
+        if self.fused_output:
+            return ops.gather_segment_sum(buffer, dist.recover_index, segments, num_segments, name="combine")
+        return [tf.math.unsorted_segment_sum(r, s, n)
+                for r, s, n in zip(self._recover(buffer, dist), segments, num_segments)]
+
+    def output_buffer(self, rows, dist, slot=0):
+        """Rows in received order -> the rows recover_index counts (those back from the embeddings all-to-all)."""
+        return self._send_rows(rows, dist, slot)
 
     def _send_rows(self, rows, dist, slot):
         return self._route.send_rows(rows, dist.received_splits, slot_name(self.prefix, "embeddings", slot))
@@ -298,8 +320,8 @@ class FusedGroupLookup(GroupLookup):
         cold rest goes through the dedup and the route as separate ops (the fused sender does not classify).
     """
 
-    def __init__(self, group, table, comm, prefix, dedup="segment", fused_sender=None, hot=None):
-        super().__init__(group, table, comm, prefix)
+    def __init__(self, group, table, comm, prefix, dedup="segment", fused_sender=None, hot=None, fused_output=None):
+        super().__init__(group, table, comm, prefix, fused_output)
         self.hot = hot
         wire = PackedWire(group.num_categories) if group.encoding == "packed" else PairWire()
         self._route = LocalRoute() if comm.size == 1 else AllToAllRoute(comm, wire)
@@ -334,13 +356,13 @@ class FusedGroupLookup(GroupLookup):
         cold = super().lookup(dists, training)
         return cold if self.hot is None else list(zip(cold, self.hot.lookup(dists, training)))
 
-    def output_dist(self, rows, dist, slot=0):
-        """As GroupLookup.output_dist; with a hot set, rows are (cold, hot): the cold rows travel back, the local hot
-        rows follow them in the buffer recover_index counts."""
+    def output_buffer(self, rows, dist, slot=0):
+        """As GroupLookup.output_buffer; with a hot set, rows are (cold, hot): the cold rows travel back, the local
+        hot rows follow them in the buffer recover_index counts."""
         if self.hot is None:
-            return super().output_dist(rows, dist, slot)
+            return super().output_buffer(rows, dist, slot)
         cold, hot = rows
-        return self._recover(tf.concat([self._send_rows(cold, dist, slot), hot], axis=0), dist)
+        return tf.concat([self._send_rows(cold, dist, slot), hot], axis=0)
 
     def _send_cold_keys(self, keys, segments, feature_sizes, name, slot, send_after):
         """The sender with a hot set: dedup, classify the unique pairs, send the cold ones only. -> (received ids,
@@ -460,8 +482,8 @@ class SourceHashGroupLookup(GroupLookup):
     initial rows come from the fused key itself (deterministic, but not the per-feature rows).
     """
 
-    def __init__(self, group, table, comm, prefix):
-        super().__init__(group, table, comm, prefix)
+    def __init__(self, group, table, comm, prefix, fused_output=None):
+        super().__init__(group, table, comm, prefix, fused_output)
         self._route = LocalRoute() if comm.size == 1 else AllToAllRoute(comm, KeyWire())
 
     def input_dist(self, ids_per_feature, slot=0, send_after=()):

@@ -42,15 +42,27 @@ def group_features(features, optimizer, initializer, layer_name):
 
 
 def flatten_inputs(features, inputs, layer_name, local_checks=True):
-    """Checks the input dict; returns ({name: FlatFeature}, assertion ops). local_checks=False: no value checks (see
-    shared_checks)."""
+    """Checks the input dict; returns ({name: FlatFeature}, assertion ops: local_value_checks). local_checks=False:
+    no value checks (see shared_checks)."""
     _inputs.check_input_dict(features, inputs, layer_name)
-    flats, checks = {}, []
-    for f in features:
-        flat, c = _inputs.flatten_feature(f, inputs[f.name], local_checks=local_checks)
-        flats[f.name] = flat
-        checks.extend(c)
-    return flats, checks
+    flats = {f.name: _inputs.flatten_feature(f, inputs[f.name]) for f in features}
+    return flats, (local_value_checks(features, inputs) if local_checks else [])
+
+
+def _first_broken(broken):
+    """int32 scalar: the position of the first True in broken (bool [P], P >= 1); any position when none is."""
+    size = tf.size(broken, out_type=tf.int32)
+    return tf.argmax(tf.cast(broken, tf.int32) * tf.range(size, 0, -1), output_type=tf.int32)
+
+
+def local_value_checks(features, inputs):
+    """The value checks of this worker's batch as ONE assertion op (an op per feature and rule cost a graph of ~25
+    ops each, and their conditionals ran every step), failing with the message of the first rule broken, in
+    violation_messages' order."""
+    flags, messages = violation_flags(features, inputs)
+    broken = flags > 0
+    text = tf.gather(tf.constant(messages), _first_broken(broken))
+    return [tf.debugging.Assert(tf.logical_not(tf.reduce_any(broken)), [text])]
 
 
 def violation_flags(features, inputs):
@@ -69,20 +81,19 @@ def violation_message(message, ranks):
 
 
 def shared_checks(features, inputs, comm, name):
-    """The value checks of every worker's batch, shared by one small allgather (`name`), as assertion ops that fail
-    on EVERY worker, naming the feature, the rule and the rank(s) whose batch broke it, when any worker's batch is
-    bad. Run them before the first all-to-all: a check failing on one worker alone would leave its peers waiting in a
-    collective it never joins."""
+    """The value checks of every worker's batch, shared by one small allgather (`name`), as ONE assertion op that
+    fails on EVERY worker, naming the first rule broken (in violation_messages' order: the feature and the rule) and
+    the rank(s) whose batch broke it, when any worker's batch is bad. Run it before the first all-to-all: a check
+    failing on one worker alone would leave its peers waiting in a collective it never joins."""
     flags, messages = violation_flags(features, inputs)
-    everyone = comm.allgather(flags[None, :], name=name)  # [N, P]
-    ranks = tf.range(comm.size)
-    checks = []
-    for i, message in enumerate(messages):
-        bad = tf.strings.reduce_join(tf.strings.as_string(tf.boolean_mask(ranks, everyone[:, i] > 0)), separator=", ")
-        # The same text as violation_message, with the ranks known only at run time.
-        text = tf.strings.join([f"{message} (in the batch of rank ", bad, ")"])
-        checks.append(tf.debugging.Assert(tf.reduce_all(everyone[:, i] == 0), [text]))
-    return checks
+    everyone = comm.allgather(flags[None, :], name=name) > 0  # [N, P]
+    broken = tf.reduce_any(everyone, axis=0)
+    first = _first_broken(broken)
+    ranks = tf.boolean_mask(tf.range(comm.size), tf.gather(everyone, first, axis=1))
+    # The same text as violation_message, with the rule and the ranks known only at run time.
+    text = tf.strings.join([tf.gather(tf.constant(messages), first), " (in the batch of rank ",
+                            tf.strings.reduce_join(tf.strings.as_string(ranks), separator=", "), ")"])
+    return [tf.debugging.Assert(tf.logical_not(tf.reduce_any(broken)), [text])]
 
 
 def checked_inputs(features, inputs, layer_name, comm, name, checked=False):

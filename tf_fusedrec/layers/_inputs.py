@@ -44,7 +44,8 @@ def violation_messages(feature):
 
 def id_violations(feature, ids):
     """[(bool scalar: the ids break a rule, the message naming the feature and the rule)] of one feature's ids (after
-    flatten_feature's static checks): what workers share so that one worker's bad batch stops all of them."""
+    flatten_feature's static checks): what a layer checks in one assertion, and what workers share so that one
+    worker's bad batch stops all of them."""
     values = tf.cast(ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1]), tf.int64)
     negative, too_large = _messages(feature)
     out = [(tf.reduce_any(values < -1), negative)]
@@ -53,15 +54,13 @@ def id_violations(feature, ids):
     return out
 
 
-def flatten_feature(feature, ids, local_checks=True):
-    """Checks one feature's ids and returns its valid ids flattened, plus what is needed to rebuild the output.
-
-    Args:
-      local_checks: False leaves the value checks (negative, too large) to the caller, who shares them between
-        workers (id_violations); the static checks (dtype, rank) always run.
+def flatten_feature(feature, ids):
+    """Checks one feature's ids statically (dtype, rank) and returns its valid ids flattened, plus what is needed to
+    rebuild the output. The value checks (negative, too large) are the caller's, over all features at once
+    (id_violations): one assertion for a layer, or one shared between workers.
 
     Returns:
-      (FlatFeature(ids int64 [n], layout), list of assertion ops that must run before the ids are used).
+      FlatFeature(ids int64 [n], layout).
 
     Raises:
       ValueError / TypeError naming the feature for a wrong dtype or rank (statically known).
@@ -98,41 +97,53 @@ def flatten_feature(feature, ids, local_checks=True):
             rows_of = tf.range(tf.size(values, out_type=tf.int64)) // tf.maximum(shape[1], 1)
             num_rows = shape[0]
     values = tf.cast(values, tf.int64)
-    negative, too_large = _messages(feature)
-    checks = []
-    if local_checks:
-        checks.append(tf.debugging.assert_greater_equal(values, tf.constant(-1, tf.int64), message=negative))
-        if too_large is not None:
-            checks.append(tf.debugging.assert_less(values, tf.constant(1 << feature.max_id_bits, tf.int64),
-                                                   message=too_large))
     positions = tf.where(values >= 0)[:, 0]
     layout = _Layout(
         kind, shape, positions, tf.gather(rows_of, positions), ids if ragged else None, num_rows, ids.shape
     )
-    return FlatFeature(tf.gather(values, positions), layout), checks
+    return FlatFeature(tf.gather(values, positions), layout)
 
 
-def unflatten_rows(feature, rows, layout):
-    """Rows of the valid ids [n, dim] -> the feature's output (see module docstring), with static shapes set."""
+def output_segments(feature, layout):
+    """Where each valid id's row lands in the feature's output before the combiner's scaling: -> (int64 [n] output
+    row of each id, int64 scalar number of output rows). A combiner sums an example's ids into its row; without one
+    each id has a row of its own (its position in the padded or ragged layout), and padding's rows stay zero."""
+    if feature.combiner is not None:
+        return layout.rows_of, layout.num_rows
+    if layout.kind == "ragged":
+        return layout.positions, tf.shape(layout.ragged.flat_values, out_type=tf.int64)[0]
+    return layout.positions, tf.reduce_prod(layout.shape)
+
+
+def finish_rows(feature, sums, layout):
+    """The summed rows [num output rows, dim] of output_segments -> the feature's output (see module docstring)."""
     dim = feature.dim
-    rows = tf.ensure_shape(rows, [None, dim])
-    batch = layout.static_shape[0]
+    sums.set_shape([None, dim])
     if feature.combiner is None:
         if layout.kind == "ragged":
-            total = tf.shape(layout.ragged.flat_values, out_type=tf.int64)[0]
-            dense = tf.scatter_nd(layout.positions[:, None], rows, tf.stack([total, dim]))
-            return layout.ragged.with_flat_values(dense)
-        total = tf.reduce_prod(layout.shape)
-        dense = tf.scatter_nd(layout.positions[:, None], rows, tf.stack([total, dim]))
-        out = tf.reshape(dense, tf.concat([layout.shape, [dim]], axis=0))
+            return layout.ragged.with_flat_values(sums)
+        out = tf.reshape(sums, tf.concat([layout.shape, [dim]], axis=0))
         out.set_shape(layout.static_shape.concatenate([dim]))
         return out
-    sums = tf.math.unsorted_segment_sum(rows, layout.rows_of, layout.num_rows)
-    sums.set_shape([batch, dim])
+    sums.set_shape([layout.static_shape[0], dim])
     if feature.combiner == "sum":
         return sums
-    counts = tf.math.unsorted_segment_sum(tf.ones_like(layout.rows_of, rows.dtype), layout.rows_of, layout.num_rows)
+    counts = tf.math.unsorted_segment_sum(tf.ones_like(layout.rows_of, sums.dtype), layout.rows_of, layout.num_rows)
     counts = tf.maximum(counts, 1.0)[:, None]
     if feature.combiner == "mean":
         return sums / counts
     return sums / tf.sqrt(counts)
+
+
+def unflatten_rows(feature, rows, layout):
+    """Rows of the valid ids [n, dim] -> the feature's output (see module docstring), with static shapes set: a
+    scatter (no combiner) or a segment sum, then finish_rows. The per-feature layers' way; FusedEmbedding sums a
+    whole group's rows with one op (GroupLookup.output_sums) before finish_rows."""
+    rows = tf.ensure_shape(rows, [None, feature.dim])
+    segments, total = output_segments(feature, layout)
+    if feature.combiner is None:
+        sums = tf.scatter_nd(segments[:, None], rows, tf.stack([total, feature.dim]))
+    else:
+        sums = tf.math.unsorted_segment_sum(rows, segments, total)
+    return finish_rows(feature, sums, layout)
+

@@ -324,11 +324,14 @@ class FusedEmbedding(EmbeddingLayer):
             group_dists = [d.groups[g] for d in dists]
             with tf.name_scope(f"{group.name}/lookup"):
                 rows = group_lookup.lookup(group_dists, training)
+            features = [self._feature[name] for name in group.feature_names]
             for i, (dist, flat) in enumerate(zip(group_dists, flats)):
+                layouts = [flat[name].layout for name in group.feature_names]
                 with tf.name_scope(f"{group.name}/output_dist"):
-                    per_feature = group_lookup.output_dist(rows[i], dist, slots[i])
-                for name, feature_rows in zip(group.feature_names, per_feature):
-                    outputs[i][name] = _inputs.unflatten_rows(self._feature[name], feature_rows, flat[name].layout)
+                    segments, totals = zip(*(_inputs.output_segments(f, lay) for f, lay in zip(features, layouts)))
+                    sums = group_lookup.output_sums(rows[i], dist, segments, totals, slots[i])
+                for f, feature_sums, layout in zip(features, sums, layouts):
+                    outputs[i][f.name] = _inputs.finish_rows(f, feature_sums, layout)
             stat_rows.append(tf.stack([
                 tf.cast(tf.add_n([d.feature_sizes for d in group_dists]), tf.int64),
                 _per_feature(tf.add_n([d.unique_sent for d in group_dists]), group),
