@@ -166,3 +166,51 @@ def test_no_dense_features(apps, model_name):
         loss = tf.reduce_mean(fused(features, training=True))
     grads = tape.gradient(loss, fused.trainable_variables)
     assert all(g is not None for g in grads), [v.name for v, g in zip(fused.trainable_variables, grads) if g is None]
+
+
+def test_dlrm_interactions_equal_the_boolean_mask(apps):
+    """DLRM's pairwise interactions through ops.upper_triangle (training) and through the boolean mask it replaces
+    (_blocks.standard_ops, what an export traces): the same logits and the same gradients, bit for bit."""
+    from tf_fusedrec.models import _blocks  # noqa: PLC0415
+
+    config = tiny(apps)
+    model = build(config, "dlrm", "fused")
+    features, labels = batch_of(config)
+
+    def run(standard):
+        with tf.GradientTape() as tape:
+            if standard:
+                with _blocks.standard_ops():
+                    logits = model(features, training=True)
+            else:
+                logits = model(features, training=True)
+            loss = tf.reduce_sum(logits * tf.cast(labels, tf.float32))
+        dense = [v for v in model.trainable_variables if "sparse" not in v.name]
+        return logits.numpy(), [g.numpy() for g in tape.gradient(loss, dense)]
+
+    op_logits, op_grads = run(False)
+    mask_logits, mask_grads = run(True)
+    np.testing.assert_array_equal(op_logits, mask_logits)
+    assert len(op_grads) == len(mask_grads) > 0
+    for a, b in zip(op_grads, mask_grads):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_dlrm_export_holds_tensorflow_ops_only(apps, tmp_path):
+    """fr.export's dense SavedModel of a DLRM trained with tf_fusedrec's ops holds none of them: it loads where the
+    op library is not (TensorFlow Serving), and predicts what the model predicts."""
+    from tensorflow.core.protobuf import saved_model_pb2  # noqa: PLC0415
+
+    config = tiny(apps)
+    model = build(config, "dlrm", "fused")
+    features, _ = batch_of(config)
+    expected = model(features, training=False).numpy()
+    fr.export.export_model(model, str(tmp_path / "export"), example=features)
+    [pb] = list((tmp_path / "export").rglob("saved_model.pb"))
+    saved = saved_model_pb2.SavedModel.FromString(pb.read_bytes())
+    graph = saved.meta_graphs[0].graph_def
+    op_types = {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
+    assert "MatMul" in op_types or "BatchMatMulV2" in op_types, sorted(op_types)
+    assert not [t for t in op_types if t.startswith("FusedRec")], sorted(op_types)
+    served = fr.export.load_model(str(tmp_path / "export"))
+    np.testing.assert_allclose(served.predict(features), expected, rtol=RTOL, atol=ATOL)

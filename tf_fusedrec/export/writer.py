@@ -17,6 +17,7 @@ from tf_fusedrec import initializers
 from tf_fusedrec.export import format as fmt
 from tf_fusedrec.layers.fused_embedding import FusedEmbedding
 from tf_fusedrec.layers.per_feature_embedding import PerFeatureEmbedding
+from tf_fusedrec.models import _blocks
 from tf_fusedrec.train.optimizer import embedding_layers
 
 LAYOUTS = ("one", "bag", "sequence")
@@ -166,7 +167,8 @@ def _save_dense(model, layer, dense_specs, layouts, input_names, path):
         model_inputs = {k: inputs[k] for k in dense_specs}
         for f in features:  # the layer checks the names only: its rows are injected
             model_inputs[f.name] = tf.zeros([batch], f.key_dtype)
-        with layer.injected(outputs):
+        # TensorFlow's own ops only: the SavedModel loads without the op library (TF Serving, the ranker).
+        with layer.injected(outputs), _blocks.standard_ops():
             scores = model(model_inputs, training=False)
         return {"scores": tf.reshape(scores, [-1])}
 

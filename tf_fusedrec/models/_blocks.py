@@ -1,6 +1,36 @@
 """Pieces shared by the models."""
 
+import contextlib
+import threading
+
 import tensorflow as tf
+
+from tf_fusedrec import ops
+
+_TRACING = threading.local()  # .standard_ops: a standard_ops() block is open in this thread
+
+
+@contextlib.contextmanager
+def standard_ops():
+    """While open (in this thread), the models trace TensorFlow's own ops only, no tf_fusedrec op: what fr.export's
+    dense SavedModel holds, so that TensorFlow Serving or any TensorFlow loads it without the op library. The values
+    are the same either way."""
+    previous = getattr(_TRACING, "standard_ops", False)
+    _TRACING.standard_ops = True
+    try:
+        yield
+    finally:
+        _TRACING.standard_ops = previous
+
+
+def upper_pairs(x):
+    """x [B, F, F] -> [B, F (F - 1) / 2]: the values above each diagonal, row by row (DLRM's pairwise interactions).
+    ops.upper_triangle, or under standard_ops the boolean mask it equals value for value."""
+    if not getattr(_TRACING, "standard_ops", False):
+        return ops.upper_triangle(x)
+    f = x.shape[1]
+    upper = tf.constant([[i < j for j in range(f)] for i in range(f)])
+    return tf.reshape(tf.boolean_mask(x, tf.broadcast_to(upper, tf.shape(x))), [-1, f * (f - 1) // 2])
 
 
 def mlp(units, name, last_activation="relu", seed=0):

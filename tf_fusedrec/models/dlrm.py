@@ -47,9 +47,6 @@ class DLRM(tf.keras.Model):
             vectors = [dense] + vectors
         stacked = tf.stack(vectors, axis=1)  # [B, F, d]
         products = tf.matmul(stacked, stacked, transpose_b=True)  # [B, F, F]
-        f = len(vectors)
-        upper = tf.constant([[i < j for j in range(f)] for i in range(f)])
-        interactions = tf.boolean_mask(products, tf.broadcast_to(upper, tf.shape(products)))
-        interactions = tf.reshape(interactions, [-1, f * (f - 1) // 2])
+        interactions = _blocks.upper_pairs(products)  # [B, F (F - 1) / 2]: the pairs i < j, row by row
         parts = [interactions] + ([dense] if self.bottom is not None else [])
         return _blocks.logits(self.top(tf.concat(parts, axis=1))[:, 0])
