@@ -194,14 +194,31 @@ def table_keys():
                   [[label, f"{d[k]['keys_per_s'] / 1e6:.2f}M"] for k, label in TABLE_ROWS])
 
 
-def bench_table_backend():
-    d = _json("docs/bench/table_backend/bench.json")
-    base = d["modes"]["per_feature"]["samples_per_s"]
-    rows = [[m, f"{r['samples_per_s']:,.0f}", f"{r['samples_per_s'] / base:.2f}x",
-             f"{r['alltoall_calls_per_step']:.0f}", f"{r['step_seconds']:.4f}", f"{r['cpu_seconds_per_step']:.4f}"]
+def _bench_mode_table(name, baseline, alltoalls=True):
+    """A bench.json's modes: samples/s, the ratio to `baseline`'s, (all-to-alls per step,) step and CPU seconds."""
+    d = _json(name)
+    base = d["modes"][baseline]["samples_per_s"]
+    rows = [[m, f"{r['samples_per_s']:,.0f}", f"{r['samples_per_s'] / base:.2f}x"]
+            + ([f"{r['alltoall_calls_per_step']:.0f}"] if alltoalls else [])
+            + [f"{r['step_seconds']:.4f}", f"{r['cpu_seconds_per_step']:.4f}"]
             for m, r in d["modes"].items()]
-    return _table(["mode", "samples/s (all workers)", "vs per_feature", "all-to-alls / step", "step s",
-                   "CPU s / step (rank 0)"], "lrrrrr", rows)
+    header = (["mode", "samples/s (all workers)", f"vs {baseline}"] + (["all-to-alls / step"] if alltoalls else [])
+              + ["step s", "CPU s / step (rank 0)"])
+    return _table(header, "l" + "r" * (len(header) - 1), rows)
+
+
+def bench_table_backend():
+    return _bench_mode_table("docs/bench/table_backend/bench.json", "per_feature")
+
+
+def bench_step_cost_modes():
+    """The modes on 2 pinned workers with the fused output sums and interaction op (fused_chain: the op chains)."""
+    return _bench_mode_table("docs/bench/step_cost_modes/bench.json", "per_feature")
+
+
+def bench_step_cost_1worker():
+    """1 worker: fused (and fused_chain) against dense_only, the same model fed constant embeddings."""
+    return _bench_mode_table("docs/bench/step_cost_1worker/bench.json", "dense_only", alltoalls=False)
 
 
 def _placement_runs(pattern):
@@ -272,6 +289,80 @@ def perf_breakdown():
             cells.append(f"{sum(found):.2f}%" if found else "-")
         rows.append([label] + cells)
     return _table(["share of all samples"] + list(PERF_MODES), "lrr", rows)
+
+
+def _commit_runs(pattern):
+    """[(run number, placement, {"base": bench.json, "head": bench.json})] of scripts/bench_commits.sh's
+    {base,head}-{pinned,unpinned}-N directories: by run number, pinned before unpinned."""
+    runs = {}
+    for path in _run_dirs(pattern):
+        tree, placement, number = os.path.basename(path).split("-")
+        runs.setdefault((int(number), placement != "pinned", placement), {})[tree] = _json(
+            os.path.join(path, "bench.json"))
+    return [(str(n), placement, pair) for (n, _, placement), pair in sorted(runs.items())]
+
+
+def bench_step_cost():
+    """docs/bench/step_cost: `fused` samples/s and rank 0's CPU per step before this table's change (base) and with
+    it (head), the two trees alternating (scripts/bench_commits.sh)."""
+    rows = []
+    for run, placement, pair in _commit_runs("docs/bench/step_cost/*/bench.json"):
+        base, head = (pair[t]["modes"]["fused"] for t in ("base", "head"))
+        rows.append([run, placement, f"{base['samples_per_s']:,.0f}", f"{head['samples_per_s']:,.0f}",
+                     f"{head['samples_per_s'] / base['samples_per_s']:.2f}x",
+                     f"{base['cpu_seconds_per_step'] * 1e3:.1f} / {head['cpu_seconds_per_step'] * 1e3:.1f}"])
+    return _table(["run", "placement", "base samples/s", "head samples/s", "head / base",
+                   "CPU ms / step, rank 0 (base / head)"], "llrrrr", rows)
+
+
+# (row label, symbol substrings summed) of perf's --sort dso,sym report (its 60 largest symbols).
+PERF_SYMBOL_ROWS = (("TensorFlow's gathers (`HandleCopies`)", ("HandleCopies",)),
+                    ("TensorFlow's segment sums (`UnsortedSegment`)", ("UnsortedSegment",)),
+                    ("TensorFlow's `Where`", ("WhereCPUOp",)),
+                    ("tf_fusedrec's output sums and interaction pairs", ("GatherSegmentSum", "UpperTriangle")))
+
+
+def graph_size():
+    """scripts/graph_size.py before the change (base: fused) and with it (head: fused and fused_chain)."""
+    rows = []
+    for tree in ("base", "head"):
+        for mode, r in _json(f"docs/perf/step_cost/graph-{tree}.json")["modes"].items():
+            seconds = sorted(r["build_trace_step_cpu_seconds"])
+            types = r["by_type"]
+            rows.append([tree, mode, f"{r['ops']:,}", str(types["Assert"] + types["If"]),
+                         str(types["GatherV2"] + types["UnsortedSegmentSum"] + types["Where"]),
+                         f"{seconds[len(seconds) // 2]:.2f}"])
+    return _table(["tree", "mode", "ops in the step's graph", "Assert + If", "GatherV2 + UnsortedSegmentSum + Where",
+                   "CPU s to build, trace, run one step (median)"], "llrrrr", rows)
+
+
+def perf_step_cost():
+    """docs/perf/step_cost: scripts/perf_step.sh before this change (base) and with it (head)."""
+    modes = ("base", "head")
+    steps, shares, symbols = {}, {}, {}
+    for mode in modes:
+        with open(_path(f"docs/perf/step_cost/{mode}-step.txt")) as f:
+            steps[mode] = {int(m[1]): (m[2], m[3]) for m in STEP_LINE.finditer(f.read())}
+        shares[mode] = {}
+        with open(_path(f"docs/perf/step_cost/{mode}-dso.txt")) as f:
+            for line in f:
+                percent, dso = line.strip().split(None, 1)
+                shares[mode][dso.strip()] = shares[mode].get(dso.strip(), 0.0) + float(percent.rstrip("%"))
+        with open(_path(f"docs/perf/step_cost/{mode}-sym.txt")) as f:
+            symbols[mode] = [(float(line.split()[0].rstrip("%")), line) for line in f if line.strip()]
+    rows = [["step (rank 0), ms"] + [steps[m][0][0] for m in modes],
+            ["CPU per step (rank 0 / rank 1), ms"] + [f"{steps[m][0][1]} / {steps[m][1][1]}" for m in modes]]
+    jit = ("oneDNN's generated code (the dense model's matmuls)", ())
+    for label, dsos in PERF_ROWS[:3] + (jit,) + PERF_ROWS[4:]:
+        cells = []
+        for m in modes:
+            found = [v for d, v in shares[m].items() if d in dsos or (not dsos and d.startswith("[JIT]"))]
+            cells.append(f"{sum(found):.2f}%" if found else "-")
+        rows.append([label] + cells)
+    for label, parts in PERF_SYMBOL_ROWS:
+        rows.append([f"of which {label}"] + [
+            f"{sum(v for v, line in symbols[m] if any(p in line for p in parts)):.2f}%" for m in modes])
+    return _table(["share of all samples", "base", "head"], "lrr", rows)
 
 
 MODEL_CHOICE = " (model's choice)"
@@ -480,6 +571,11 @@ TABLES = {
     "bench-pinning": (("docs/bench/pinning/*/bench.json",), bench_pinning),
     "bench-pipelines-native": (("docs/bench/pipelines_native/*/bench.json",), bench_pipelines_native),
     "perf-breakdown": (("docs/perf/*-step.txt", "docs/perf/*-dso.txt"), perf_breakdown),
+    "bench-step-cost": (("docs/bench/step_cost/*/bench.json",), bench_step_cost),
+    "bench-step-cost-modes": (("docs/bench/step_cost_modes/bench.json",), bench_step_cost_modes),
+    "bench-step-cost-1worker": (("docs/bench/step_cost_1worker/bench.json",), bench_step_cost_1worker),
+    "perf-step-cost": (("docs/perf/step_cost/*.txt",), perf_step_cost),
+    "graph-size": (("docs/perf/step_cost/graph-*.json",), graph_size),
     "hot-sweep": (("docs/hot/hot_sweep.json",), hot_sweep_loopback),
     "hot-sweep-1gbit": (("docs/hot/1gbit-n2/hot_sweep.json",), hot_sweep_1gbit),
     "serve-bench": (("docs/serve/serve_bench.json",), serve_bench),

@@ -9,7 +9,8 @@ fused_fwp (FusedEmbedding trained by fr.train.TrainPipeline with the dual-buffer
 sample clustering from the config's train.micro_batches and train.cluster_samples), and fused_hot / fused_hot_dbp
 (FusedEmbedding with hot-row replication, --hot auto|R, its hot rows counted on --hot-sample-batches batches that
 follow the timed ones; sync and dual-buffer), fused_native / fused_tfra (fused with each table backend, whatever
-the config's embedding.table_backend), and dense_only (the same model fed constant embeddings: no lookup and no
+the config's embedding.table_backend), fused_chain (fused with the op chains its fused
+sender and output-sum ops replace: the same training, bit for bit, to measure those ops), and dense_only (the same model fed constant embeddings: no lookup and no
 collective, each worker updating its own dense copy; the floor of a step, meant for 1 worker). Every mode is built in one
 process and trains on the same pre-generated batches; after a warm-up the modes alternate, each repeat timing
 `--steps` steps of every mode, so drift on the machine hits all modes alike. Reported per mode: samples/s over all
@@ -38,7 +39,7 @@ from tf_fusedrec.distributed import comm as comm_lib
 from tf_fusedrec.train import experiment
 
 MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused", "fused_dbp", "fused_fwp",
-         "fused_hot", "fused_hot_dbp", "fused_native", "fused_tfra", "dense_only")
+         "fused_hot", "fused_hot_dbp", "fused_native", "fused_tfra", "fused_chain", "dense_only")
 # fused with each table backend, whatever the config's embedding.table_backend says.
 BACKENDS = {"fused_native": "native", "fused_tfra": "tfra"}
 # What runs without --modes: fused (on the config's table backend, native by default) beside fused on TFRA tables;
@@ -74,11 +75,26 @@ def build_embedding(mode, features, config, comm, replication=None):
         return HandFusedTFRAEmbedding(features, optimizer=config.train.sparse_optimizer, comm=comm, name="sparse")
     if mode == "dense_only":
         return ConstantEmbedding(features, name="sparse")
+    if mode == "fused_chain":
+        return _with_op_chains(lambda: experiment.make_embedding("fused", features, config, comm=comm))
     if mode in HOT:  # replication is TFRA-only so far
         return experiment.make_embedding("fused", features, config, comm=comm, replication=replication,
                                          table_backend="tfra")
     return experiment.make_embedding("fused" if mode in PIPELINED or mode in BACKENDS else mode, features, config,
                                      comm=comm, table_backend=BACKENDS.get(mode))
+
+
+def _with_op_chains(build):
+    """build(), its group lookups made with the op chains (ChainSender, per-feature segment sums) the fused ops
+    replace."""
+    from tf_fusedrec.distributed import group_lookup  # noqa: PLC0415
+
+    saved = group_lookup.FUSED_SENDER, group_lookup.FUSED_OUTPUT
+    group_lookup.FUSED_SENDER = group_lookup.FUSED_OUTPUT = False
+    try:
+        return build()
+    finally:
+        group_lookup.FUSED_SENDER, group_lookup.FUSED_OUTPUT = saved
 
 
 class ConstantEmbedding(tf.keras.layers.Layer):
