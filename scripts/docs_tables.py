@@ -269,17 +269,24 @@ PERF_ROWS = (("kernel (Gloo's transport, scheduling, and the idle loop)", ("[ker
 STEP_LINE = re.compile(r"rank (\d+) \S+: ([\d.]+) ms/step, cpu ([\d.]+) ms/step")
 
 
+def _perf_run(prefix):
+    """A perf run's files (PREFIX-step.txt, PREFIX-dso.txt) -> ({rank: (ms/step, CPU ms/step)}, {shared object: % of
+    all samples})."""
+    with open(_path(f"{prefix}-step.txt")) as f:
+        steps = {int(m[1]): (m[2], m[3]) for m in STEP_LINE.finditer(f.read())}
+    shares = {}
+    with open(_path(f"{prefix}-dso.txt")) as f:
+        for line in f:
+            percent, dso = line.strip().split(None, 1)
+            shares[dso.strip()] = shares.get(dso.strip(), 0.0) + float(percent.rstrip("%"))
+    return steps, shares
+
+
 def perf_breakdown():
     """docs/perf: the step lines of prof_step.py and perf's share of all samples per shared object."""
     steps, shares = {}, {}
     for mode in PERF_MODES:
-        with open(_path(f"docs/perf/{mode}-step.txt")) as f:
-            steps[mode] = {int(m[1]): (m[2], m[3]) for m in STEP_LINE.finditer(f.read())}
-        shares[mode] = {}
-        with open(_path(f"docs/perf/{mode}-dso.txt")) as f:
-            for line in f:
-                percent, dso = line.strip().split(None, 1)
-                shares[mode][dso.strip()] = float(percent.rstrip("%"))
+        steps[mode], shares[mode] = _perf_run(f"docs/perf/{mode}")
     rows = [["step (rank 0), ms"] + [steps[m][0][0] for m in PERF_MODES],
             ["CPU per step (rank 0 / rank 1), ms"] + [f"{steps[m][0][1]} / {steps[m][1][1]}" for m in PERF_MODES]]
     for label, dsos in PERF_ROWS:
@@ -315,6 +322,26 @@ def bench_step_cost():
                    "CPU ms / step, rank 0 (base / head)"], "llrrrr", rows)
 
 
+def bench_cycle_time():
+    """docs/bench/cycle_time: `fused` samples/s on 2 pinned workers per HOROVOD_CYCLE_TIME (scripts/bench_env.sh),
+    each run's values alternating, and the median over the runs."""
+    runs = {}
+    for path in _run_dirs("docs/bench/cycle_time/*/bench.json"):
+        value, number = os.path.basename(path).rsplit("-", 1)
+        runs.setdefault(value, {})[int(number)] = _json(os.path.join(path, "bench.json"))["modes"]["fused"]
+    values = sorted(runs, key=lambda v: (v != "default", float(v) if v != "default" else 0.0))
+    numbers = sorted({n for r in runs.values() for n in r})
+    rows = []
+    for v in values:
+        rates = [runs[v][n]["samples_per_s"] for n in numbers if n in runs[v]]
+        median = sorted(rates)[len(rates) // 2]
+        rows.append([v if v != "default" else "unset (Horovod's default)"]
+                    + [f"{runs[v][n]['samples_per_s']:,.0f}" if n in runs[v] else "-" for n in numbers]
+                    + [f"{median:,.0f}"])
+    return _table(["HOROVOD_CYCLE_TIME (ms)"] + [f"run {n} samples/s" for n in numbers] + ["median"],
+                  "l" + "r" * (len(numbers) + 1), rows)
+
+
 # (row label, symbol substrings summed) of perf's --sort dso,sym report (its 60 largest symbols).
 PERF_SYMBOL_ROWS = (("TensorFlow's gathers (`HandleCopies`)", ("HandleCopies",)),
                     ("TensorFlow's segment sums (`UnsortedSegment`)", ("UnsortedSegment",)),
@@ -341,13 +368,7 @@ def perf_step_cost():
     modes = ("base", "head")
     steps, shares, symbols = {}, {}, {}
     for mode in modes:
-        with open(_path(f"docs/perf/step_cost/{mode}-step.txt")) as f:
-            steps[mode] = {int(m[1]): (m[2], m[3]) for m in STEP_LINE.finditer(f.read())}
-        shares[mode] = {}
-        with open(_path(f"docs/perf/step_cost/{mode}-dso.txt")) as f:
-            for line in f:
-                percent, dso = line.strip().split(None, 1)
-                shares[mode][dso.strip()] = shares[mode].get(dso.strip(), 0.0) + float(percent.rstrip("%"))
+        steps[mode], shares[mode] = _perf_run(f"docs/perf/step_cost/{mode}")
         with open(_path(f"docs/perf/step_cost/{mode}-sym.txt")) as f:
             symbols[mode] = [(float(line.split()[0].rstrip("%")), line) for line in f if line.strip()]
     rows = [["step (rank 0), ms"] + [steps[m][0][0] for m in modes],
@@ -576,6 +597,7 @@ TABLES = {
     "bench-step-cost-1worker": (("docs/bench/step_cost_1worker/bench.json",), bench_step_cost_1worker),
     "perf-step-cost": (("docs/perf/step_cost/*.txt",), perf_step_cost),
     "graph-size": (("docs/perf/step_cost/graph-*.json",), graph_size),
+    "bench-cycle-time": (("docs/bench/cycle_time/*/bench.json",), bench_cycle_time),
     "hot-sweep": (("docs/hot/hot_sweep.json",), hot_sweep_loopback),
     "hot-sweep-1gbit": (("docs/hot/1gbit-n2/hot_sweep.json",), hot_sweep_1gbit),
     "serve-bench": (("docs/serve/serve_bench.json",), serve_bench),
