@@ -292,3 +292,22 @@ def test_bad_arguments_are_clear_errors(capsys):
         loadtest.main(["--url", "http://127.0.0.1:1/v1/models/m", "--example-instances", "[1]", "--batch", "1",
                        "--duration", "1", "--closed-loop", "--qps", "5"])
     assert "--qps and bursts are for the open loop" in capsys.readouterr().err
+
+
+def test_open_loop_starts_workers_as_arrivals_need_them(serve, monkeypatch):
+    # A cap of 1000 with a few requests in flight at a time must not start 1000 threads (their start used to eat the
+    # run's duration on a busy machine).
+    started = []
+    real_thread = loadtest.threading.Thread
+
+    def counting_thread(*args, **kwargs):
+        if str(kwargs.get("name")).startswith("loadtest-"):  # not the test server's handler threads
+            started.append(kwargs["name"])
+        return real_thread(*args, **kwargs)
+
+    monkeypatch.setattr(loadtest.threading, "Thread", counting_thread)
+    server = serve(delay_s=0.0)
+    report, _ = _run(server, [OK], loadtest.OpenLoop(qps=40, max_in_flight=1000, seed=2), duration_s=0.5)
+    _check_counts_match_the_server(report, server)
+    assert report["dropped"] == 0 and report["sent"] >= 5
+    assert 1 <= len(started) <= report["max_in_flight_seen"] + 1 < report["sent"]

@@ -25,8 +25,8 @@ from its arrival time, so a server that falls behind shows in the latencies inst
 Closed loop (--closed-loop): --concurrency clients, each sending its next request as soon as its last answer came.
 
 Bounds. No request starts after --duration; requests in flight then are waited for up to --timeout (each request's own
-limit), so the run ends by duration + timeout at worst. The threads are --max-in-flight workers (open loop) or
---concurrency clients (closed loop), at most MAX_THREADS.
+limit), so the run ends by duration + timeout at worst. The threads are workers started as arrivals need them, at
+most --max-in-flight (open loop), or --concurrency clients (closed loop), at most MAX_THREADS.
 
 Report. Latency percentiles (nearest rank) and max over the successful (2xx) requests; achieved requests/s and
 instances/s (successful, over the run's wall time); errors by HTTP status ("timeout" and "connection" for requests that
@@ -350,7 +350,7 @@ class OpenLoop:
     Args:
       qps: mean arrivals per second (0: bursts only).
       burst_every_s / burst_size: burst_size arrivals at once every burst_every_s seconds (None / 0: no bursts).
-      max_in_flight: the cap on requests in flight, and the number of worker threads.
+      max_in_flight: the cap on requests in flight, and on the worker threads (started as arrivals need them).
       seed: of the arrival times.
     """
 
@@ -376,20 +376,36 @@ class OpenLoop:
                 "max_in_flight": self.max_in_flight}
 
     def run(self, endpoint, source, batch, timeout_s, recorder, start, deadline):
+        # Worker threads start on demand, one when an admitted arrival finds none idle, up to max_in_flight: a large
+        # cap costs nothing until that many requests are in flight (starting 1000 threads up front took seconds of
+        # the run's duration on a busy machine, so the first arrivals were sent late).
         arrivals = queue.Queue()
+        lock = threading.Lock()
+        idle = [0]  # workers waiting on arrivals and not yet claimed by one
+        workers = []
 
         def worker():
             connection = _Connection(endpoint, timeout_s)
             try:
                 while (arrival := arrivals.get()) is not None:
                     _send(connection, source, batch, recorder, arrival)
+                    with lock:
+                        idle[0] += 1
             finally:
                 connection.close()
 
-        workers = [threading.Thread(target=worker, daemon=True, name=f"loadtest-{i}")
-                   for i in range(self.max_in_flight)]
-        for t in workers:
-            t.start()
+        def dispatch(arrival):
+            with lock:
+                claimed = idle[0] > 0
+                if claimed:
+                    idle[0] -= 1
+            if not claimed and len(workers) < self.max_in_flight:
+                workers.append(threading.Thread(target=worker, daemon=True, name=f"loadtest-{len(workers)}"))
+                workers[-1].start()
+            # Without an idle worker and at the thread cap (a worker between its answer and its next wait), the
+            # arrival waits in the queue for the first one free.
+            arrivals.put(arrival)
+
         rng = random.Random(self.seed)
         next_poisson = start + rng.expovariate(self.qps) if self.qps > 0 else math.inf
         next_burst = start + self.burst_every_s if self.burst_every_s else math.inf
@@ -401,7 +417,7 @@ class OpenLoop:
                 count, next_burst = self.burst_size, next_burst + self.burst_every_s
             for _ in range(count):
                 if recorder.admit(self.max_in_flight):
-                    arrivals.put(t)
+                    dispatch(t)
         for _ in workers:
             arrivals.put(None)
         return workers
