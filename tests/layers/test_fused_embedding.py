@@ -759,6 +759,25 @@ def test_get_config_round_trip(ablation):
             ref.assert_close(ref.to_numpy(got[f.name]), ref.to_numpy(want[f.name]), f.name)
 
 
+@pytest.mark.parametrize("splits_dtype", [tf.int32, tf.int64], ids=["int32", "int64"])
+def test_value_rowids_equals_numpy_repeat(mode, splits_dtype):
+    """The layer's row ids of a ragged input (one search over the row ends) equal NumPy's repeat of each row's
+    index by its length: random rows, empty rows first, last and in runs, all-empty and zero-row batches."""
+    from tf_fusedrec.layers import _inputs  # noqa: PLC0415
+
+    rng = np.random.default_rng(7)
+    cases = [[], [0], [0, 0, 0], [3], [0, 2, 0, 0, 1, 0], [1] * 9]
+    cases += [list(rng.integers(0, 6, size=int(rng.integers(1, 40)))) for _ in range(20)]
+    fn = _inputs.value_rowids if mode == "eager" else tf.function(_inputs.value_rowids, reduce_retracing=True)
+    for lengths in cases:
+        lengths = np.asarray(lengths, np.int64)
+        values = rng.integers(0, 1000, size=int(lengths.sum()))
+        ids = tf.RaggedTensor.from_row_lengths(values, tf.constant(lengths, splits_dtype))
+        got = fn(ids)
+        assert got.dtype == splits_dtype, lengths
+        np.testing.assert_array_equal(got.numpy(), np.repeat(np.arange(len(lengths)), lengths), err_msg=str(lengths))
+
+
 # --------------------------------------------------------------------------------------------------------------
 # 10. tf.compat.v1 graph and session
 # --------------------------------------------------------------------------------------------------------------

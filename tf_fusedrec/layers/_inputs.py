@@ -54,6 +54,15 @@ def id_violations(feature, ids):
     return out
 
 
+def value_rowids(ragged):
+    """ragged.value_rowids() in one search: the row of value j is the number of row ends (row_splits[1:]) at or
+    before j. TensorFlow's own builds it with tf.repeat (a sequence mask, a tile and a boolean mask: about 40 more
+    graph ops per ragged feature, forward and backward, than this; criteo_synthetic's fused step graph 1,959 -> 1,833
+    ops, scripts/graph_size.py)."""
+    splits = ragged.row_splits
+    return tf.searchsorted(splits[1:], tf.range(splits[-1], dtype=splits.dtype), side="right", out_type=splits.dtype)
+
+
 def flatten_feature(feature, ids):
     """Checks one feature's ids statically (dtype, rank) and returns its valid ids flattened, plus what is needed to
     rebuild the output. The value checks (negative, too large) are the caller's, over all features at once
@@ -79,7 +88,7 @@ def flatten_feature(feature, ids):
         if ids.ragged_rank != 1 or ids.shape.rank != 2:
             raise ValueError(f"{where}: ragged ids must have shape [B, None], got {ids.shape}")
         values = ids.flat_values
-        rows_of = ids.value_rowids()
+        rows_of = value_rowids(ids)
         num_rows = ids.nrows()
         kind, shape = "ragged", None
     else:
