@@ -759,23 +759,48 @@ def test_get_config_round_trip(ablation):
             ref.assert_close(ref.to_numpy(got[f.name]), ref.to_numpy(want[f.name]), f.name)
 
 
-@pytest.mark.parametrize("splits_dtype", [tf.int32, tf.int64], ids=["int32", "int64"])
-def test_value_rowids_equals_numpy_repeat(mode, splits_dtype):
-    """The layer's row ids of a ragged input (one search over the row ends) equal NumPy's repeat of each row's
-    index by its length: random rows, empty rows first, last and in runs, all-empty and zero-row batches."""
-    from tf_fusedrec.layers import _inputs  # noqa: PLC0415
+@pytest.mark.parametrize("key_dtype", [tf.int32, tf.int64], ids=["int32", "int64"])
+def test_id_violation_flags_equal_numpy_rules(mode, key_dtype):
+    """The layer's value-rule flags (one per feature and rule, in violation_messages' order) equal the rules applied
+    in NumPy: every layout, with and without max_id_bits, empty batches and ids at the bounds, random ids."""
+    from tf_fusedrec.layers import _common  # noqa: PLC0415
 
-    rng = np.random.default_rng(7)
-    cases = [[], [0], [0, 0, 0], [3], [0, 2, 0, 0, 1, 0], [1] * 9]
-    cases += [list(rng.integers(0, 6, size=int(rng.integers(1, 40)))) for _ in range(20)]
-    fn = _inputs.value_rowids if mode == "eager" else tf.function(_inputs.value_rowids, reduce_retracing=True)
-    for lengths in cases:
-        lengths = np.asarray(lengths, np.int64)
-        values = rng.integers(0, 1000, size=int(lengths.sum()))
-        ids = tf.RaggedTensor.from_row_lengths(values, tf.constant(lengths, splits_dtype))
-        got = fn(ids)
-        assert got.dtype == splits_dtype, lengths
-        np.testing.assert_array_equal(got.numpy(), np.repeat(np.arange(len(lengths)), lengths), err_msg=str(lengths))
+    bits = {"user": 5, "hist": 3, "tags": 4, "topics": 2}
+    features = [dataclasses.replace(f, max_id_bits=bits.get(f.name)) for f in mixed_features(key_dtype)]
+    rng = np.random.default_rng(5)
+
+    def numpy_flags(batch):
+        flags = []
+        for f in features:
+            ids = batch[f.name]
+            flat = np.concatenate([np.asarray(r, np.int64) for r in ids] + [np.zeros([0], np.int64)]) \
+                if ref.is_ragged(ids) else np.asarray(ids, np.int64).ravel()
+            flags.append(int(np.any(flat < -1)))
+            if f.max_id_bits is not None:
+                flags.append(int(np.any(flat >= 2**f.max_id_bits)))
+        return flags
+
+    def random_batch(b):
+        out = {}
+        for name, ids in mixed_batch().items():
+            lo, hi = (-3, 40) if rng.random() < 0.5 else (-1, 2**bits.get(name, 6))
+            if ref.is_ragged(ids):
+                out[name] = [list(rng.integers(lo, hi, size=int(rng.integers(0, 4)))) for _ in range(b)]
+            else:
+                out[name] = rng.integers(lo, hi, size=(b,) + np.asarray(ids).shape[1:])
+        return out
+
+    fn = lambda inputs: _common.violation_flags(features, inputs)[0]  # noqa: E731
+    fn = fn if mode == "eager" else tf.function(fn)
+    batches = [mixed_batch(), random_batch(0)] + [random_batch(int(rng.integers(1, 6))) for _ in range(12)]
+    edge = mixed_batch()
+    edge["user"], edge["hist"] = np.array([31, -1, 0, -2]), np.array([[8, -1, 7], [0, 0, 0], [-1, -1, -1], [1, 2, 3]])
+    batches.append(edge)
+    for batch in batches:
+        got = fn(inputs_of(features, batch)).numpy().tolist()
+        assert got == numpy_flags(batch), batch
+    assert any(any(numpy_flags(b)) for b in batches) and not all(any(numpy_flags(b)) for b in batches)
+    assert len(_common.violation_messages(features)) == len(numpy_flags(mixed_batch()))
 
 
 # --------------------------------------------------------------------------------------------------------------

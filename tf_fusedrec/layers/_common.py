@@ -67,8 +67,7 @@ def local_value_checks(features, inputs):
 
 def violation_flags(features, inputs):
     """(int32 [P] flags, P messages): every value rule of every feature, 1 where this worker's batch breaks it."""
-    pairs = [v for f in features for v in _inputs.id_violations(f, inputs[f.name])]
-    return tf.cast(tf.stack([flag for flag, _ in pairs]), tf.int32), [message for _, message in pairs]
+    return tf.cast(_inputs.id_violations(features, inputs), tf.int32), violation_messages(features)
 
 
 def violation_messages(features):

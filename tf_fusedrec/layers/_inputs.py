@@ -10,6 +10,8 @@ import collections
 
 import tensorflow as tf
 
+from tf_fusedrec.ops import indexing
+
 FlatFeature = collections.namedtuple("FlatFeature", ["ids", "layout"])
 _Layout = collections.namedtuple(
     "_Layout", ["kind", "shape", "positions", "rows_of", "ragged", "num_rows", "static_shape"]
@@ -38,29 +40,43 @@ def _messages(feature):
 
 
 def violation_messages(feature):
-    """The messages of id_violations, in its order."""
+    """The messages of id_violations, in its order: negative ids, then ids too large (with max_id_bits)."""
     return [m for m in _messages(feature) if m is not None]
 
 
-def id_violations(feature, ids):
-    """[(bool scalar: the ids break a rule, the message naming the feature and the rule)] of one feature's ids (after
-    flatten_feature's static checks): what a layer checks in one assertion, and what workers share so that one
-    worker's bad batch stops all of them."""
-    values = tf.cast(ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1]), tf.int64)
-    negative, too_large = _messages(feature)
-    out = [(tf.reduce_any(values < -1), negative)]
-    if too_large is not None:
-        out.append((tf.reduce_any(values >= (1 << feature.max_id_bits)), too_large))
-    return out
+def id_violations(features, inputs):
+    """bool [P]: for every feature (in order) and its rules (violation_messages' order), whether its ids (after
+    flatten_feature's static checks) break the rule: what a layer checks in one assertion, and what workers share so
+    that one worker's bad batch stops all of them.
 
+    One reduction per feature and rule (its smallest or largest id), then one comparison per rule over all features:
+    a comparison and a reduction per feature and rule were 8 graph ops a feature, a third of the checks' step graph.
+    """
+    axes = {}  # rank -> the reduction axes (all), one constant shared by the features' reductions
 
-def value_rowids(ragged):
-    """ragged.value_rowids() in one search: the row of value j is the number of row ends (row_splits[1:]) at or
-    before j. TensorFlow's own builds it with tf.repeat (a sequence mask, a tile and a boolean mask: about 40 more
-    graph ops per ragged feature, forward and backward, than this; criteo_synthetic's fused step graph 1,959 -> 1,833
-    ops, scripts/graph_size.py)."""
-    splits = ragged.row_splits
-    return tf.searchsorted(splits[1:], tf.range(splits[-1], dtype=splits.dtype), side="right", out_type=splits.dtype)
+    def extreme(reduce, ids):
+        values = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.convert_to_tensor(ids)
+        if values.shape.rank is None:
+            values = tf.reshape(values, [-1])
+        rank = values.shape.rank
+        if rank not in axes:
+            axes[rank] = tf.constant(list(range(rank)), tf.int32)
+        return tf.cast(reduce(input=values, axis=axes[rank]), tf.int64)  # empty: the dtype's max / min
+
+    lows = tf.stack([extreme(tf.raw_ops.Min, inputs[f.name]) for f in features])
+    negative = tf.unstack(lows < -1, num=len(features))
+    bounded = [f for f in features if f.max_id_bits is not None]
+    too_large = {}
+    if bounded:
+        highs = tf.stack([extreme(tf.raw_ops.Max, inputs[f.name]) for f in bounded])
+        limits = tf.constant([1 << f.max_id_bits for f in bounded], tf.int64)
+        too_large = dict(zip([f.name for f in bounded], tf.unstack(highs >= limits, num=len(bounded))))
+    flags = []
+    for f, flag in zip(features, negative):
+        flags.append(flag)
+        if f.name in too_large:
+            flags.append(too_large[f.name])
+    return tf.stack(flags)
 
 
 def flatten_feature(feature, ids):
@@ -88,7 +104,6 @@ def flatten_feature(feature, ids):
         if ids.ragged_rank != 1 or ids.shape.rank != 2:
             raise ValueError(f"{where}: ragged ids must have shape [B, None], got {ids.shape}")
         values = ids.flat_values
-        rows_of = value_rowids(ids)
         num_rows = ids.nrows()
         kind, shape = "ragged", None
     else:
@@ -96,20 +111,20 @@ def flatten_feature(feature, ids):
         if rank not in (1, 2):
             raise ValueError(f"{where}: ids must have shape [B] or [B, L] (or be ragged), got shape {ids.shape}")
         shape = tf.shape(ids, out_type=tf.int64)
-        values = tf.reshape(ids, [-1])
-        if rank == 1:
-            kind = "dense1"
-            rows_of = tf.range(tf.size(values, out_type=tf.int64))
-            num_rows = shape[0]
+        if rank == 1:  # (a size, not shape[0]: one op, not four; a layer has one per feature)
+            kind, values, num_rows = "dense1", ids, tf.size(ids, out_type=tf.int64)
         else:
-            kind = "dense2"
-            rows_of = tf.range(tf.size(values, out_type=tf.int64)) // tf.maximum(shape[1], 1)
-            num_rows = shape[0]
+            kind, values, num_rows = "dense2", tf.reshape(ids, [-1]), shape[0]
     values = tf.cast(values, tf.int64)
-    positions = tf.where(values >= 0)[:, 0]
-    layout = _Layout(
-        kind, shape, positions, tf.gather(rows_of, positions), ids if ragged else None, num_rows, ids.shape
-    )
+    positions = tf.reshape(tf.where(values >= 0), [-1])
+    # The row of each valid id, computed from its position only (not a row id per value, then gathered).
+    if kind == "ragged":
+        rows_of = indexing.rows_of(ids.row_splits, positions)  # in the row splits' dtype, as value_rowids()
+    elif kind == "dense1":
+        rows_of = positions
+    else:
+        rows_of = positions // tf.maximum(shape[1], 1)
+    layout = _Layout(kind, shape, positions, rows_of, ids if ragged else None, num_rows, ids.shape)
     return FlatFeature(tf.gather(values, positions), layout)
 
 

@@ -44,6 +44,7 @@ import collections
 import tensorflow as tf
 
 from tf_fusedrec.models import _blocks
+from tf_fusedrec.ops import indexing
 
 TASKS = ("click", "conversion")
 POOLINGS = ("last", "mean")
@@ -74,11 +75,11 @@ def causal_pairs(row_splits, position_buckets=0, attention_norm="causal", name=N
     with tf.name_scope(name or "causal_pairs"):
         row_splits = tf.cast(row_splits, tf.int64)
         lengths = row_splits[1:] - row_splits[:-1]
-        rows = tf.repeat(tf.range(tf.size(lengths, out_type=tf.int64)), lengths)  # [T]
+        rows = indexing.rows_of(row_splits)  # [T]
         starts = tf.gather(row_splits, rows)  # [T], the first token of each token's sequence
         tokens = tf.range(row_splits[-1])
         keys = tf.ragged.range(starts, tokens + 1)  # [T, None]: the keys each query sees
-        query, key = keys.value_rowids(), keys.flat_values
+        query, key = indexing.rows_of(keys.row_splits), keys.flat_values
         distance = query - key
         bucket = tf.zeros_like(distance, tf.int32)
         for k in range(1, position_buckets):  # floor(log2(d + 1)), capped: exact integer comparisons
@@ -264,7 +265,7 @@ class GRM(tf.keras.Model):
         splits = tf.cast(splits, tf.int64)
         lengths = splits[1:] - splits[:-1]
         if self.pooling == "mean":
-            rows = tf.repeat(tf.range(tf.size(lengths, out_type=tf.int64)), lengths)
+            rows = indexing.rows_of(splits)
             sums = tf.math.unsorted_segment_sum(x, rows, num_segments=tf.size(lengths, out_type=tf.int64))
             return sums / tf.cast(tf.maximum(lengths, 1), x.dtype)[:, None]
         # An empty row reads the zero row appended after the T tokens.
