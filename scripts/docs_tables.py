@@ -309,11 +309,11 @@ def _commit_runs(pattern):
     return [(str(n), placement, pair) for (n, _, placement), pair in sorted(runs.items())]
 
 
-def bench_step_cost():
-    """docs/bench/step_cost: `fused` samples/s and rank 0's CPU per step before this table's change (base) and with
-    it (head), the two trees alternating (scripts/bench_commits.sh)."""
+def bench_step_cost(directory="docs/bench/step_cost"):
+    """`directory`: `fused` samples/s and rank 0's CPU per step before the table's change (base) and with it (head),
+    the two trees alternating (scripts/bench_commits.sh)."""
     rows = []
-    for run, placement, pair in _commit_runs("docs/bench/step_cost/*/bench.json"):
+    for run, placement, pair in _commit_runs(f"{directory}/*/bench.json"):
         base, head = (pair[t]["modes"]["fused"] for t in ("base", "head"))
         rows.append([run, placement, f"{base['samples_per_s']:,.0f}", f"{head['samples_per_s']:,.0f}",
                      f"{head['samples_per_s'] / base['samples_per_s']:.2f}x",
@@ -361,6 +361,17 @@ def graph_size():
                          f"{seconds[len(seconds) // 2]:.2f}"])
     return _table(["tree", "mode", "ops in the step's graph", "Assert + If", "GatherV2 + UnsortedSegmentSum + Where",
                    "CPU s to build, trace, run one step (median)"], "llrrrr", rows)
+
+
+def graph_ops():
+    """scripts/graph_size.py before the row-id and check change (base) and with it (head), fused and per_feature."""
+    rows = []
+    for tree in ("base", "head"):
+        for mode, r in _json(f"docs/perf/graph_ops/graph-{tree}.json")["modes"].items():
+            seconds = sorted(r["build_trace_step_cpu_seconds"])
+            rows.append([tree, mode, f"{r['ops']:,}", f"{seconds[len(seconds) // 2]:.2f}"])
+    return _table(["tree", "mode", "ops in the step's graph", "CPU s to build, trace, run one step (median)"], "llrr",
+                  rows)
 
 
 def perf_step_cost():
@@ -597,6 +608,8 @@ TABLES = {
     "bench-step-cost-1worker": (("docs/bench/step_cost_1worker/bench.json",), bench_step_cost_1worker),
     "perf-step-cost": (("docs/perf/step_cost/*.txt",), perf_step_cost),
     "graph-size": (("docs/perf/step_cost/graph-*.json",), graph_size),
+    "graph-ops": (("docs/perf/graph_ops/graph-*.json",), graph_ops),
+    "bench-graph-ops": (("docs/bench/graph_ops/*/bench.json",), lambda: bench_step_cost("docs/bench/graph_ops")),
     "bench-cycle-time": (("docs/bench/cycle_time/*/bench.json",), bench_cycle_time),
     "hot-sweep": (("docs/hot/hot_sweep.json",), hot_sweep_loopback),
     "hot-sweep-1gbit": (("docs/hot/1gbit-n2/hot_sweep.json",), hot_sweep_1gbit),
