@@ -74,7 +74,6 @@ def causal_pairs(row_splits, position_buckets=0, attention_norm="causal", name=N
     """
     with tf.name_scope(name or "causal_pairs"):
         row_splits = tf.cast(row_splits, tf.int64)
-        lengths = row_splits[1:] - row_splits[:-1]
         rows = indexing.rows_of(row_splits)  # [T]
         starts = tf.gather(row_splits, rows)  # [T], the first token of each token's sequence
         tokens = tf.range(row_splits[-1])
