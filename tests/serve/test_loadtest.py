@@ -3,6 +3,7 @@ and /stats, and records what it saw: counts by status and the most requests it h
 
 import http.server
 import json
+import math
 import sys
 import threading
 import time
@@ -37,6 +38,7 @@ class _Server(http.server.ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.by_status = {}
         self.instances = 0
+        self.xs = []  # every instance's "x", in the order the requests were handled
         self.in_flight = self.max_in_flight = 0
         self.handler_errors = []
 
@@ -83,6 +85,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             with server.lock:
                 server.by_status[status] = server.by_status.get(status, 0) + 1
                 server.instances += len(instances)
+                server.xs.extend(i["x"] for i in instances if "x" in i)
         finally:
             with server.lock:
                 server.in_flight -= 1
@@ -251,6 +254,8 @@ def test_closed_loop_never_exceeds_its_concurrency(serve):
     _check_counts_match_the_server(report, server)
     assert report["sent"] >= 2 * 3  # back to back: each client sends again as soon as its answer is in
     assert report["errors"] == {"500": server.by_status[500]}  # every batch of 2 holds FAIL_500
+    # "auto" builds no body ahead for a closed loop (it has no bound on its requests): each is built as it is sent
+    assert report["bodies"]["prebuilt"] == 0 and report["bodies"]["built_in_run"] == report["sent"]
     assert report["ok"] == 0 and report["latency_ms"]["p50"] is None
     assert wall < 0.8 + SLACK_S
 
@@ -276,6 +281,33 @@ def test_cli_writes_the_report_and_prints_one_line(serve, tmp_path, capsys):
     assert server.instances == 4 * report["sent"]
 
 
+def test_open_loop_bounds_the_requests_it_can_send():
+    assert loadtest.OpenLoop(qps=60).most_requests(1.0) == math.ceil(60 + 5 * math.sqrt(60)) + 1
+    # bursts only: at most one per whole burst period of the run (at 0.25, 0.5 and 0.75 s, the bound counts 4)
+    assert loadtest.OpenLoop(qps=0, burst_every_s=0.25, burst_size=5).most_requests(1.0) == 1 + 4 * 5
+    assert loadtest.ClosedLoop(2).most_requests(1.0) is None
+
+
+@pytest.mark.parametrize("prebuild", ["auto", 0, 3])
+def test_bodies_are_the_sources_in_order_each_sent_once(serve, prebuild):
+    # Built before the clock (all of them with "auto", none with 0, the first 3 with 3) or as they are sent: either
+    # way the server sees the source's first `sent` instances, each once.
+    server = serve(delay_s=0.0)
+    source = loadtest.CycledInstances([{"x": i} for i in range(10_000)])
+    loop = loadtest.OpenLoop(qps=40, max_in_flight=1000, seed=3)
+    test = loadtest.LoadTest(server.url, source, loop, 1, 0.5, 2.0, prebuild=prebuild)
+    report = test.run()
+    _check_counts_match_the_server(report, server)
+    assert report["sent"] >= 3
+    assert sorted(server.xs) == list(range(report["sent"]))
+    prebuilt = loop.most_requests(0.5) if prebuild == "auto" else prebuild
+    bodies = report["bodies"]
+    assert bodies["prebuilt"] == prebuilt and bodies["built_in_run"] == max(0, report["sent"] - prebuilt)
+    assert bodies["prebuilt_bytes"] == sum(len(json.dumps({"instances": [{"x": i}]})) for i in range(prebuilt))
+    if prebuild == "auto":
+        assert bodies["built_in_run"] == 0
+
+
 def test_bad_arguments_are_clear_errors(capsys):
     with pytest.raises(ValueError, match="--qps 0 without bursts"):
         loadtest.OpenLoop(qps=0)
@@ -289,6 +321,14 @@ def test_bad_arguments_are_clear_errors(capsys):
         loadtest.LoadTest("ftp://x/v1/models/m", loadtest.CycledInstances([1]), loadtest.ClosedLoop(1), 1, 1.0)
     with pytest.raises(ValueError, match="--batch"):
         loadtest.LoadTest("http://x/v1/models/m", loadtest.CycledInstances([1]), loadtest.ClosedLoop(1), 0, 1.0)
+    for bad in (-1, "all", 2.5, True):
+        with pytest.raises(ValueError, match="--prebuild must be 'auto' or an int >= 0"):
+            loadtest.LoadTest("http://x/v1/models/m", loadtest.CycledInstances([1]), loadtest.ClosedLoop(1), 1, 1.0,
+                              prebuild=bad)
+    with pytest.raises(SystemExit):
+        loadtest.main(["--url", "http://127.0.0.1:1/v1/models/m", "--example-instances", "[1]", "--batch", "1",
+                       "--duration", "1", "--qps", "5", "--prebuild", "many"])
+    assert "expected 'auto' or an int >= 0, got 'many'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         loadtest.main(["--url", "http://127.0.0.1:1/v1/models/m", "--example-instances", "[1]", "--batch", "1",
                        "--duration", "1", "--closed-loop", "--qps", "5"])

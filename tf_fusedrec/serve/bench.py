@@ -250,6 +250,7 @@ def load_run(url, spec, load, qps, args, seed, bursts=False, pids=None):
                              args.max_in_flight, seed=seed)
     test = loadtest.LoadTest(url, loadtest.SyntheticInstances(spec, seed=seed), loop, args.batch, args.duration,
                              args.timeout)
+    test.prepare()  # the bodies the run sends, built before its clock and its CPU readings start
     before = _stats(url, args.timeout)
     cpu_before, start = _cpu_seconds(pids), time.monotonic()
     report = test.run()

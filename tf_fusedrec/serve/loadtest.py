@@ -3,7 +3,7 @@
     python -m tf_fusedrec.serve.loadtest --url http://127.0.0.1:8501/v1/models/NAME \\
         (--requests-from FILE | --example-instances JSON | --synthetic SPEC) --batch B --duration S \\
         (--qps Q [--burst-every T --burst-size K] [--max-in-flight N] | --closed-loop --concurrency C) \\
-        [--timeout S] [--seed N] [--out REPORT.json]
+        [--timeout S] [--seed N] [--prebuild N|auto] [--out REPORT.json]
 
 Instances. Each request carries --batch instances, taken from one of:
   --requests-from FILE      a JSON list of instances, a JSON object {"instances": [...]}, or JSON Lines (one
@@ -24,6 +24,11 @@ each on its own worker thread, and an arrival beyond that cap is dropped and cou
 from its arrival time, so a server that falls behind shows in the latencies instead of slowing the arrivals.
 Closed loop (--closed-loop): --concurrency clients, each sending its next request as soon as its last answer came.
 
+Bodies. The request bodies (JSON) are built in the source's order before the clock starts, as many as the open loop
+can send (the Poisson count's mean + 5 standard deviations, and every burst; --prebuild N sets the count, 0 builds
+none), so the generator's CPU does not compete with the server during the run; requests beyond them build theirs as
+they are sent. No body is sent twice. The report's "bodies" says how many were built before and during the run.
+
 Bounds. No request starts after --duration; requests in flight then are waited for up to --timeout (each request's own
 limit), so the run ends by duration + timeout at worst. The threads are workers started as arrivals need them, at
 most --max-in-flight (open loop), or --concurrency clients (closed loop), at most MAX_THREADS.
@@ -37,6 +42,7 @@ servers per request over the test; without that endpoint those are null. One lin
 """
 
 import argparse
+import collections
 import dataclasses
 import http.client
 import json
@@ -53,6 +59,7 @@ import urllib.parse
 import urllib.request
 
 MAX_THREADS = 1024
+MAX_PREBUILT_BYTES = 512 << 20  # request bodies built before a run, at most
 
 
 # --- statistics ------------------------------------------------------------------------------------------------------
@@ -133,34 +140,43 @@ class SyntheticInstances:
             dense = (dense["name"], dense["width"])
         self._dense = dense
         self._rng = random.Random(seed)
+        self._draws = None  # per feature: (name, draw(), length), made on the first batch
         self._lock = threading.Lock()
 
     def _id(self, lo, hi, s):
+        return self._drawer(lo, hi, s)()
+
+    def _drawer(self, lo, hi, s):
+        """A function drawing one id of [lo, hi) with zipf s: one self._rng.random() a draw, the same values a call of
+        the inverse CDF below gives (its constants computed once per feature, not per id)."""
         n = hi - lo
-        u = self._rng.random()
+        last = lo + n - 1
+        rand = self._rng.random
         if s == 0:
-            x = 1 + u * n
-        elif s == 1:
-            x = (n + 1) ** u
-        else:
-            # Inverse CDF of the density ~ x^-s on [1, n + 1).
-            x = (1 + u * ((n + 1) ** (1 - s) - 1)) ** (1 / (1 - s))
-        return lo + min(int(x) - 1, n - 1)
+            return lambda: min(lo + int(1 + rand() * n) - 1, last)
+        if s == 1:
+            base = n + 1
+            return lambda: min(lo + int(base ** rand()) - 1, last)
+        # Inverse CDF of the density ~ x^-s on [1, n + 1).
+        span, power = (n + 1) ** (1 - s) - 1, 1 / (1 - s)
+        return lambda: min(lo + int((1 + rand() * span) ** power) - 1, last)
 
     def next_batch(self, size):
         with self._lock:
+            if self._draws is None:
+                self._draws = [(name, self._drawer(lo, hi, s), length) for name, lo, hi, s, length in self._features]
+            randint, gauss = self._rng.randint, self._rng.gauss
             batch = []
             for _ in range(size):
                 instance = {}
-                for name, lo, hi, s, length in self._features:
+                for name, draw, length in self._draws:
                     if length is None:
-                        instance[name] = self._id(lo, hi, s)
+                        instance[name] = draw()
                     else:
-                        count = self._rng.randint(*length)
-                        instance[name] = [self._id(lo, hi, s) for _ in range(count)]
+                        instance[name] = [draw() for _ in range(randint(*length))]
                 if self._dense is not None:
                     name, width = self._dense
-                    instance[name] = [round(self._rng.gauss(0.0, 1.0), 4) for _ in range(width)]
+                    instance[name] = [round(gauss(0.0, 1.0), 4) for _ in range(width)]
                 batch.append(instance)
             return batch
 
@@ -338,9 +354,36 @@ class _Recorder:
                 self.ok_instances += instances
 
 
-def _send(connection, source, batch, recorder, arrival):
-    body = json.dumps({"instances": source.next_batch(batch)}).encode()
-    outcome = connection.predict(body)
+def _body(source, batch):
+    return json.dumps({"instances": source.next_batch(batch)}).encode()
+
+
+class _Bodies:
+    """The run's request bodies, in the source's order: those built before the clock started, then one built per
+    request as it is sent once they are used up (none is sent twice)."""
+
+    def __init__(self, source, batch, count, max_bytes):
+        self._source, self._batch = source, batch
+        self._ready = collections.deque()
+        size = 0
+        while len(self._ready) < count and size < max_bytes:
+            self._ready.append(_body(source, batch))
+            size += len(self._ready[-1])
+        self.prebuilt, self.prebuilt_bytes = len(self._ready), size
+        self._lock = threading.Lock()
+        self.built_in_run = 0
+
+    def next(self):
+        try:
+            return self._ready.popleft()
+        except IndexError:
+            with self._lock:
+                self.built_in_run += 1
+            return _body(self._source, self._batch)
+
+
+def _send(connection, bodies, batch, recorder, arrival):
+    outcome = connection.predict(bodies.next())
     recorder.done(outcome, time.perf_counter() - arrival, batch)
 
 
@@ -375,7 +418,14 @@ class OpenLoop:
         return {"qps": self.qps, "burst_every_s": self.burst_every_s, "burst_size": self.burst_size,
                 "max_in_flight": self.max_in_flight}
 
-    def run(self, endpoint, source, batch, timeout_s, recorder, start, deadline):
+    def most_requests(self, duration_s):
+        """A bound on the requests a run of duration_s sends (the Poisson count's mean + 5 standard deviations, and
+        every burst), for the bodies built before it starts."""
+        mean = self.qps * duration_s
+        bursts = math.floor(duration_s / self.burst_every_s) * self.burst_size if self.burst_every_s else 0
+        return math.ceil(mean + 5 * math.sqrt(mean)) + 1 + bursts
+
+    def run(self, endpoint, bodies, batch, timeout_s, recorder, start, deadline):
         # Worker threads start on demand, one when an admitted arrival finds none idle, up to max_in_flight: a large
         # cap costs nothing until that many requests are in flight (starting 1000 threads up front took seconds of
         # the run's duration on a busy machine, so the first arrivals were sent late).
@@ -388,7 +438,7 @@ class OpenLoop:
             connection = _Connection(endpoint, timeout_s)
             try:
                 while (arrival := arrivals.get()) is not None:
-                    _send(connection, source, batch, recorder, arrival)
+                    _send(connection, bodies, batch, recorder, arrival)
                     with lock:
                         idle[0] += 1
             finally:
@@ -440,13 +490,16 @@ class ClosedLoop:
     def describe(self):
         return {"concurrency": self.concurrency}
 
-    def run(self, endpoint, source, batch, timeout_s, recorder, start, deadline):
+    def most_requests(self, duration_s):  # noqa: ARG002  (as many as the server answers: no bound)
+        return None
+
+    def run(self, endpoint, bodies, batch, timeout_s, recorder, start, deadline):
         def client():
             connection = _Connection(endpoint, timeout_s)
             try:
                 while (now := time.perf_counter()) < deadline:
                     recorder.start()
-                    _send(connection, source, batch, recorder, now)
+                    _send(connection, bodies, batch, recorder, now)
             finally:
                 connection.close()
 
@@ -468,6 +521,11 @@ class LoadTest:
       batch: instances per request.
       duration_s: no request starts later than this after the start.
       timeout_s: each request's limit, and how long in-flight requests are waited for at the end.
+      prebuild: request bodies built before the clock starts ("auto": as many as the open loop can send, see
+        OpenLoop.most_requests; none for the closed loop), at most MAX_PREBUILT_BYTES of them; the requests beyond
+        build theirs as they are sent. The bodies are the same either way (the source's order, none sent twice):
+        building them first keeps the generator's CPU (a few ms per 64 synthetic instances) out of the measured run,
+        where it competes with the server on a shared machine.
     """
 
     url: str
@@ -476,6 +534,7 @@ class LoadTest:
     batch: int
     duration_s: float
     timeout_s: float = 10.0
+    prebuild: object = "auto"
 
     def __post_init__(self):
         if not isinstance(self.batch, int) or self.batch < 1:
@@ -484,24 +543,41 @@ class LoadTest:
             raise ValueError(f"--duration must be > 0, got {self.duration_s!r}")
         if not self.timeout_s > 0:
             raise ValueError(f"--timeout must be > 0, got {self.timeout_s!r}")
+        if self.prebuild != "auto" and (not isinstance(self.prebuild, int) or isinstance(self.prebuild, bool)
+                                        or self.prebuild < 0):
+            raise ValueError(f"--prebuild must be 'auto' or an int >= 0, got {self.prebuild!r}")
         self._endpoint = _Endpoint(self.url)
+        self._bodies = None
+
+    def prepare(self):
+        """Builds the bodies sent first (see prebuild); run() calls it when not called before. -> seconds it took."""
+        began = time.perf_counter()
+        count = self.prebuild
+        if count == "auto":
+            count = self.loop.most_requests(self.duration_s) or 0
+        self._bodies = _Bodies(self.source, self.batch, count, MAX_PREBUILT_BYTES)
+        self._prebuild_s = time.perf_counter() - began
+        return self._prebuild_s
 
     def run(self):
         """Runs the test; -> the report (a JSON-serialisable dict, see the module docstring)."""
+        if self._bodies is None:
+            self.prepare()
+        bodies, self._bodies = self._bodies, None  # a second run() builds its own
         stats_before = fetch_stats(self._endpoint.stats_url, self.timeout_s)
         recorder = _Recorder()
         start = time.perf_counter()
         deadline = start + self.duration_s
-        threads = self.loop.run(self._endpoint, self.source, self.batch, self.timeout_s, recorder, start, deadline)
+        threads = self.loop.run(self._endpoint, bodies, self.batch, self.timeout_s, recorder, start, deadline)
         # Requests started before the deadline finish or time out within timeout_s (+ a little for the threads).
         give_up = max(deadline, time.perf_counter()) + self.timeout_s + 1.0
         for t in threads:
             t.join(max(0.0, give_up - time.perf_counter()))
         elapsed = time.perf_counter() - start
         stats_after = fetch_stats(self._endpoint.stats_url, self.timeout_s)
-        return self._report(recorder, elapsed, stats_before, stats_after)
+        return self._report(recorder, elapsed, stats_before, stats_after, bodies)
 
-    def _report(self, recorder, elapsed, stats_before, stats_after):
+    def _report(self, recorder, elapsed, stats_before, stats_after, bodies):
         counts = recorder.snapshot()
         outcomes = counts["outcomes"]
         ok = outcomes.pop("ok", 0)
@@ -528,6 +604,8 @@ class LoadTest:
             "cache_hit_rate": hit_rate,
             "bytes_per_request": per_request,
             "ranker_delta": delta if stats_before is not None and stats_after is not None else None,
+            "bodies": {"prebuilt": bodies.prebuilt, "prebuilt_bytes": bodies.prebuilt_bytes,
+                       "prebuild_s": self._prebuild_s, "built_in_run": bodies.built_in_run},
         }
 
 
@@ -550,6 +628,15 @@ def summary_line(report):
 # --- command line ----------------------------------------------------------------------------------------------------
 
 
+def _prebuild_arg(text):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an int >= 0, got {text!r}") from None
+
+
 def _parser():
     p = argparse.ArgumentParser(prog="python -m tf_fusedrec.serve.loadtest",
                                 description="Load test a ranker's REST endpoint (see the module docstring).")
@@ -568,6 +655,9 @@ def _parser():
     p.add_argument("--concurrency", type=int, default=1, help="closed loop: number of clients (default 1)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default 10)")
     p.add_argument("--seed", type=int, default=0, help="of arrivals and synthetic instances (default 0)")
+    p.add_argument("--prebuild", type=_prebuild_arg, default="auto", metavar="N|auto",
+                   help="request bodies built before the clock starts (default auto: as many as the open loop can "
+                        "send; the rest are built as they are sent)")
     p.add_argument("--out", metavar="JSON", help="write the report here")
     return p
 
@@ -590,7 +680,7 @@ def main(argv=None):
             loop = ClosedLoop(args.concurrency)
         else:
             loop = OpenLoop(args.qps, args.burst_every, args.burst_size, args.max_in_flight, seed=args.seed)
-        test = LoadTest(args.url, source, loop, args.batch, args.duration, args.timeout)
+        test = LoadTest(args.url, source, loop, args.batch, args.duration, args.timeout, args.prebuild)
     except (OSError, ValueError) as e:
         parser.error(str(e))
     report = test.run()
