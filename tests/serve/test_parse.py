@@ -237,3 +237,38 @@ def test_the_errors_clients_see():
         assert outcome[0] == "error" and message in outcome[2], (name, outcome)
     outcome = run(served, RAW["non-UTF-8"])
     assert outcome[0] == "error" and "not valid JSON" in outcome[2], outcome
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_flatten_without_padding_equals_the_padding_path(seed):
+    # allow_padding=False (the ranker's requests) skips the search for padding once every id is checked >= 0: on ids
+    # without padding it must give what the padding path gives, field by field; an id of -1 is an error there.
+    rng = np.random.default_rng(seed)
+    b = int(rng.integers(0, 6))
+    lengths = rng.integers(0, 4, b)
+    values = rng.integers(0, 1000, int(lengths.sum()))
+    inputs = {
+        "1-D array": rng.integers(0, 1000, b),
+        "2-D array": rng.integers(0, 1000, (b, 3)),
+        "ragged ids": RaggedIds(values, lengths),
+        "list of lists": [list(map(int, values[s - n:s])) for s, n in zip(np.cumsum(lengths), lengths)],
+        "list of ids": [int(x) for x in rng.integers(0, 1000, b)],
+    }
+    feature = {"name": "f", "layout": "bag", "key_dtype": "int64", "max_id_bits": None}
+    for what, value in inputs.items():
+        if what == "list of lists" and not any(lengths):
+            continue  # an empty list per instance reads as a list of ids
+        want, got = flatten_ids(feature, value, allow_padding=True), flatten_ids(feature, value, allow_padding=False)
+        assert got.num_rows == want.num_rows, what
+        for field in ("ids", "rows_of", "positions", "lengths"):
+            np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=f"{what}: {field}")
+            assert getattr(got, field).dtype == np.int64, (what, field)
+        if what in ("1-D array", "list of ids"):
+            one = flatten_ids(dict(feature, layout="one"), value, allow_padding=False)
+            np.testing.assert_array_equal(one.rows_of, np.arange(b), err_msg=what)
+    if b:
+        padded = rng.integers(0, 1000, (b, 3))
+        padded[0, 1] = -1
+        with pytest.raises(InputError, match="ids must be >= 0; found -1"):
+            flatten_ids(feature, padded, allow_padding=False)
+        assert len(flatten_ids(feature, padded, allow_padding=True).ids) == 3 * b - 1

@@ -50,6 +50,7 @@ def flatten_ids(feature, value, allow_padding=True):
     """
     name, layout = feature["name"], feature["layout"]
     where = f"feature '{name}'"
+    one_each = False  # known to hold one id per instance (a 1-D array)
     if isinstance(value, RaggedIds):
         values, lengths = value
     elif hasattr(value, "row_lengths") and hasattr(value, "flat_values"):  # tf.RaggedTensor
@@ -71,6 +72,7 @@ def flatten_ids(feature, value, allow_padding=True):
             raise InputError(f"{where}: ids must be integers ({feature['key_dtype']}), got {array.dtype}")
         if array.ndim == 1:
             lengths = np.ones(len(array), np.int64)
+            one_each = True
         elif array.ndim == 2:
             lengths = np.full(array.shape[0], array.shape[1], np.int64)
         else:
@@ -88,9 +90,13 @@ def flatten_ids(feature, value, allow_padding=True):
     if limit is not None and values.size and values.max() >= limit:
         raise InputError(f"{where}: id {int(values.max())} is too large (ids must be < {limit}"
                          f"{f', max_id_bits={bits}' if bits is not None else ', key_dtype int32'})")
-    if layout == "one" and np.any(lengths != 1):
+    if layout == "one" and not one_each and np.any(lengths != 1):
         raise InputError(f"{where}: takes one id per instance (exported with layout 'one'), got an instance with "
                          f"{int(lengths[lengths != 1][0])}")
+    if not allow_padding:  # every id was checked >= 0 above: every position holds one
+        positions = np.arange(len(values), dtype=np.int64)
+        rows_of = positions if one_each else np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+        return FlatIds(values, rows_of, positions, len(lengths), lengths)
     rows_of = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
     positions = np.flatnonzero(values >= 0)
     return FlatIds(values[positions], rows_of[positions], positions, len(lengths), lengths)

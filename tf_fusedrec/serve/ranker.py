@@ -36,6 +36,7 @@ import io
 import itertools
 import json
 import math
+import operator
 import queue
 import re
 import socket
@@ -221,7 +222,12 @@ def parse_arrays(body, id_names, dense_names, max_instances, max_ids):
         for instance in instances:
             if type(instance) is not dict or instance.keys() != names:
                 return None
-        columns = {name: [instance[name] for instance in instances] for name in names}
+        # The instances' values by name, transposed in C (itemgetter, zip) rather than a Python loop per value.
+        order = sorted(names)
+        if len(order) == 1:
+            columns = {order[0]: [instance[order[0]] for instance in instances]}
+        else:
+            columns = dict(zip(order, map(list, zip(*map(operator.itemgetter(*order), instances)))))
     elif "inputs" in request:
         columns, shape = request["inputs"], "inputs"
         if type(columns) is not dict or columns.keys() != names:
