@@ -438,11 +438,11 @@ def serve_bench():
                    "cache hit rate", "KB from servers / req", "KB to servers / req", "mean batch"], "l" * 13, rows)
 
 
-def serve_curve():
+def serve_curve(path="docs/serve/serve_curve.json"):
     """tf_fusedrec/serve/bench.py's saturation curve (docs/serve/serve_bench.md shows the same; the plot is
-    docs/serve/serve_curve.png)."""
+    serve_curve.png beside it)."""
     rows = []
-    for p in _json("docs/serve/serve_curve.json")["points"]:
+    for p in _json(path)["points"]:
         cpu = p.get("cpu_s_per_s") or {}
         rows.append([f"{p['offered_qps']:g}", f"{p['requests_per_s']:.1f}", f"{p['instances_per_s']:,.0f}",
                      _num(p["p50_ms"], ".1f"), _num(p["p99_ms"], ".1f"), p["errors"], p["dropped"],
@@ -615,6 +615,8 @@ TABLES = {
     "hot-sweep-1gbit": (("docs/hot/1gbit-n2/hot_sweep.json",), hot_sweep_1gbit),
     "serve-bench": (("docs/serve/serve_bench.json",), serve_bench),
     "serve-curve": (("docs/serve/serve_curve.json",), serve_curve),
+    "serve-curve-plain": (("docs/serve/plain/serve_curve.json",),
+                          lambda: serve_curve("docs/serve/plain/serve_curve.json")),
     "publish-training": (("docs/publish/publish_bench.json",), publish_training),
     "publish-versions": (("docs/publish/publish_bench.json",), publish_versions),
     "publish-auc": (("docs/publish/freshness_auc.json",), publish_auc),
