@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tf_fusedrec import config as cfg  # noqa: E402
 from tf_fusedrec.export import format as fmt  # noqa: E402
+from serve_servers import start_embedding_servers  # noqa: E402
 from tf_fusedrec.serve import bench, loadtest  # noqa: E402
 
 SETUPS = {"pooled_cached": bench.RankerSetup(True, 64.0), "plain": bench.RankerSetup(False, 0.0)}
@@ -50,13 +51,7 @@ def main():
               "machine": {"cpus": os.cpu_count(), "load_average_start": list(os.getloadavg())}, "runs": []}
     services = []
     try:
-        ports = [bench.free_port() for _ in range(2)]
-        for shard, port in enumerate(ports):
-            services.append(bench.Service(f"server {shard}", "tf_fusedrec.serve.embedding_server",
-                                          ["--export", args.export, "--shard", str(shard), "--num-shards", "2",
-                                           "--port", str(port)], os.path.join(args.work_dir, f"server{shard}.log")))
-            services[-1].start(120)
-        addresses = ",".join(f"127.0.0.1:{p}" for p in ports)
+        addresses = start_embedding_servers(args.export, args.work_dir, services)
         for name in args.setups.split(","):
             setup = SETUPS[name]
             port = bench.free_port()

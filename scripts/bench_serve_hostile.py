@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tf_fusedrec import config as cfg  # noqa: E402
 from tf_fusedrec.export import format as fmt  # noqa: E402
+from serve_servers import start_embedding_servers  # noqa: E402
 from tf_fusedrec.serve import bench, loadtest  # noqa: E402
 
 IDLE_CONNECTIONS = 64
@@ -160,16 +161,11 @@ def main():
               "idle_connections": IDLE_CONNECTIONS, "phases": []}
     services = []
     try:
-        ports = [bench.free_port() for _ in range(2)]
-        for shard, port in enumerate(ports):
-            services.append(bench.Service(f"server {shard}", "tf_fusedrec.serve.embedding_server",
-                                          ["--export", args.export, "--shard", str(shard), "--num-shards", "2",
-                                           "--port", str(port)], os.path.join(args.work_dir, f"server{shard}.log")))
-            services[-1].start(120)
+        addresses = start_embedding_servers(args.export, args.work_dir, services)
         port = bench.free_port()
         services.append(bench.Service("ranker", "tf_fusedrec.serve.ranker",
                                       ["--export", args.export, "--port", str(port), "--name", "bench",
-                                       "--servers", ",".join(f"127.0.0.1:{p}" for p in ports),
+                                       "--servers", addresses,
                                        *args.ranker_flags.split()],
                                       os.path.join(args.work_dir, "ranker.log")))
         services[-1].start(120)

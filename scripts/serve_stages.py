@@ -23,6 +23,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 from tf_fusedrec import config as cfg  # noqa: E402
 from tf_fusedrec.export import format as fmt  # noqa: E402
+from serve_servers import start_embedding_servers  # noqa: E402
 from tf_fusedrec.serve import bench, loadtest  # noqa: E402
 from tf_fusedrec.serve import ranker as rk  # noqa: E402
 
@@ -40,13 +41,8 @@ def main():
     spec = bench.synthetic_spec(cfg.load_config(args.config), fmt.read_manifest(args.export))
     services = []
     try:
-        ports = [bench.free_port() for _ in range(2)]
-        for shard, port in enumerate(ports):
-            services.append(bench.Service(f"server {shard}", "tf_fusedrec.serve.embedding_server",
-                                          ["--export", args.export, "--shard", str(shard), "--num-shards", "2",
-                                           "--port", str(port)], os.path.join(args.work_dir, f"server{shard}.log")))
-            services[-1].start(120)
-        flags = ["--export", args.export, "--servers", ",".join(f"127.0.0.1:{p}" for p in ports), "--port", "0",
+        addresses = start_embedding_servers(args.export, args.work_dir, services)
+        flags = ["--export", args.export, "--servers", addresses, "--port", "0",
                  "--cache-mb", args.cache_mb] + (["--no-pooling"] if args.no_pooling else [])
         ranker = rk.build(rk.parse_args(flags))
         model = ranker.model
