@@ -191,6 +191,25 @@ def test_rows_equal_local(export, local, clusters, n):
 
 
 @pytest.mark.parametrize("n", [1, 3])
+def test_rows_many_equals_rows_per_group(export, local, clusters, n):
+    # Every group's requests in flight together (and a group twice, and an empty lookup): each answer is the group's
+    # own rows, in the order asked, and the counters add up as for separate calls.
+    rng = np.random.default_rng(20 + n)
+    lookups = [(group, *query(rng, group)) for group in GROUPS + GROUPS[:1]]
+    lookups.append(("hashed", np.zeros(0, np.int64), np.zeros(0, np.int64)))
+    with RemoteBackend(export, addresses(clusters[n])) as remote:
+        answers = remote.rows_many(lookups)
+        assert len(answers) == len(lookups)
+        for (group, ids, categories), rows in zip(lookups, answers):
+            assert rows.dtype == np.float32 and rows.shape == (len(ids), local.groups[group].dim), group
+            assert np.array_equal(rows, local.rows(group, ids, categories)), group
+        assert remote.stats()["rows_looked_up"] == sum(len(ids) for _, ids, _ in lookups)
+    # the interface's default (LocalBackend): one rows() call per lookup
+    for (group, ids, categories), rows in zip(lookups, local.rows_many(lookups)):
+        assert np.array_equal(rows, local.rows(group, ids, categories)), group
+
+
+@pytest.mark.parametrize("n", [1, 3])
 def test_pooled_equal_local_and_moves_fewer_bytes(export, local, clusters, n):
     rng = np.random.default_rng(10 + n)
     num_segments = 300

@@ -4,6 +4,7 @@ A backend answers two questions per group of an export (fr.export format, tf_fus
 
   rows(group, ids, categories)  -> float32 [n, dim]
       the row of each (id, category) pair (pairs may repeat; ids never trained get the initializer's row);
+      rows_many([(group, ids, categories), ...]) gives several groups' at once;
   pooled(group, ids, categories, segments, num_segments) -> (float32 [S, dim] sums, int64 [S] counts)
       the rows summed per segment (a segment is one multi-hot bag: one feature of one instance) and how many ids each
       segment holds: what a combiner needs (sum; mean = sums / max(count, 1); sqrtn = sums / sqrt(max(count, 1))).
@@ -38,6 +39,12 @@ class Backend:
 
     def rows(self, group, ids, categories, version=None):
         raise NotImplementedError
+
+    def rows_many(self, lookups, version=None):
+        """[rows(group, ids, categories) for each (group, ids, categories) of lookups]; a backend that can have them
+        in flight together (RemoteBackend) overrides it."""
+        at = {} if version is None else {"version": version}
+        return [self.rows(group, ids, categories, **at) for group, ids, categories in lookups]
 
     def pooled(self, group, ids, categories, segments, num_segments, version=None):
         if version is None:

@@ -315,20 +315,31 @@ class RemoteBackend(Backend):
           version: the committed version to read (None: each server's newest); RemoteError (FAILED_PRECONDITION)
             from a server that does not hold it.
         """
-        spec, ids, categories = self._check(group, ids, categories)
-        first, inverse = embedding_server.unique_pairs(ids, categories)
-        ids, categories = ids[first], categories[first]
-        jobs = self._submit(group, spec, ids, categories, version=version)
-        distinct = np.empty((len(ids), spec["dim"]), np.float32)
-        not_trained = 0
-        for chunk, job in jobs:
-            address, result = job.result()
-            distinct[chunk] = _decode(result.rows, "<f4", (len(chunk), spec["dim"]), address, group, "rows")
-            not_trained += result.not_trained
-        with self._lock:
-            self._looked_up += len(inverse)
-            self._not_trained += not_trained
-        return distinct[inverse]
+        return self.rows_many([(group, ids, categories)], version=version)[0]
+
+    def rows_many(self, lookups, version=None):
+        """rows() of several (group, ids, categories) lookups: every lookup's requests are sent before any answer is
+        awaited, so the groups' round trips overlap instead of adding up."""
+        pending = []
+        for group, ids, categories in lookups:
+            spec, ids, categories = self._check(group, ids, categories)
+            first, inverse = embedding_server.unique_pairs(ids, categories)
+            ids, categories = ids[first], categories[first]
+            pending.append((group, spec, len(ids), inverse, self._submit(group, spec, ids, categories,
+                                                                         version=version)))
+        out = []
+        for group, spec, n, inverse, jobs in pending:
+            distinct = np.empty((n, spec["dim"]), np.float32)
+            not_trained = 0
+            for chunk, job in jobs:
+                address, result = job.result()
+                distinct[chunk] = _decode(result.rows, "<f4", (len(chunk), spec["dim"]), address, group, "rows")
+                not_trained += result.not_trained
+            with self._lock:
+                self._looked_up += len(inverse)
+                self._not_trained += not_trained
+            out.append(distinct[inverse])
+        return out
 
     def pooled(self, group, ids, categories, segments, num_segments, version=None):
         """(float32 [S, dim] sums, int64 [S] counts) of the rows per segment; the servers sum their part.

@@ -235,20 +235,26 @@ class ServingModel:
         (rows, pooled), the rows of `version` (None: the backend's newest)."""
         at = {} if version is None else {"version": version}
         inputs = {}
+        # Every group's rows in one rows_many call (a remote backend has them in flight together), then the pooled
+        # lookups group by group.
+        direct_of, pooled_of, lookups = {}, {}, []
         for group_name in self.groups:
             # Every feature reading the group's rows, a feature that shares another's rows (manifest "shares") too.
             members = [f for _, f in sorted(self.features.items()) if f["group"] == group_name]
-            pooled = [f for f in members if f["layout"] == "bag" and self.pooling]
-            direct = [f for f in members if f not in pooled]
+            pooled_of[group_name] = [f for f in members if f["layout"] == "bag" and self.pooling]
+            direct = direct_of[group_name] = [f for f in members if f not in pooled_of[group_name]]
             if direct:
                 ids = np.concatenate([flats[f["name"]].ids for f in direct])
                 cats = np.concatenate([np.full(len(flats[f["name"]].ids), f["category"], np.int32) for f in direct])
-                rows = self.backend.rows(group_name, ids, cats, **at)
-                offset = 0
-                for f in direct:
-                    flat = flats[f["name"]]
-                    inputs.update(self._place(f, flat, rows[offset:offset + len(flat.ids)], batch))
-                    offset += len(flat.ids)
+                lookups.append((group_name, ids, cats))
+        for (group_name, _, _), rows in zip(lookups, self.backend.rows_many(lookups, **at) if lookups else []):
+            offset = 0
+            for f in direct_of[group_name]:
+                flat = flats[f["name"]]
+                inputs.update(self._place(f, flat, rows[offset:offset + len(flat.ids)], batch))
+                offset += len(flat.ids)
+        for group_name in self.groups:
+            pooled = pooled_of[group_name]
             if pooled:
                 ids = np.concatenate([flats[f["name"]].ids for f in pooled])
                 cats = np.concatenate([np.full(len(flats[f["name"]].ids), f["category"], np.int32) for f in pooled])
