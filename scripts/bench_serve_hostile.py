@@ -133,10 +133,10 @@ class IdleHolder(threading.Thread):
 
 
 def scores(url, body):
-    request = http.client.HTTPConnection("127.0.0.1", int(url.split(":")[2].split("/")[0]), timeout=10)
+    endpoint = loadtest._Endpoint(url)  # noqa: SLF001  (the load test's parse of a model URL)
+    request = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=10)
     try:
-        request.request("POST", "/" + url.split("/", 3)[3] + ":predict", body=body,
-                        headers={"Content-Type": "application/json"})
+        request.request("POST", endpoint.predict_path, body=body, headers={"Content-Type": "application/json"})
         response = request.getresponse()
         return response.status, json.loads(response.read())
     finally:

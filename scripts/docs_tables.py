@@ -349,27 +349,30 @@ PERF_SYMBOL_ROWS = (("TensorFlow's gathers (`HandleCopies`)", ("HandleCopies",))
                     ("tf_fusedrec's output sums and interaction pairs", ("GatherSegmentSum", "UpperTriangle")))
 
 
+def _graph_size_runs(directory):
+    """(tree, mode, record, median CPU s to build, trace and run one step) of scripts/graph_size.py's
+    directory/graph-{base,head}.json."""
+    for tree in ("base", "head"):
+        for mode, r in _json(f"{directory}/graph-{tree}.json")["modes"].items():
+            seconds = sorted(r["build_trace_step_cpu_seconds"])
+            yield tree, mode, r, seconds[len(seconds) // 2]
+
+
 def graph_size():
     """scripts/graph_size.py before the change (base: fused) and with it (head: fused and fused_chain)."""
     rows = []
-    for tree in ("base", "head"):
-        for mode, r in _json(f"docs/perf/step_cost/graph-{tree}.json")["modes"].items():
-            seconds = sorted(r["build_trace_step_cpu_seconds"])
-            types = r["by_type"]
-            rows.append([tree, mode, f"{r['ops']:,}", str(types["Assert"] + types["If"]),
-                         str(types["GatherV2"] + types["UnsortedSegmentSum"] + types["Where"]),
-                         f"{seconds[len(seconds) // 2]:.2f}"])
+    for tree, mode, r, median_s in _graph_size_runs("docs/perf/step_cost"):
+        types = r["by_type"]
+        rows.append([tree, mode, f"{r['ops']:,}", str(types["Assert"] + types["If"]),
+                     str(types["GatherV2"] + types["UnsortedSegmentSum"] + types["Where"]), f"{median_s:.2f}"])
     return _table(["tree", "mode", "ops in the step's graph", "Assert + If", "GatherV2 + UnsortedSegmentSum + Where",
                    "CPU s to build, trace, run one step (median)"], "llrrrr", rows)
 
 
 def graph_ops():
     """scripts/graph_size.py before the row-id and check change (base) and with it (head), fused and per_feature."""
-    rows = []
-    for tree in ("base", "head"):
-        for mode, r in _json(f"docs/perf/graph_ops/graph-{tree}.json")["modes"].items():
-            seconds = sorted(r["build_trace_step_cpu_seconds"])
-            rows.append([tree, mode, f"{r['ops']:,}", f"{seconds[len(seconds) // 2]:.2f}"])
+    rows = [[tree, mode, f"{r['ops']:,}", f"{median_s:.2f}"]
+            for tree, mode, r, median_s in _graph_size_runs("docs/perf/graph_ops")]
     return _table(["tree", "mode", "ops in the step's graph", "CPU s to build, trace, run one step (median)"], "llrr",
                   rows)
 

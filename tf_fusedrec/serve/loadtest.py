@@ -143,9 +143,6 @@ class SyntheticInstances:
         self._draws = None  # per feature: (name, draw(), length), made on the first batch
         self._lock = threading.Lock()
 
-    def _id(self, lo, hi, s):
-        return self._drawer(lo, hi, s)()
-
     def _drawer(self, lo, hi, s):
         """A function drawing one id of [lo, hi) with zipf s: one self._rng.random() a draw, the same values a call of
         the inverse CDF below gives (its constants computed once per feature, not per id)."""
@@ -365,11 +362,12 @@ class _Bodies:
     def __init__(self, source, batch, count, max_bytes):
         self._source, self._batch = source, batch
         self._ready = collections.deque()
-        size = 0
+        began, size = time.perf_counter(), 0
         while len(self._ready) < count and size < max_bytes:
             self._ready.append(_body(source, batch))
             size += len(self._ready[-1])
         self.prebuilt, self.prebuilt_bytes = len(self._ready), size
+        self.prebuild_s = time.perf_counter() - began
         self._lock = threading.Lock()
         self.built_in_run = 0
 
@@ -551,13 +549,11 @@ class LoadTest:
 
     def prepare(self):
         """Builds the bodies sent first (see prebuild); run() calls it when not called before. -> seconds it took."""
-        began = time.perf_counter()
         count = self.prebuild
         if count == "auto":
             count = self.loop.most_requests(self.duration_s) or 0
         self._bodies = _Bodies(self.source, self.batch, count, MAX_PREBUILT_BYTES)
-        self._prebuild_s = time.perf_counter() - began
-        return self._prebuild_s
+        return self._bodies.prebuild_s
 
     def run(self):
         """Runs the test; -> the report (a JSON-serialisable dict, see the module docstring)."""
@@ -605,7 +601,7 @@ class LoadTest:
             "bytes_per_request": per_request,
             "ranker_delta": delta if stats_before is not None and stats_after is not None else None,
             "bodies": {"prebuilt": bodies.prebuilt, "prebuilt_bytes": bodies.prebuilt_bytes,
-                       "prebuild_s": self._prebuild_s, "built_in_run": bodies.built_in_run},
+                       "prebuild_s": bodies.prebuild_s, "built_in_run": bodies.built_in_run},
         }
 
 

@@ -247,7 +247,7 @@ class ServingModel:
                 ids = np.concatenate([flats[f["name"]].ids for f in direct])
                 cats = np.concatenate([np.full(len(flats[f["name"]].ids), f["category"], np.int32) for f in direct])
                 lookups.append((group_name, ids, cats))
-        for (group_name, _, _), rows in zip(lookups, self.backend.rows_many(lookups, **at) if lookups else []):
+        for (group_name, _, _), rows in zip(lookups, self.backend.rows_many(lookups, **at)):
             offset = 0
             for f in direct_of[group_name]:
                 flat = flats[f["name"]]
