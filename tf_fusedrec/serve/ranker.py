@@ -18,9 +18,9 @@ Versions: a predict answer carries "model_version", the version of the rows and 
 
 A request is checked in its own handler thread (unknown feature, wrong type, negative or out-of-range id, malformed
 or too deeply nested JSON: HTTP 400 naming the field), then queued for the batcher, which merges the requests waiting
-(up to --max-batch instances, or what arrived within --batch-wait-ms) into one embedding lookup per group and one call
-of the dense SavedModel. A server that is down or saturated answers HTTP 503 naming it; the ranker stays up and uses
-it again once it is back.
+(up to --max-batch instances: those queued when the model comes free, and with --batch-wait-ms those arriving within
+it) into one embedding lookup per group and one call of the dense SavedModel. A server that is down or saturated
+answers HTTP 503 naming it; the ranker stays up and uses it again once it is back.
 
 Bounds (each answered with a status naming the flag): the body (--max-body-mb, 413; no Content-Length: 411), the
 instances and ids of a request (--max-instances, --max-ids: 413, counted while the body is parsed, so an oversized
@@ -304,14 +304,15 @@ class Ranker:
       model: a serve.model.ServingModel.
       cache: the serve.cache.AdaptiveCache in front of the backend, or None (told each request's batch size).
       max_batch: most instances merged into one model call.
-      batch_wait_s: how long the batcher waits for more requests once one is queued.
+      batch_wait_s: how long the batcher waits for more requests once one is queued (0: none; it takes what is
+        queued when the model is free, and requests that arrive while a batch runs form the next one).
       max_queue: most requests waiting for the batcher; beyond, Overloaded (HTTP 503).
       max_instances: most instances in one request (beyond: TooLarge, HTTP 413).
       max_ids: most ids (integer literals) in one request body, counted while it is parsed (beyond: TooLarge).
       answer_timeout_s: how long a request waits for the batcher's answer (beyond: HTTP 503).
     """
 
-    def __init__(self, model, cache=None, max_batch=1024, batch_wait_s=0.002, max_queue=256, max_instances=4096,
+    def __init__(self, model, cache=None, max_batch=1024, batch_wait_s=0.0, max_queue=256, max_instances=4096,
                  max_ids=1 << 18, answer_timeout_s=30.0):
         self.model, self.cache = model, cache
         self.max_batch, self.batch_wait_s, self.max_instances = max_batch, batch_wait_s, max_instances
@@ -767,7 +768,9 @@ def parse_args(argv=None):
                    help="mean instances per request (over the last 64) above which the cache shrinks")
     p.add_argument("--cache-low-load", type=float, default=64.0, help="... below which it grows back")
     p.add_argument("--max-batch", type=int, default=1024, help="most instances in one model call")
-    p.add_argument("--batch-wait-ms", type=float, default=2.0, help="how long a batch waits for more requests")
+    p.add_argument("--batch-wait-ms", type=float, default=0.0,
+                   help="how long a batch waits for more requests (default 0: it takes what is queued when the model "
+                        "is free; requests arriving while a batch runs form the next; docs/serve/batch_wait_ab.json)")
     p.add_argument("--max-queue", type=int, default=256, help="most requests waiting; beyond, HTTP 503")
     p.add_argument("--max-instances", type=int, default=4096, help="most instances in one request; beyond, HTTP 413")
     p.add_argument("--max-ids", type=int, default=1 << 18,
