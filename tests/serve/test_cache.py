@@ -8,7 +8,7 @@ import pytest
 
 from tf_fusedrec import initializers
 from tf_fusedrec.export import format as fmt
-from tf_fusedrec.serve.backend import LocalBackend
+from tf_fusedrec.serve.backend import LocalBackend, Lookup
 from tf_fusedrec.serve.cache import AdaptiveCache, CachedBackend, LFUPolicy, LRUPolicy, entry_bytes
 
 DIM = 4
@@ -350,6 +350,50 @@ def test_pooled_mixes_cached_and_inner_pairs(export_dir, local, group):
     stats = backend.stats()["cache"]
     assert stats["entries"] == cached and stats["rows_admitted_from_pooled"] == 0
     assert 0 < stats["pairs_pooled_here"] < 800 and stats["pairs_pooled_here"] + stats["pairs_pooled_by_inner"] == 800
+
+
+class _CountingBackend(LocalBackend):
+    """A LocalBackend that records the lookups of each lookup_many call (a remote backend sends one round per call)."""
+
+    def __init__(self, export_dir):
+        super().__init__(export_dir)
+        self.calls = []
+
+    def lookup_many(self, lookups, version=None):
+        self.calls.append([(q.group, q.segments is not None, len(q.ids)) for q in lookups])
+        return super().lookup_many(lookups, version)
+
+
+@pytest.mark.parametrize("budget_entries", [10_000, 7])
+def test_lookup_many_asks_inner_once_per_call_and_equals_each_call(export_dir, local, budget_entries):
+    # Rows and pooled bags of both groups, three times (cold, then with admissions and hits): every answer is
+    # LocalBackend's, and each call asks the inner backend at most once, for the misses of all of them together.
+    inner = _CountingBackend(export_dir)
+    backend = CachedBackend(inner, AdaptiveCache(budget_entries * entry_bytes(8)))
+    rng = np.random.default_rng(11)
+    lookups = []
+    for seed, group in enumerate(["packed", "hashed"]):
+        ids, categories = _request(group, 150, 20 + seed)
+        lookups.append(Lookup(group, ids, categories))
+        ids, categories = _request(group, 300, 30 + seed)
+        lookups.append(Lookup(group, ids, categories, rng.integers(0, 60, 300), 64))
+    lookups.append(Lookup("packed", np.zeros(0, np.int64), np.zeros(0, np.int64)))
+    for call in range(3):
+        before = len(inner.calls)
+        answers = backend.lookup_many(lookups)
+        made = len(inner.calls) - before
+        assert len(answers) == len(lookups) and made <= 1 and (made == 1 or call > 0)  # none once every key hits
+        for q, answer in zip(lookups, answers):
+            if q.segments is None:
+                np.testing.assert_array_equal(answer, local.rows(q.group, q.ids, q.categories))
+            else:
+                want_sums, want_counts = local.pooled(q.group, q.ids, q.categories, q.segments, q.num_segments)
+                np.testing.assert_allclose(answer[0], want_sums, rtol=0, atol=1e-6)
+                np.testing.assert_array_equal(answer[1], want_counts)
+    first, second = inner.calls[0], inner.calls[1]
+    assert any(pooled for _, pooled, _ in first)  # cold: the bags are pooled by inner
+    # warm: the keys that missed before are admitted and fetched as rows, in the same single call
+    assert sum(n for _, pooled, n in second if not pooled) > 0
 
 
 def test_cached_backend_errors(export_dir):

@@ -24,7 +24,7 @@ from tests.subprocess_runner import ROOT, child_env, tail
 from tf_fusedrec.export import format as fmt
 from tf_fusedrec.serve import embedding_pb2 as pb
 from tf_fusedrec.serve import embedding_server
-from tf_fusedrec.serve.backend import LocalBackend
+from tf_fusedrec.serve.backend import LocalBackend, Lookup
 from tf_fusedrec.serve.client import RangeTable, RemoteBackend, ServerBusy, ServerUnavailable
 
 GROUPS = ("packed", "hashed")
@@ -207,6 +207,49 @@ def test_rows_many_equals_rows_per_group(export, local, clusters, n):
     # the interface's default (LocalBackend): one rows() call per lookup
     for (group, ids, categories), rows in zip(lookups, local.rows_many(lookups)):
         assert np.array_equal(rows, local.rows(group, ids, categories)), group
+
+
+@pytest.mark.parametrize("n", [1, 3])
+@pytest.mark.parametrize("pooling", [True, False], ids=["pooling", "no_pooling"])
+@pytest.mark.parametrize("max_ids", [None, 97], ids=["packed", "split"])
+def test_lookup_many_sends_one_request_per_server_and_equals_each_call(export, local, clusters, n, pooling, max_ids):
+    # Rows and pooled bags of every group (a group twice, an empty lookup) in one lookup_many call: each answer is the
+    # LocalBackend's, in the order asked; with room, each server gets one request for all of them (one round trip);
+    # with max_ids_per_request small, the entries are split over more requests and the answers do not change.
+    rng = np.random.default_rng(30 + n)
+    lookups = []
+    for group in GROUPS + GROUPS[:1]:
+        ids, categories = query(rng, group)
+        lookups.append(Lookup(group, ids, categories))
+        ids, categories = query(rng, group, trained=300, untrained=80, repeats=120)
+        lookups.append(Lookup(group, ids, categories, rng.integers(0, 90, len(ids)), 100))
+    lookups.append(Lookup("hashed", np.zeros(0, np.int64), np.zeros(0, np.int64)))
+    lookups.append(Lookup("packed", np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64), 5))
+    kwargs = {} if max_ids is None else {"max_ids_per_request": max_ids}
+    with RemoteBackend(export, addresses(clusters[n]), pooling=pooling, timeout_s=LOOKUP_TIMEOUT_S, **kwargs) as remote:
+        before = {a: s["requests"] for a, s in remote.stats()["servers"].items()}
+        answers = remote.lookup_many(lookups)
+        after = {a: s["requests"] for a, s in remote.stats()["servers"].items()}
+        assert len(answers) == len(lookups)
+        for q, answer in zip(lookups, answers):
+            if q.segments is None:
+                assert answer.dtype == np.float32 and answer.shape == (len(q.ids), local.groups[q.group].dim)
+                assert np.array_equal(answer, local.rows(q.group, q.ids, q.categories)), q.group
+            else:
+                want_sums, want_counts = local.pooled(q.group, q.ids, q.categories, q.segments, q.num_segments)
+                sums, counts = answer
+                np.testing.assert_allclose(sums, want_sums, rtol=1e-6, atol=1e-6, err_msg=q.group)
+                assert np.array_equal(counts, want_counts) and counts.dtype == np.int64, q.group
+        sent = sum(after[a] - before[a] for a in after)
+        if max_ids is None:
+            assert sent == n, f"{sent} requests to {n} servers"
+        else:
+            assert sent > n
+        assert remote.stats()["rows_looked_up"] == sum(len(q.ids) for q in lookups)
+    # the interface's default (LocalBackend): one rows() or pooled() call per lookup
+    for q, answer in zip(lookups, local.lookup_many(lookups)):
+        if q.segments is None:
+            assert np.array_equal(answer, local.rows(q.group, q.ids, q.categories))
 
 
 @pytest.mark.parametrize("n", [1, 3])

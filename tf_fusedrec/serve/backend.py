@@ -4,10 +4,14 @@ A backend answers two questions per group of an export (fr.export format, tf_fus
 
   rows(group, ids, categories)  -> float32 [n, dim]
       the row of each (id, category) pair (pairs may repeat; ids never trained get the initializer's row);
-      rows_many([(group, ids, categories), ...]) gives several groups' at once;
   pooled(group, ids, categories, segments, num_segments) -> (float32 [S, dim] sums, int64 [S] counts)
       the rows summed per segment (a segment is one multi-hot bag: one feature of one instance) and how many ids each
       segment holds: what a combiner needs (sum; mean = sums / max(count, 1); sqrtn = sums / sqrt(max(count, 1))).
+
+lookup_many([Lookup, ...]) answers several at once (a Lookup without segments is a rows() call, with them a pooled()
+call), in the order asked: a serving model asks every group's rows and pools of a batch in one call, which a remote
+backend sends as one request per server (RemoteBackend), so a batch costs one round trip. rows_many([(group, ids,
+categories), ...]) is lookup_many of rows only.
 
 A backend whose rows come in versions (RemoteBackend: embedding servers a trainer publishes to; a CachedBackend over
 one) has `versioned = True`, and both calls take `version=`: the committed version to read (None: the newest), so that
@@ -18,9 +22,16 @@ servers over gRPC, with range routing, pooling on the servers and credits), serv
 adaptive cache in front of another backend). Each reports its counters in stats().
 """
 
+import collections
+
 import numpy as np
 
 from tf_fusedrec.export import format as fmt
+
+Lookup = collections.namedtuple("Lookup", ["group", "ids", "categories", "segments", "num_segments"],
+                                defaults=(None, None))
+Lookup.__doc__ = """One question of lookup_many: the rows of (ids, categories) of a group, or with segments (int [n])
+and num_segments their sums and counts per segment (pooled())."""
 
 
 def pool(rows, segments, num_segments):
@@ -41,10 +52,15 @@ class Backend:
         raise NotImplementedError
 
     def rows_many(self, lookups, version=None):
-        """[rows(group, ids, categories) for each (group, ids, categories) of lookups]; a backend that can have them
-        in flight together (RemoteBackend) overrides it."""
+        """[rows(group, ids, categories) for each (group, ids, categories) of lookups], through lookup_many."""
+        return self.lookup_many([Lookup(group, ids, categories) for group, ids, categories in lookups], version)
+
+    def lookup_many(self, lookups, version=None):
+        """[rows() or (sums, counts) of pooled() for each Lookup], in order; a backend that can answer them together
+        (RemoteBackend: one request per server) overrides it."""
         at = {} if version is None else {"version": version}
-        return [self.rows(group, ids, categories, **at) for group, ids, categories in lookups]
+        return [self.rows(q.group, q.ids, q.categories, **at) if q.segments is None else
+                self.pooled(q.group, q.ids, q.categories, q.segments, q.num_segments, **at) for q in lookups]
 
     def pooled(self, group, ids, categories, segments, num_segments, version=None):
         if version is None:

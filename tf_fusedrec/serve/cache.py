@@ -500,38 +500,61 @@ class CachedBackend(backend_lib.Backend):
                 return self.cache.get_many(group, unique_keys)
         return np.zeros((0, self._groups[group]["dim"]), np.float32), np.zeros(len(unique_keys), bool)
 
-    def _fetch(self, group, ids, categories, unique_keys, first, fetch, version=None):
-        """Rows of the distinct keys selected by fetch (bool over unique_keys), from inner (at `version`), inserted
-        into the cache if it is still on that version."""
+    def _ask_rows(self, asks, group, ids, categories, first, fetch):
+        """Appends to asks the inner rows lookup of the distinct keys selected by fetch (bool over the distinct keys,
+        first: each one's first pair); -> its index in asks (None: nothing to fetch)."""
+        if not fetch.any():
+            return None
         position = first[fetch]
-        if version is None:
-            rows = np.asarray(self.inner.rows(group, ids[position], categories[position]), np.float32)
-            self.cache.put_many(group, unique_keys[fetch], rows)
-        else:
-            rows = np.asarray(self.inner.rows(group, ids[position], categories[position], version=version),
-                              np.float32)
-            with self._lock:
-                if self._holds(version):
-                    self.cache.put_many(group, unique_keys[fetch], rows)
+        asks.append(backend_lib.Lookup(group, ids[position], categories[position]))
+        return len(asks) - 1
+
+    def _insert(self, group, keys, rows, version):
+        """Rows fetched from inner for `keys`, inserted into the cache if it is still on `version`; -> the rows."""
+        rows = np.asarray(rows, np.float32)
         with self._lock:
-            self._rows_fetched += len(position)
+            if self._holds(version):
+                self.cache.put_many(group, keys, rows)
+            self._rows_fetched += len(keys)
         return rows
 
     def rows(self, group, ids, categories, version=None):
-        spec, ids, categories, keys = self._pairs(group, ids, categories)
+        return self.lookup_many([backend_lib.Lookup(group, ids, categories)], version)[0]
+
+    def pooled(self, group, ids, categories, segments, num_segments, version=None):
+        return self.lookup_many([backend_lib.Lookup(group, ids, categories, segments, num_segments)], version)[0]
+
+    def lookup_many(self, lookups, version=None):
+        """rows() and pooled() of several Lookups: the cache is read for all of them first, then everything it misses
+        is asked of inner in one inner.lookup_many call (a RemoteBackend: one round trip for the whole batch)."""
+        asks = []
+        finishers = [self._plan_rows(q, asks, version) if q.segments is None else self._plan_pooled(q, asks, version)
+                     for q in lookups]
+        more = {} if version is None else {"version": version}
+        answers = self.inner.lookup_many(asks, **more) if asks else []
+        return [finish(answers) for finish in finishers]
+
+    def _plan_rows(self, q, asks, version):
+        group = q.group
+        spec, ids, categories, keys = self._pairs(group, q.ids, q.categories)
         unique_keys, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         cached, hit = self._get(group, unique_keys, version)
         rows = np.empty((len(unique_keys), spec["dim"]), np.float32)
         if len(cached):
             rows[hit] = cached
         miss = ~hit
-        if miss.any():
-            rows[miss] = self._fetch(group, ids, categories, unique_keys, first, miss, version)
-        return rows[inverse]
+        fetch = self._ask_rows(asks, group, ids, categories, first, miss)
 
-    def pooled(self, group, ids, categories, segments, num_segments, version=None):
-        spec, ids, categories, keys = self._pairs(group, ids, categories)
-        segments = np.asarray(segments, np.int64)
+        def finish(answers):
+            if fetch is not None:
+                rows[miss] = self._insert(group, unique_keys[miss], answers[fetch], version)
+            return rows[inverse]
+        return finish
+
+    def _plan_pooled(self, q, asks, version):
+        group, num_segments = q.group, q.num_segments
+        spec, ids, categories, keys = self._pairs(group, q.ids, q.categories)
+        segments = np.asarray(q.segments, np.int64)
         if segments.shape != ids.shape:
             raise ValueError(f"group {group}: segments must be [{len(ids)}] like ids, got {segments.shape}")
         if len(segments) and (segments.min() < 0 or segments.max() >= num_segments):
@@ -542,28 +565,32 @@ class CachedBackend(backend_lib.Backend):
         rows = np.zeros((len(unique_keys), spec["dim"]), np.float32)
         if len(cached):
             rows[hit] = cached
-        here = hit.copy()
+        admit = np.zeros(len(unique_keys), bool)
         if self.admit_from_pooled and not hit.all():
-            admit = np.zeros(len(unique_keys), bool)
             admit[~hit] = self._seen_before(group, unique_keys[~hit])
-            if admit.any():
-                rows[admit] = self._fetch(group, ids, categories, unique_keys, first, admit, version)
-                here |= admit
-                with self._lock:
-                    self._rows_admitted_from_pooled += int(admit.sum())
-        pair_here = here[inverse]
-        sums, counts = backend_lib.pool(rows[inverse[pair_here]], segments[pair_here], num_segments)
+        fetch = self._ask_rows(asks, group, ids, categories, first, admit)
+        pair_here = (hit | admit)[inverse]
         elsewhere = ~pair_here
+        by_inner = None
         if elsewhere.any():
-            more = {} if version is None else {"version": version}
-            inner_sums, inner_counts = self.inner.pooled(group, ids[elsewhere], categories[elsewhere],
-                                                         segments[elsewhere], num_segments, **more)
-            sums += inner_sums
-            counts += inner_counts
-        with self._lock:
-            self._pairs_pooled_here += int(pair_here.sum())
-            self._pairs_pooled_by_inner += int(elsewhere.sum())
-        return sums, counts
+            asks.append(backend_lib.Lookup(group, ids[elsewhere], categories[elsewhere], segments[elsewhere],
+                                           num_segments))
+            by_inner = len(asks) - 1
+
+        def finish(answers):
+            if fetch is not None:
+                rows[admit] = self._insert(group, unique_keys[admit], answers[fetch], version)
+            sums, counts = backend_lib.pool(rows[inverse[pair_here]], segments[pair_here], num_segments)
+            if by_inner is not None:
+                inner_sums, inner_counts = answers[by_inner]
+                sums += inner_sums
+                counts += inner_counts
+            with self._lock:
+                self._rows_admitted_from_pooled += int(admit.sum())
+                self._pairs_pooled_here += int(pair_here.sum())
+                self._pairs_pooled_by_inner += int(elsewhere.sum())
+            return sums, counts
+        return finish
 
     def _seen_before(self, group, keys):
         """bool [n]: whether each key's doorkeeper slot was set (by an earlier miss); sets them."""

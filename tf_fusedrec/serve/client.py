@@ -30,7 +30,7 @@ import numpy as np
 from tf_fusedrec.export import format as fmt
 from tf_fusedrec.serve import embedding_pb2 as pb
 from tf_fusedrec.serve import embedding_server
-from tf_fusedrec.serve.backend import Backend
+from tf_fusedrec.serve.backend import Backend, Lookup, pool
 
 # Bytes of one id in a request: int64 id + int32 category + int32 segment.
 _REQUEST_BYTES_PER_ID = 16
@@ -315,31 +315,7 @@ class RemoteBackend(Backend):
           version: the committed version to read (None: each server's newest); RemoteError (FAILED_PRECONDITION)
             from a server that does not hold it.
         """
-        return self.rows_many([(group, ids, categories)], version=version)[0]
-
-    def rows_many(self, lookups, version=None):
-        """rows() of several (group, ids, categories) lookups: every lookup's requests are sent before any answer is
-        awaited, so the groups' round trips overlap instead of adding up."""
-        pending = []
-        for group, ids, categories in lookups:
-            spec, ids, categories = self._check(group, ids, categories)
-            first, inverse = embedding_server.unique_pairs(ids, categories)
-            ids, categories = ids[first], categories[first]
-            pending.append((group, spec, len(ids), inverse, self._submit(group, spec, ids, categories,
-                                                                         version=version)))
-        out = []
-        for group, spec, n, inverse, jobs in pending:
-            distinct = np.empty((n, spec["dim"]), np.float32)
-            not_trained = 0
-            for chunk, job in jobs:
-                address, result = job.result()
-                distinct[chunk] = _decode(result.rows, "<f4", (len(chunk), spec["dim"]), address, group, "rows")
-                not_trained += result.not_trained
-            with self._lock:
-                self._looked_up += len(inverse)
-                self._not_trained += not_trained
-            out.append(distinct[inverse])
-        return out
+        return self.lookup_many([Lookup(group, ids, categories)], version=version)[0]
 
     def pooled(self, group, ids, categories, segments, num_segments, version=None):
         """(float32 [S, dim] sums, int64 [S] counts) of the rows per segment; the servers sum their part.
@@ -348,35 +324,62 @@ class RemoteBackend(Backend):
           group / ids / categories / version: as rows(); segments: int [n], the segment of each id, in
             [0, num_segments).
         """
-        spec, ids, categories = self._check(group, ids, categories)
-        segments = np.asarray(segments, np.int64).reshape(-1)
-        num_segments = int(num_segments)
-        if len(segments) != len(ids):
-            raise ValueError(f"group {group!r}: segments has {len(segments)} values, ids has {len(ids)}")
-        if len(segments) and (segments.min() < 0 or segments.max() >= num_segments):
-            raise ValueError(f"group {group!r}: segments must lie in [0, num_segments={num_segments})")
-        if not self.pooling:
-            return super().pooled(group, ids, categories, segments, num_segments, version=version)
-        jobs = self._submit(group, spec, ids, categories, lambda chunk: {
-            "pool": True, "segments": segments[chunk].astype("<i4").tobytes(), "num_segments": num_segments},
-            version=version)
-        sums = np.zeros((num_segments, spec["dim"]), np.float32)
-        counts = np.zeros(num_segments, np.int64)
-        not_trained = 0
-        for _, job in jobs:
-            address, result = job.result()
-            present = _decode(result.segments, "<i4", None, address, group, "segments")
-            if len(present) and (present.min() < 0 or present.max() >= num_segments):
-                raise RemoteError(f"server {address}, group {group!r}: answered segments outside "
-                                  f"[0, {num_segments})", address, group)
-            # The servers' partial sums: each segment appears once per answer, so += adds them all.
-            sums[present] += _decode(result.sums, "<f4", (len(present), spec["dim"]), address, group, "sums")
-            counts[present] += _decode(result.counts, "<i4", (len(present),), address, group, "counts")
-            not_trained += result.not_trained
-        with self._lock:
-            self._looked_up += len(ids)
-            self._not_trained += not_trained
-        return sums, counts
+        return self.lookup_many([Lookup(group, ids, categories, segments, num_segments)], version=version)[0]
+
+    def lookup_many(self, lookups, version=None):
+        """rows() and pooled() answers of several Lookups (backend.py), in order: the entries bound for one server
+        travel in one request (as many as its limits allow), and every server's requests are in flight together, so
+        a batch's groups cost one round trip, not one per group and kind."""
+        plans, parts = [], []  # per lookup: how to assemble its answer; per part: what to ask the servers
+        for q in lookups:
+            spec, ids, categories = self._check(q.group, q.ids, q.categories)
+            if q.segments is not None:
+                segments, num_segments = self._check_segments(q.group, ids, q.segments, q.num_segments)
+            if q.segments is not None and self.pooling:
+                plans.append(("pooled", q.group, spec, len(parts), num_segments, len(ids)))
+                parts.append((q.group, spec, ids, categories, segments, num_segments))
+                continue
+            # Rows: each distinct pair once (pooling off: the rows are summed here, as Backend.pooled does).
+            first, inverse = embedding_server.unique_pairs(ids, categories)
+            pool_here = None if q.segments is None else (segments, num_segments)
+            plans.append(("rows", q.group, spec, len(parts), (len(first), inverse), pool_here))
+            parts.append((q.group, spec, ids[first], categories[first], None, None))
+        jobs = self._submit(parts, version)
+        out = []
+        for plan in plans:
+            kind, group, spec, index = plan[:4]
+            looked_up, not_trained = 0, 0
+            if kind == "rows":
+                (n, inverse), pool_here = plan[4], plan[5]
+                distinct = np.empty((n, spec["dim"]), np.float32)
+                for chunk, job, k in jobs[index]:
+                    address, results = job.result()
+                    distinct[chunk] = _decode(results[k].rows, "<f4", (len(chunk), spec["dim"]), address, group,
+                                              "rows")
+                    not_trained += results[k].not_trained
+                rows = distinct[inverse]
+                looked_up = len(inverse)
+                out.append(rows if pool_here is None else pool(rows, *pool_here))
+            else:
+                num_segments, looked_up = plan[4], plan[5]
+                sums = np.zeros((num_segments, spec["dim"]), np.float32)
+                counts = np.zeros(num_segments, np.int64)
+                for _, job, k in jobs[index]:
+                    address, results = job.result()
+                    result = results[k]
+                    present = _decode(result.segments, "<i4", None, address, group, "segments")
+                    if len(present) and (present.min() < 0 or present.max() >= num_segments):
+                        raise RemoteError(f"server {address}, group {group!r}: answered segments outside "
+                                          f"[0, {num_segments})", address, group)
+                    # The servers' partial sums: each segment appears once per answer, so += adds them all.
+                    sums[present] += _decode(result.sums, "<f4", (len(present), spec["dim"]), address, group, "sums")
+                    counts[present] += _decode(result.counts, "<i4", (len(present),), address, group, "counts")
+                    not_trained += result.not_trained
+                out.append((sums, counts))
+            with self._lock:
+                self._looked_up += looked_up
+                self._not_trained += not_trained
+        return out
 
     def stats(self):
         """Counters: totals, and per server (address): requests, errors, bytes sent and received, credits, in flight,
@@ -414,26 +417,62 @@ class RemoteBackend(Backend):
 
     # --- route and send --------------------------------------------------------------------------------------------
 
-    def _submit(self, group, spec, ids, categories, fields=None, version=None):
-        """Routes the pairs to their ranges and sends each range's server its pairs, in chunks it accepts, from the
-        I/O threads; -> [(chunk: positions in ids, future of (address, GroupResult))].
+    def _submit(self, parts, version=None):
+        """Routes each part's pairs to their ranges and sends every range's server its pairs of all parts, packed into
+        as few requests as its limits allow, from the I/O threads; -> per part [(chunk: positions in the part's ids,
+        future of (address, [GroupResult]), the chunk's entry in that answer)].
 
         Args:
-          fields: None, or function(chunk) -> more GroupLookup fields of a chunk (pooling: its segments).
+          parts: [(group, spec, ids, categories, segments or None, num_segments)] (segments: pooled on the server).
           version: the committed version every server is asked for (None: its newest).
         """
-        entry = self.table.index(fmt.route(fmt.table_keys(ids, categories, len(spec["features"]), spec["encoding"])))
-        jobs = []
-        for r in np.unique(entry):
-            # Kept in the order asked: a pooling server adds its rows in the order of the ids, as training does.
-            members = np.flatnonzero(entry == r)
-            for chunk in self._chunks(r, members, spec["dim"]):
-                request = pb.LookupRequest(groups=[pb.GroupLookup(
-                    group=group, ids=ids[chunk].astype("<i8").tobytes(),
-                    categories=categories[chunk].astype("<i4").tobytes(), **(fields(chunk) if fields else {}))],
-                    **({} if version is None else {"version": version}))
-                jobs.append((chunk, self._pool.submit(self._send, r, group, request)))
+        by_range = {}  # range -> [(part, chunk)], in the order of the parts
+        for p, (_, spec, ids, categories, _, _) in enumerate(parts):
+            entry = self.table.index(fmt.route(fmt.table_keys(ids, categories, len(spec["features"]),
+                                                              spec["encoding"])))
+            for r in np.unique(entry):
+                # Kept in the order asked: a pooling server adds its rows in the order of the ids, as training does.
+                for chunk in self._chunks(r, np.flatnonzero(entry == r), spec["dim"]):
+                    by_range.setdefault(int(r), []).append((p, chunk))
+        jobs = [[] for _ in parts]
+
+        def send(r, packed):
+            entries = []
+            for p, chunk in packed:
+                group, _, ids, categories, segments, num_segments = parts[p]
+                pooling = {} if segments is None else {
+                    "pool": True, "segments": segments[chunk].astype("<i4").tobytes(), "num_segments": num_segments}
+                entries.append(pb.GroupLookup(group=group, ids=ids[chunk].astype("<i8").tobytes(),
+                                              categories=categories[chunk].astype("<i4").tobytes(), **pooling))
+            request = pb.LookupRequest(groups=entries, **({} if version is None else {"version": version}))
+            job = self._pool.submit(self._send, r, [parts[p][0] for p, _ in packed], request)
+            for k, (p, chunk) in enumerate(packed):
+                jobs[p].append((chunk, job, k))
+
+        for r, items in by_range.items():
+            max_request, max_response = self._limits(r)
+            packed, used = [], (0, 0, 0)
+            for p, chunk in items:
+                n, dim = len(chunk), parts[p][1]["dim"]
+                cost = (n, n * _REQUEST_BYTES_PER_ID + _REQUEST_OVERHEAD, n * (4 * dim + 8) + _REQUEST_OVERHEAD)
+                total = tuple(u + c for u, c in zip(used, cost))
+                if packed and (len(packed) >= embedding_server.MAX_ENTRIES or total[0] > self.max_ids_per_request
+                               or total[1] > max_request or total[2] > max_response):
+                    send(r, packed)
+                    packed, total = [], cost
+                packed.append((p, chunk))
+                used = total
+            send(r, packed)
         return jobs
+
+    def _check_segments(self, group, ids, segments, num_segments):
+        segments = np.asarray(segments, np.int64).reshape(-1)
+        num_segments = int(num_segments)
+        if len(segments) != len(ids):
+            raise ValueError(f"group {group!r}: segments has {len(segments)} values, ids has {len(ids)}")
+        if len(segments) and (segments.min() < 0 or segments.max() >= num_segments):
+            raise ValueError(f"group {group!r}: segments must lie in [0, num_segments={num_segments})")
+        return segments, num_segments
 
     def _check(self, group, ids, categories):
         spec = self.groups.get(group)
@@ -450,40 +489,51 @@ class RemoteBackend(Backend):
             raise ValueError(f"group {group!r}: categories must lie in [0, {num_categories})")
         return spec, ids, categories
 
-    def _chunks(self, r, members, dim):
-        """members split so that each request and its response fit the limits of range r's servers."""
-        limit = self.max_ids_per_request
+    def _limits(self, r):
+        """(request bytes, response bytes) that every server of range r accepts (unknown before its Info: no limit)."""
+        max_request = max_response = float("inf")
         for address in self.table.entries[r][2]:
             limits = self._servers[address].limits
             if limits is not None:
-                max_request, max_response = limits
-                limit = min(limit, (max_request - _REQUEST_OVERHEAD) // _REQUEST_BYTES_PER_ID,
-                            (max_response - _REQUEST_OVERHEAD) // (4 * dim + 8))
+                max_request, max_response = min(max_request, limits[0]), min(max_response, limits[1])
+        return max_request, max_response
+
+    def _chunks(self, r, members, dim):
+        """members split so that each request and its response fit the limits of range r's servers."""
+        max_request, max_response = self._limits(r)
+        limit = self.max_ids_per_request
+        if max_request < float("inf"):
+            limit = min(limit, int((max_request - _REQUEST_OVERHEAD) // _REQUEST_BYTES_PER_ID))
+        if max_response < float("inf"):
+            limit = min(limit, int((max_response - _REQUEST_OVERHEAD) // (4 * dim + 8)))
         limit = max(1, limit)
         return [members[i:i + limit] for i in range(0, len(members), limit)]
 
-    def _send(self, r, group, request):
-        """(address, GroupResult) of a one-group request to range r: its primary, else its replicas in order."""
+    def _send(self, r, groups, request):
+        """(address, [GroupResult] in the order of the request's entries) of a request to range r: its primary, else
+        its replicas in order. groups: the entries' group names."""
         deadline = time.monotonic() + self.timeout_s
         payload = request.SerializeToString()
         version = request.version if request.HasField("version") else None
         addresses = self.table.entries[r][2]
+        named = ", ".join(dict.fromkeys(groups))  # the groups asked, each once, for messages
         failures = []
         for address in addresses:
             server = self._servers[address]
             try:
-                return address, self._attempt(server, group, payload, deadline, version)
+                return address, self._attempt(server, groups, named, payload, deadline, version)
             except ServerUnavailable as e:
                 failures.append(e)
                 if address != addresses[-1]:
                     server.add(failovers=1)
         if len(addresses) == 1:
             raise failures[0]
-        raise ServerUnavailable(f"group {group!r}: every replica of range {self.table.entries[r][0]:#x}.."
+        raise ServerUnavailable(f"group {named!r}: every replica of range {self.table.entries[r][0]:#x}.."
                                 f"{self.table.entries[r][1]:#x} failed: " + "; ".join(map(str, failures)),
-                                addresses[0], group)
+                                addresses[0], named)
 
-    def _attempt(self, server, group, payload, deadline, version=None):
+    def _attempt(self, server, groups, group, payload, deadline, version=None):
+        """[GroupResult] of one server's answer to a request for `groups` (group: their names for messages)."""
         address = server.address
         if not server.verified:
             self._verify(server, group)
@@ -524,10 +574,11 @@ class RemoteBackend(Backend):
         if version is not None and response.version != version:
             raise RemoteError(f"server {address}, group {group!r}: answered version {response.version} to a lookup "
                               f"of version {version}", address, group)
-        if len(response.groups) != 1 or response.groups[0].group != group:
-            raise RemoteError(f"server {address}, group {group!r}: answered {len(response.groups)} results "
-                              f"({[g.group for g in response.groups]}) to one request for {group!r}", address, group)
-        return response.groups[0]
+        answered = [g.group for g in response.groups]
+        if answered != list(groups):
+            raise RemoteError(f"server {address}, group {group!r}: answered {len(answered)} results ({answered}) to "
+                              f"a request for {list(groups)}", address, group)
+        return list(response.groups)
 
     # --- checking servers and polling credits ----------------------------------------------------------------------
 

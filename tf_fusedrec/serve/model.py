@@ -14,7 +14,7 @@ import threading
 import numpy as np
 
 from tf_fusedrec.export import format as fmt
-from tf_fusedrec.serve.backend import LocalBackend, pool
+from tf_fusedrec.serve.backend import LocalBackend, Lookup, pool
 
 FlatIds = collections.namedtuple("FlatIds", ["ids", "rows_of", "positions", "num_rows", "lengths"])
 FlatIds.__doc__ = """One feature's ids of a batch: ids int64 [n] (valid ids), rows_of int64 [n] (the instance of each),
@@ -231,36 +231,38 @@ class ServingModel:
         return flats, batch
 
     def embed(self, flats, batch, version=None):
-        """{signature input: float32/int64 array} of every feature's embeddings, one backend call per group and kind
-        (rows, pooled), the rows of `version` (None: the backend's newest)."""
+        """{signature input: float32/int64 array} of every feature's embeddings: each group's rows and (pooling) its
+        pooled bags, all asked of the backend in one lookup_many call (a remote backend: one round trip), the rows of
+        `version` (None: the backend's newest)."""
         at = {} if version is None else {"version": version}
-        inputs = {}
-        # Every group's rows in one rows_many call (a remote backend has them in flight together), then the pooled
-        # lookups group by group.
-        direct_of, pooled_of, lookups = {}, {}, []
+        lookups, assemble = [], []
         for group_name in self.groups:
             # Every feature reading the group's rows, a feature that shares another's rows (manifest "shares") too.
             members = [f for _, f in sorted(self.features.items()) if f["group"] == group_name]
-            pooled_of[group_name] = [f for f in members if f["layout"] == "bag" and self.pooling]
-            direct = direct_of[group_name] = [f for f in members if f not in pooled_of[group_name]]
+            pooled = [f for f in members if f["layout"] == "bag" and self.pooling]
+            direct = [f for f in members if f not in pooled]
             if direct:
                 ids = np.concatenate([flats[f["name"]].ids for f in direct])
                 cats = np.concatenate([np.full(len(flats[f["name"]].ids), f["category"], np.int32) for f in direct])
-                lookups.append((group_name, ids, cats))
-        for (group_name, _, _), rows in zip(lookups, self.backend.rows_many(lookups, **at)):
-            offset = 0
-            for f in direct_of[group_name]:
-                flat = flats[f["name"]]
-                inputs.update(self._place(f, flat, rows[offset:offset + len(flat.ids)], batch))
-                offset += len(flat.ids)
-        for group_name in self.groups:
-            pooled = pooled_of[group_name]
+                lookups.append(Lookup(group_name, ids, cats))
+                assemble.append(("rows", direct))
             if pooled:
                 ids = np.concatenate([flats[f["name"]].ids for f in pooled])
                 cats = np.concatenate([np.full(len(flats[f["name"]].ids), f["category"], np.int32) for f in pooled])
                 segments = np.concatenate([flats[f["name"]].rows_of + i * batch for i, f in enumerate(pooled)])
-                sums, counts = self.backend.pooled(group_name, ids, cats, segments, batch * len(pooled), **at)
-                for i, f in enumerate(pooled):
+                lookups.append(Lookup(group_name, ids, cats, segments, batch * len(pooled)))
+                assemble.append(("pooled", pooled))
+        inputs = {}
+        for (kind, features), answer in zip(assemble, self.backend.lookup_many(lookups, **at)):
+            if kind == "rows":
+                offset = 0
+                for f in features:
+                    flat = flats[f["name"]]
+                    inputs.update(self._place(f, flat, answer[offset:offset + len(flat.ids)], batch))
+                    offset += len(flat.ids)
+            else:
+                sums, counts = answer
+                for i, f in enumerate(features):
                     part = slice(i * batch, (i + 1) * batch)
                     inputs[f["inputs"]["rows"]] = combine(f["combiner"], sums[part], counts[part])
         return inputs
