@@ -330,29 +330,30 @@ class RemoteBackend(Backend):
         """rows() and pooled() answers of several Lookups (backend.py), in order: the entries bound for one server
         travel in one request (as many as its limits allow), and every server's requests are in flight together, so
         a batch's groups cost one round trip, not one per group and kind."""
-        plans, parts = [], []  # per lookup: how to assemble its answer; per part: what to ask the servers
+        # One part per lookup: what to ask the servers; and for rows, (inverse of the distinct pairs, (segments,
+        # num_segments) when they are pooled here) to assemble the answer; None for bags the servers pool.
+        parts, assembly = [], []
         for q in lookups:
             spec, ids, categories = self._check(q.group, q.ids, q.categories)
+            segments = num_segments = None
             if q.segments is not None:
                 segments, num_segments = self._check_segments(q.group, ids, q.segments, q.num_segments)
-            if q.segments is not None and self.pooling:
-                plans.append(("pooled", q.group, spec, len(parts), num_segments, len(ids)))
+            if segments is not None and self.pooling:
                 parts.append((q.group, spec, ids, categories, segments, num_segments))
+                assembly.append(None)
                 continue
             # Rows: each distinct pair once (pooling off: the rows are summed here, as Backend.pooled does).
             first, inverse = embedding_server.unique_pairs(ids, categories)
-            pool_here = None if q.segments is None else (segments, num_segments)
-            plans.append(("rows", q.group, spec, len(parts), (len(first), inverse), pool_here))
             parts.append((q.group, spec, ids[first], categories[first], None, None))
-        jobs = self._submit(parts, version)
+            assembly.append((inverse, None if segments is None else (segments, num_segments)))
         out = []
-        for plan in plans:
-            kind, group, spec, index = plan[:4]
-            looked_up, not_trained = 0, 0
-            if kind == "rows":
-                (n, inverse), pool_here = plan[4], plan[5]
-                distinct = np.empty((n, spec["dim"]), np.float32)
-                for chunk, job, k in jobs[index]:
+        for (group, spec, ids, _, _, num_segments), jobs, rows_plan in zip(parts, self._submit(parts, version),
+                                                                             assembly):
+            not_trained = 0
+            if rows_plan is not None:
+                inverse, pool_here = rows_plan
+                distinct = np.empty((len(ids), spec["dim"]), np.float32)
+                for chunk, job, k in jobs:
                     address, results = job.result()
                     distinct[chunk] = _decode(results[k].rows, "<f4", (len(chunk), spec["dim"]), address, group,
                                               "rows")
@@ -361,10 +362,9 @@ class RemoteBackend(Backend):
                 looked_up = len(inverse)
                 out.append(rows if pool_here is None else pool(rows, *pool_here))
             else:
-                num_segments, looked_up = plan[4], plan[5]
                 sums = np.zeros((num_segments, spec["dim"]), np.float32)
                 counts = np.zeros(num_segments, np.int64)
-                for _, job, k in jobs[index]:
+                for _, job, k in jobs:
                     address, results = job.result()
                     result = results[k]
                     present = _decode(result.segments, "<i4", None, address, group, "segments")
@@ -375,6 +375,7 @@ class RemoteBackend(Backend):
                     sums[present] += _decode(result.sums, "<f4", (len(present), spec["dim"]), address, group, "sums")
                     counts[present] += _decode(result.counts, "<i4", (len(present),), address, group, "counts")
                     not_trained += result.not_trained
+                looked_up = len(ids)
                 out.append((sums, counts))
             with self._lock:
                 self._looked_up += looked_up
@@ -426,14 +427,16 @@ class RemoteBackend(Backend):
           parts: [(group, spec, ids, categories, segments or None, num_segments)] (segments: pooled on the server).
           version: the committed version every server is asked for (None: its newest).
         """
-        by_range = {}  # range -> [(part, chunk)], in the order of the parts
+        by_range, limits = {}, {}  # range -> [(part, chunk)] in the order of the parts; range -> its servers' limits
         for p, (_, spec, ids, categories, _, _) in enumerate(parts):
             entry = self.table.index(fmt.route(fmt.table_keys(ids, categories, len(spec["features"]),
                                                               spec["encoding"])))
-            for r in np.unique(entry):
+            for r in np.unique(entry).tolist():
+                if r not in limits:
+                    limits[r] = self._limits(r)
                 # Kept in the order asked: a pooling server adds its rows in the order of the ids, as training does.
-                for chunk in self._chunks(r, np.flatnonzero(entry == r), spec["dim"]):
-                    by_range.setdefault(int(r), []).append((p, chunk))
+                for chunk in self._chunks(limits[r], np.flatnonzero(entry == r), spec["dim"]):
+                    by_range.setdefault(r, []).append((p, chunk))
         jobs = [[] for _ in parts]
 
         def send(r, packed):
@@ -450,7 +453,7 @@ class RemoteBackend(Backend):
                 jobs[p].append((chunk, job, k))
 
         for r, items in by_range.items():
-            max_request, max_response = self._limits(r)
+            max_request, max_response = limits[r]
             packed, used = [], (0, 0, 0)
             for p, chunk in items:
                 n, dim = len(chunk), parts[p][1]["dim"]
@@ -498,9 +501,9 @@ class RemoteBackend(Backend):
                 max_request, max_response = min(max_request, limits[0]), min(max_response, limits[1])
         return max_request, max_response
 
-    def _chunks(self, r, members, dim):
-        """members split so that each request and its response fit the limits of range r's servers."""
-        max_request, max_response = self._limits(r)
+    def _chunks(self, limits, members, dim):
+        """members split so that each request and its response fit `limits` (_limits() of their range)."""
+        max_request, max_response = limits
         limit = self.max_ids_per_request
         if max_request < float("inf"):
             limit = min(limit, int((max_request - _REQUEST_OVERHEAD) // _REQUEST_BYTES_PER_ID))

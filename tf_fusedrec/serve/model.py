@@ -242,15 +242,12 @@ class ServingModel:
             pooled = [f for f in members if f["layout"] == "bag" and self.pooling]
             direct = [f for f in members if f not in pooled]
             if direct:
-                ids = np.concatenate([flats[f["name"]].ids for f in direct])
-                cats = np.concatenate([np.full(len(flats[f["name"]].ids), f["category"], np.int32) for f in direct])
-                lookups.append(Lookup(group_name, ids, cats))
+                lookups.append(Lookup(group_name, *self._ids_and_categories(flats, direct)))
                 assemble.append(("rows", direct))
             if pooled:
-                ids = np.concatenate([flats[f["name"]].ids for f in pooled])
-                cats = np.concatenate([np.full(len(flats[f["name"]].ids), f["category"], np.int32) for f in pooled])
                 segments = np.concatenate([flats[f["name"]].rows_of + i * batch for i, f in enumerate(pooled)])
-                lookups.append(Lookup(group_name, ids, cats, segments, batch * len(pooled)))
+                lookups.append(Lookup(group_name, *self._ids_and_categories(flats, pooled), segments,
+                                      batch * len(pooled)))
                 assemble.append(("pooled", pooled))
         inputs = {}
         for (kind, features), answer in zip(assemble, self.backend.lookup_many(lookups, **at)):
@@ -266,6 +263,13 @@ class ServingModel:
                     part = slice(i * batch, (i + 1) * batch)
                     inputs[f["inputs"]["rows"]] = combine(f["combiner"], sums[part], counts[part])
         return inputs
+
+    @staticmethod
+    def _ids_and_categories(flats, features):
+        """The features' ids one after another, and the category of each (its feature's)."""
+        ids = np.concatenate([flats[f["name"]].ids for f in features])
+        categories = np.concatenate([np.full(len(flats[f["name"]].ids), f["category"], np.int32) for f in features])
+        return ids, categories
 
     @staticmethod
     def _place(feature, flat, rows, batch):
