@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3.11}
 HOROVOD_VERSION=0.28.1
-log() { echo "[install] $*"; }
+log() { echo "[install] $SECONDS s: $*"; }  # seconds since the start: a slow install names its slow step
 
 need_apt=()
 command -v bazel >/dev/null || need_apt+=(bazel-bootstrap)
