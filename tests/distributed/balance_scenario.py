@@ -236,3 +236,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    sc.exit_now()  # (see there: the teardown costs seconds per process)

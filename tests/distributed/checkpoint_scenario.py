@@ -117,3 +117,4 @@ def arm_save_kill(step, point):
 
 if __name__ == "__main__":
     main()
+    sc.exit_now()  # (see there: the teardown costs seconds per process)

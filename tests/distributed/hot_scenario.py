@@ -163,3 +163,4 @@ def run_one(comm, args, name):
 
 if __name__ == "__main__":
     main()
+    sc.exit_now()  # (see there: the teardown costs seconds per process)

@@ -190,3 +190,4 @@ def run_one(args, rank, size, layer_name):
 
 if __name__ == "__main__":
     main()
+    sc.exit_now()  # (see there: the teardown costs seconds per process)

@@ -168,3 +168,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    scenario.exit_now()  # (see there: the teardown costs seconds per process)
