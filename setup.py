@@ -5,7 +5,6 @@ or, in a checkout, `python setup.py build_ext --inplace` (what `make build` runs
 """
 
 import concurrent.futures
-import contextlib
 import glob
 import os
 import re
@@ -87,47 +86,14 @@ def cuda_commands(nvcc, tf_flags, build_dir):
                       "-Wl,--exclude-libs,libcudart_static.a"]
 
 
-def up_to_date(obj, record, inputs):
-    """Whether obj was made by the compile that `record` describes (its command and the TensorFlow version whose
-    headers it read, written beside the object in obj + ".cmd") and is newer than every input file. `make wheel`
-    compiles the library again right after the in-place build of `make install`, into the same build/temp directory:
-    with this check the second build links the first one's objects instead of compiling them again (about 50 s on 2
-    cores)."""
-    try:
-        with open(obj + ".cmd") as f:
-            recorded = f.read()
-        made = os.path.getmtime(obj)
-    except OSError:
-        return False
-    return recorded == record and all(os.path.getmtime(p) <= made for p in inputs)
-
-
-def run_all(commands, inputs, stamp):
+def run_all(commands):
     """Runs the compile commands ((command, object) pairs), as many at once as there are cores: one compiler call
-    per translation unit, nvcc's beside g++'s, instead of one after another; returns the objects in order. A command
-    whose object is up to date (up_to_date against `inputs`, every source and header, and `stamp`, the TensorFlow
-    version) is not run again."""
+    per translation unit, nvcc's beside g++'s, instead of one after another; returns the objects in order."""
 
     def one(command):
-        cmd, obj = command
-        record = "\0".join(cmd + [stamp])
-        if up_to_date(obj, record, inputs):
-            print(f"{obj}: up to date", file=sys.stderr)
-            return obj
-        print(" ".join(cmd), file=sys.stderr)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(obj + ".cmd")
-        subprocess.check_call(cmd)
-        with open(obj + ".cmd", "w") as f:
-            f.write(record)
-        return obj
-        print(" ".join(cmd), file=sys.stderr)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(obj + ".cmd")
-        subprocess.check_call(cmd)
-        with open(obj + ".cmd", "w") as f:
-            f.write(record(cmd))
-        return obj
+        print(" ".join(command[0]), file=sys.stderr)
+        subprocess.check_call(command[0])
+        return command[1]
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         return list(pool.map(one, commands))
@@ -167,7 +133,7 @@ class TFBuildExt(build_ext):
         for src in ext.sources:
             obj = os.path.join(build_dir, os.path.basename(src).replace(".cc", ".o"))
             commands.append(([cxx, "-c"] + flags + [src, "-o", obj], obj))
-        objects = run_all(commands, ext.sources + ext.depends, f"tensorflow {tf.__version__}")
+        objects = run_all(commands)
         cmd = [cxx, "-shared"] + objects + ["-o", out] + tf.sysconfig.get_link_flags() + cuda_libs
         print(" ".join(cmd), file=sys.stderr)
         subprocess.check_call(cmd)
