@@ -105,7 +105,9 @@ def train(layer, where, comm):
                   for s in range(2)]
         replication_lib.choose_hot_set(model.embedding, sample)
 
-    @tf.function
+    # Without AutoGraph (as TrainPipeline): nothing here needs it, and converting the model's calls cost about 11 s
+    # of CPU per layer and process (autograph on stays tested in tests/distributed/test_horovod.py).
+    @tf.function(autograph=False)
     def step(inputs):
         with tf.GradientTape() as tape:
             scores = model(inputs_of(inputs), training=True)
