@@ -89,28 +89,29 @@ def cuda_commands(nvcc, tf_flags, build_dir):
                       "-Wl,--exclude-libs,libcudart_static.a"]
 
 
-def up_to_date(obj, record, inputs):
+def up_to_date(obj, record, newest_input):
     """Whether obj was made by the compile that `record` describes (the command and the TensorFlow version whose
-    headers it read, written beside the object in obj + ".cmd") and is newer than every input file."""
+    headers it read, written beside the object in obj + ".cmd") no earlier than `newest_input` (the mtime of the
+    newest source or header)."""
     try:
         with open(obj + ".cmd") as f:
             recorded = f.read()
         made = os.path.getmtime(obj)
     except OSError:
         return False
-    return recorded == record and all(os.path.getmtime(p) <= made for p in inputs)
+    return recorded == record and made >= newest_input
 
 
-def run_all(commands, inputs, stamp):
+def run_all(commands, stamp, newest_input=None):
     """Runs the compile commands ((command, object) pairs), as many at once as there are cores: one compiler call
-    per translation unit, nvcc's beside g++'s, instead of one after another; returns the objects in order. A command
-    whose object is up to date (up_to_date against `inputs`, every source and header, and `stamp`, the TensorFlow
-    version) is not run again."""
+    per translation unit, nvcc's beside g++'s, instead of one after another; returns the objects in order. With
+    `newest_input` (the newest source's or header's mtime; None compiles everything, as --force asks), a command
+    whose object is up to date (up_to_date: same command and `stamp`, the TensorFlow version) is not run again."""
 
     def one(command):
         cmd, obj = command
         record = "\0".join(cmd + [stamp])
-        if up_to_date(obj, record, inputs):
+        if newest_input is not None and up_to_date(obj, record, newest_input):
             print(f"{obj}: up to date", file=sys.stderr)
             return obj
         print(" ".join(cmd), file=sys.stderr)
@@ -140,10 +141,9 @@ class TFBuildExt(build_ext):
         # Python's EXT_SUFFIX would give _fusedrec_ops.cpython-311-...so; the loader looks for the plain name.
         out = os.path.join(os.path.dirname(out), "_fusedrec_ops.so")
         os.makedirs(os.path.dirname(out), exist_ok=True)
-        if not self.force and os.path.exists(out):
-            newest = max(os.path.getmtime(p) for p in ext.sources + ext.depends)
-            if os.path.getmtime(out) >= newest:
-                return
+        newest = max(os.path.getmtime(p) for p in ext.sources + ext.depends)
+        if not self.force and os.path.exists(out) and os.path.getmtime(out) >= newest:
+            return
         nvcc, reason = cuda_build(tf)
         print(f"tf_fusedrec: CUDA kernels {'built' if nvcc else 'skipped'}: {reason}", file=sys.stderr)
         # The objects go to one directory of the source tree, whatever build_temp this build was given: `pip install
@@ -162,7 +162,7 @@ class TFBuildExt(build_ext):
         for src in ext.sources:
             obj = os.path.join(build_dir, os.path.basename(src).replace(".cc", ".o"))
             commands.append(([cxx, "-c"] + flags + [src, "-o", obj], obj))
-        objects = run_all(commands, ext.sources + ext.depends, f"tensorflow {tf.__version__}")
+        objects = run_all(commands, f"tensorflow {tf.__version__}", None if self.force else newest)
         cmd = [cxx, "-shared"] + objects + ["-o", out] + tf.sysconfig.get_link_flags() + cuda_libs
         print(" ".join(cmd), file=sys.stderr)
         subprocess.check_call(cmd)
