@@ -9,7 +9,7 @@ HOROVODRUN := .venv/bin/horovodrun -np 2 -H localhost:2 --gloo
 PINNED_HOROVODRUN := $(HOROVODRUN) scripts/pin_worker.sh
 DEMO_STEPS ?= 100
 # The Bazel build of the op library (make bazel, and make test beside the suite). Its sandboxes go to /dev/shm when
-# that is a tmpfs with a GiB free: each compile action links all ~20,000 of TensorFlow's headers into its sandbox, and
+# it is writable with a GiB free (a tmpfs on Linux): each compile action links all ~20,000 of TensorFlow's headers into its sandbox, and
 # on disk that cost 321 s of CPU (170 s in the kernel) for a build that takes 168 s on tmpfs (docs/tests/bazel_sandbox.txt).
 BAZEL_SANDBOX := $(shell [ -d /dev/shm ] && [ -w /dev/shm ] && [ "$$(df --output=avail -k /dev/shm 2>/dev/null | tail -n 1)" -ge 1048576 ] 2>/dev/null && echo --sandbox_base=/dev/shm)
 BAZEL_BUILD := bazel build --jobs=2 $(BAZEL_SANDBOX) //...

@@ -105,8 +105,8 @@ def train(layer, where, comm):
                   for s in range(2)]
         replication_lib.choose_hot_set(model.embedding, sample)
 
-    # Without AutoGraph (as TrainPipeline): nothing here needs it, and converting the model's calls cost about 11 s
-    # of CPU per layer and process (autograph on stays tested in tests/distributed/test_horovod.py).
+    # Without AutoGraph (as TrainPipeline): nothing here needs it, and converting the model's calls cost about 30 s
+    # of CPU per process for the four layers (autograph on stays tested in tests/distributed/test_horovod.py).
     @tf.function(autograph=False)
     def step(inputs):
         with tf.GradientTape() as tape:
