@@ -80,3 +80,34 @@ def test_sequence_sources_import_without_the_experiment_schema():
     loaded, _ = python("import json, sys\nimport tf_fusedrec.data.movielens_seq, tf_fusedrec.data.sequences\n"
                        "print(json.dumps('tf_fusedrec.config' in sys.modules))")
     assert loaded is False, "importing the sequence sources imported tf_fusedrec.config (which imports them)"
+
+
+@pytest.mark.parametrize("module", ["tf_fusedrec.layers", "tf_fusedrec.train"])
+def test_tfra_is_imported_without_keras3_and_keras3_stays_importable(module):
+    """TFRA's optional `import keras` (Keras 3: its VarianceScaling and SavedModel patches, unused with Keras 2) is
+    kept out while the package imports TFRA, by the package's modules reached directly too; afterwards `import keras`
+    gets Keras 3 as usual."""
+    code = f"""
+import importlib, json, sys
+importlib.import_module({module!r})
+during = {{m: m in sys.modules for m in ("tensorflow_recommenders_addons.dynamic_embedding", "keras", "matplotlib")}}
+import keras
+print(json.dumps({{"during": during, "keras": keras.__version__.split(".")[0]}}))
+"""
+    result, _ = python(code)
+    assert result == {"during": {"tensorflow_recommenders_addons.dynamic_embedding": True, "keras": False,
+                                 "matplotlib": False}, "keras": "3"}, result
+
+
+def test_keras3_imported_first_is_left_to_tfra():
+    """A process that imported Keras 3 before the package keeps it, and TFRA sees it (its initializer patch)."""
+    code = """
+import json, sys
+import keras
+import tf_fusedrec as fr
+fr.FusedEmbedding  # loads TensorFlow and TFRA
+from tensorflow_recommenders_addons.dynamic_embedding.python.ops import tf_patch
+print(json.dumps({"same": sys.modules["keras"] is keras, "tfra_saw_keras3": tf_patch.kinit_K is not None}))
+"""
+    result, _ = python(code)
+    assert result == {"same": True, "tfra_saw_keras3": True}, result

@@ -32,6 +32,14 @@ def import_tensorflow():
     return sys.modules["tensorflow"]
 
 
+def tfra():
+    """TFRA's `dynamic_embedding` module, imported as import_tensorflow() imports it. The package's modules that use
+    TFRA take it from here rather than importing it themselves, so that a process reaching them directly (a script
+    doing `from tf_fusedrec.layers import ...`) also imports TFRA without Keras 3 (see _import_tfra_quietly)."""
+    import_tensorflow()
+    return sys.modules["tensorflow_recommenders_addons.dynamic_embedding"]
+
+
 def _import_tensorflow_quietly():
     """Imports TensorFlow with its C++ start-up lines about registering the cuFFT / cuDNN / cuBLAS factories twice
     dropped: they are logged at ERROR level (so TF_CPP_MIN_LOG_LEVEL=2 keeps them), come from XLA's CUDA plugins
@@ -78,10 +86,21 @@ def _import_tfra_quietly():
     logger = logging.getLogger("tensorflow")
     logger.addFilter(harmless)
     printed = io.StringIO()
+    # TFRA tries `import keras` (Keras 3, which TensorFlow 2.16's wheel installs) for two things tf_fusedrec never
+    # uses: patching Keras 3's VarianceScaling initializer and Keras 3's SavedModel save (whose import fails on
+    # Keras 3 anyway). Importing Keras 3 pulls in matplotlib.pyplot and cost 0.6 s of CPU in every process that
+    # imports TFRA (2.5 s against 3.1 s for TensorFlow + TFRA; docs/tests/tfra_import.txt). Unless the process has
+    # already imported Keras 3 itself, `keras` is unimportable while TFRA's modules load (both imports sit in
+    # try/except in TFRA), and importable again right after: a later `import keras` gets Keras 3 as usual.
+    block_keras3 = "keras" not in sys.modules
+    if block_keras3:
+        sys.modules["keras"] = None
     try:
         with contextlib.redirect_stdout(printed):
             import tensorflow_recommenders_addons.dynamic_embedding  # noqa: F401,PLC0415
     finally:
+        if block_keras3 and "keras" in sys.modules and sys.modules["keras"] is None:
+            del sys.modules["keras"]
         logger.removeFilter(harmless)
         rest = [line for line in printed.getvalue().splitlines()
                 if line.strip() != "_SingleDeviceSaver removed after tf version 2.15"]

@@ -21,11 +21,13 @@ import collections
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import variable_scope
-from tensorflow_recommenders_addons import dynamic_embedding as de
 
+from tf_fusedrec import _frameworks
 from tf_fusedrec import initializers
 from tf_fusedrec.distributed import admission as admission_lib
 from tf_fusedrec.distributed import rounding as rounding_lib
+
+de = _frameworks.tfra()  # TFRA's dynamic_embedding, imported without Keras 3 (_frameworks.tfra)
 
 
 ShardedTable = collections.namedtuple("ShardedTable", ["name", "params", "trainable", "ids_of_keys", "counts"],

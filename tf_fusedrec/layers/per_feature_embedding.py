@@ -8,9 +8,8 @@ as FusedEmbedding's, so the two can be compared number for number.
 import re
 
 import tensorflow as tf
-from tensorflow_recommenders_addons import dynamic_embedding as de
-from tensorflow_recommenders_addons.dynamic_embedding.python.ops.shadow_embedding_ops import HvdVariable
 
+from tf_fusedrec import _frameworks
 from tf_fusedrec import config as cfg
 from tf_fusedrec import initializers
 from tf_fusedrec import ops
@@ -19,6 +18,9 @@ from tf_fusedrec.distributed.table import ShardedTable, check_table_name, ids_ar
 from tf_fusedrec.layers import _common
 from tf_fusedrec.layers import _inputs
 from tf_fusedrec.layers.protocol import EmbeddingLayer
+
+de = _frameworks.tfra()  # TFRA's dynamic_embedding, imported without Keras 3 (_frameworks.tfra)
+from tensorflow_recommenders_addons.dynamic_embedding.python.ops.shadow_embedding_ops import HvdVariable  # noqa: E402
 
 
 def scope_safe(name):

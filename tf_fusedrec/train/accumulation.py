@@ -6,12 +6,14 @@ micro-batches) with the global-mean loss (train/weighting.py's global count, tak
 """
 
 import tensorflow as tf
-from tensorflow_recommenders_addons import dynamic_embedding as de
 
+from tf_fusedrec import _frameworks
 from tf_fusedrec.distributed import comm as comm_lib
 from tf_fusedrec.distributed.table import check_table_name
 from tf_fusedrec.train.optimizer import embedding_layers, scale_gradient
 from tf_fusedrec.train.weighting import global_count
+
+de = _frameworks.tfra()  # TFRA's dynamic_embedding, imported without Keras 3 (_frameworks.tfra)
 
 
 class Accumulator:

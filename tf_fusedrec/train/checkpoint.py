@@ -66,9 +66,11 @@ import shutil
 
 import numpy as np
 import tensorflow as tf
-from tensorflow_recommenders_addons import dynamic_embedding as de
 
+from tf_fusedrec import _frameworks
 from tf_fusedrec.train.optimizer import embedding_layers
+
+de = _frameworks.tfra()  # TFRA's dynamic_embedding, imported without Keras 3 (_frameworks.tfra)
 
 FORMAT = 2  # 2: manifests name their kind and parent; format 1 (every checkpoint full) restores too
 MANIFEST = "manifest.json"

@@ -21,10 +21,12 @@ so every worker applies the same update to its copy, and the one a sharded table
 """
 
 import tensorflow as tf
-from tensorflow_recommenders_addons import dynamic_embedding as de
 
+from tf_fusedrec import _frameworks
 from tf_fusedrec import config as cfg
 from tf_fusedrec.layers.protocol import is_embedding_layer
+
+de = _frameworks.tfra()  # TFRA's dynamic_embedding, imported without Keras 3 (_frameworks.tfra)
 
 
 def embedding_layers(model):
