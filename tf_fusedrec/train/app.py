@@ -656,7 +656,7 @@ class _TrainingRun:
                             tf.summary.scalar(f"auc/{task}", value)
                     else:
                         tf.summary.scalar("auc", result["auc"])
-                self.writer.flush()
+                self.writer.close()
             print("summary: " + json.dumps(result), flush=True)
             if self.args.summary_json:
                 with open(self.args.summary_json, "w") as f:
