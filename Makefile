@@ -20,9 +20,10 @@ BAZEL_BUILD := bazel build --jobs=2 $(BAZEL_SANDBOX) //...
 install:
 	scripts/install.sh
 
-# The setup.py build, in place (the same compile `pip install --no-build-isolation .` runs).
+# The setup.py build, in place (the same compile `pip install --no-build-isolation .` runs): scripts/install.sh runs
+# it (`setup.py build_ext --inplace`, which recompiles only what changed), so a second call here would only import
+# TensorFlow again.
 build: install
-	$(PY) setup.py -q build_ext --inplace
 
 # The Bazel build of the same library, offline (see .bazelrc).
 bazel: install
