@@ -158,6 +158,14 @@ class Runner:
         return experiment.count_alltoall_ops(self.pipeline.concrete_step())
 
 
+# Every Runner built stays referenced until the process ends (python -m tf_fusedrec.bench leaves by os._exit, without
+# collecting them). A Runner dropped after its measure() is freed by a later cyclic garbage collection, at whatever
+# point of a later measurement that falls: freeing one (its model, tables and prefetching tf.data iterator, whose
+# destructor waits for its threads) took 0.3-10.7 s (docs/tests/teardown.txt), and a 15 s pause in the sweep's
+# warm-up appeared once the import order shifted when the collections ran (docs/tests/bench_gc.txt).
+_RUNNERS = []
+
+
 def measure(config, modes, args, comm, meter, log):
     batch_size = args.batch_size or config.train.batch_size
     batches = experiment.make_dataset(config, batch_size, comm.rank, comm.size).take(args.batches).cache()
@@ -167,6 +175,7 @@ def measure(config, modes, args, comm, meter, log):
         hot_sample = experiment.embedding_sample(config, batch_size, comm.rank, comm.size, args.batches,
                                                  args.hot_sample_batches)
     runners = {}
+    _RUNNERS.append(runners)
     for mode in modes:
         log(f"  building {mode}")
         runners[mode] = Runner(mode, config, batches, layer_comm, meter, hot_sample, replication_of(args))
