@@ -124,18 +124,12 @@ def init_workers():
 def exit_now():
     """Ends a scenario process whose runs all finished, skipping Python's teardown: collecting the runs' models,
     graphs and tf.data iterators at exit took 2-20 s of CPU and wall per process after the last result was written
-    (a 2-worker pipeline_scenario.py launch: 7 s from its last line to its exit). Under Horovod the workers first
-    meet in one allreduce, so neither leaves while the other still runs a collective, and Horovod shuts down as it
-    would at exit. Call it only after a normal end: errors keep Python's own exit and status."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if "HOROVOD_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ:
-        import horovod.tensorflow as hvd  # noqa: PLC0415
+    (a 2-worker pipeline_scenario.py launch: 7 s from its last line to its exit). The package's own exit for its
+    command lines (comm.exit_after_success: under Horovod an allreduce first, then Horovod's shutdown). Call it only
+    after a normal end: errors keep Python's own exit and status."""
+    from tf_fusedrec.distributed import comm  # noqa: PLC0415
 
-        if hvd.is_initialized():
-            hvd.allreduce(tf.constant(0.0), name="scenario_done")
-            hvd.shutdown()
-    os._exit(0)
+    comm.exit_after_success("scenario_done")
 
 
 def save_rank(out, rank, arrays):
