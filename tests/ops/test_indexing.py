@@ -61,3 +61,41 @@ def test_repeat_equals_numpy(run, dtype):
         values = rng.integers(-100, 100, size=len(counts)).astype(np.int32)
         got = run(indexing.repeat, values, counts)
         np.testing.assert_array_equal(got, np.repeat(values, counts), err_msg=str(counts))
+
+
+def mask_cases():
+    rng = np.random.default_rng(13)
+    cases = [[], [True], [False], [True] * 5, [False] * 5, [True, False, True, True, False]]
+    return cases + [list(rng.random(int(rng.integers(1, 60))) < p) for p in (0.1, 0.5, 0.9) for _ in range(4)]
+
+
+def test_true_positions_equals_numpy(run):
+    for mask in mask_cases():
+        got = run(indexing.true_positions, np.asarray(mask, bool).reshape(-1))
+        assert got.dtype == np.int64, mask
+        np.testing.assert_array_equal(got, np.flatnonzero(mask), err_msg=str(mask))
+
+
+def test_masked_equals_boolean_mask(run):
+    rng = np.random.default_rng(17)
+    for mask in mask_cases():
+        mask = np.asarray(mask, bool).reshape(-1)
+        keys = rng.integers(-9, 9, mask.size).astype(np.int64)
+        rows = rng.random((mask.size, 3)).astype(np.float32)
+        got_keys, got_rows = run(lambda m, k, r: indexing.masked(m, k, r), mask, keys, rows)
+        np.testing.assert_array_equal(got_keys, keys[mask])
+        np.testing.assert_array_equal(got_rows, rows[mask])
+        assert run(lambda m, k: indexing.masked(m, k), mask, keys).shape == (int(mask.sum()),)
+    assert indexing.masked(tf.constant([True, False]), tf.constant([1, 2]), None)[1] is None
+
+
+def test_masked_gradient_equals_boolean_masks():
+    mask = tf.constant([True, False, True, True])
+    x = tf.Variable(np.arange(12, dtype=np.float32).reshape(4, 3))
+    weights = tf.constant(np.arange(9, dtype=np.float32).reshape(3, 3))
+    grads = []
+    for select in (lambda: indexing.masked(mask, x), lambda: tf.boolean_mask(x, mask)):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(select() * weights)
+        grads.append(tf.convert_to_tensor(tape.gradient(loss, x)).numpy())
+    np.testing.assert_array_equal(grads[0], grads[1])

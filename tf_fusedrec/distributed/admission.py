@@ -33,6 +33,8 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from tf_fusedrec.ops import indexing
+
 
 def _check_int(owner, name, value, low):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
@@ -100,7 +102,7 @@ def parse_expiry(expiry, layer):
 def expired(keys, lasts, clock, steps):
     """The keys (int64 [K]) whose last training lookup (lasts int64 [K]) is `steps` or more lookups before `clock`:
     int64 [E], in table order."""
-    return tf.boolean_mask(tf.reshape(keys, [-1]), tf.reshape(clock - lasts, [-1]) >= steps)
+    return indexing.masked(tf.reshape(clock - lasts, [-1]) >= steps, tf.reshape(keys, [-1]))
 
 
 class AdmissionCounter:
@@ -126,9 +128,9 @@ class AdmissionCounter:
         admitted = tf.logical_or(exists, seen >= self.min_count)
         waiting = tf.logical_not(admitted)
         updates = [
-            self.counts.insert(tf.boolean_mask(keys, waiting), tf.boolean_mask(seen, waiting)),
+            self.counts.insert(*indexing.masked(waiting, keys, seen)),
             # Also a held key's stale count (its row came back by a restore or a hot-set move while it waited).
-            self.counts.remove(tf.boolean_mask(keys, tf.logical_and(admitted, seen > 1))),
+            self.counts.remove(indexing.masked(tf.logical_and(admitted, seen > 1), keys)),
             self.dropped.assign_add(tf.reduce_sum(tf.cast(waiting, tf.int64))),
         ]
         with tf.control_dependencies([u for u in updates if u is not None]):
@@ -150,10 +152,10 @@ def admitted_lookup(keys, categories, ids, admitted, trained, initial):
     them), initial(...) of the others (their initializer's rows; no gradient flows there).
 
     categories: int32 [U] or None; ids: int64 [U]; admitted: bool [U]; -> float32 [U, dim]."""
-    def part(mask):
-        return (tf.boolean_mask(keys, mask), None if categories is None else tf.boolean_mask(categories, mask),
-                tf.boolean_mask(ids, mask))
+    positions = [indexing.true_positions(mask) for mask in (admitted, tf.logical_not(admitted))]
 
-    waiting = tf.logical_not(admitted)
-    positions = [tf.cast(tf.where(mask)[:, 0], tf.int32) for mask in (admitted, waiting)]
-    return tf.dynamic_stitch(positions, [trained(*part(admitted)), tf.stop_gradient(initial(*part(waiting)))])
+    def part(at):
+        return tuple(None if t is None else tf.gather(t, at) for t in (keys, categories, ids))
+
+    return tf.dynamic_stitch([tf.cast(at, tf.int32) for at in positions],
+                             [trained(*part(positions[0])), tf.stop_gradient(initial(*part(positions[1])))])

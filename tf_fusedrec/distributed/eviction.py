@@ -39,6 +39,8 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from tf_fusedrec.ops import indexing
+
 POLICIES = ("lfu", "lru")
 
 
@@ -115,7 +117,7 @@ def victims(keys, counts, lasts, clock, capacity, policy):
     keys, counts, lasts = (tf.reshape(x, [-1]) for x in (keys, counts, lasts))
     excess = tf.maximum(tf.size(keys, out_type=tf.int64) - capacity, 0)
     candidates = tf.not_equal(lasts, clock)
-    keys, counts, lasts = (tf.boolean_mask(x, candidates) for x in (keys, counts, lasts))
+    keys, counts, lasts = indexing.masked(candidates, keys, counts, lasts)
     # A lexicographic order by stable sorts, least significant key first.
     primary, secondary = (counts, lasts) if policy == "lfu" else (lasts, counts)
     order = tf.argsort(keys, stable=True)

