@@ -7,14 +7,13 @@ whether the feature is fused: the fused table and a per-feature table start from
 
 import hashlib
 
-import numpy as np
 import tensorflow as tf
 
 from tf_fusedrec.hashing import hashed_rows_numpy  # noqa: F401  (Hashed's rows in NumPy; its home is TF-free)
 
+
 _C1 = 0xBF58476D1CE4E5B9
 _C2 = 0x94D049BB133111EB
-_GOLDEN = 0x9E3779B97F4A7C15
 
 
 def _signed(x):
@@ -26,7 +25,8 @@ def _shift_right_logical(x, k):
 
 
 def mix64(x):
-    """splitmix64 finalizer on int64 tensors (two's-complement wrapping arithmetic, bits as uint64)."""
+    """splitmix64 finalizer on int64 tensors (two's-complement wrapping arithmetic, bits as uint64): the stochastic
+    rounding's random bits (tf_fusedrec/distributed/rounding.py). Hashed's rows are one op (ops.hashed_rows)."""
     x = tf.bitwise.bitwise_xor(x, _shift_right_logical(x, 30))
     x = x * tf.constant(_signed(_C1), tf.int64)
     x = tf.bitwise.bitwise_xor(x, _shift_right_logical(x, 27))
@@ -57,24 +57,21 @@ class Hashed:
         self.stddev = float(stddev)
 
     def rows(self, ids, salts, dim, dtype=tf.float32):
-        """Initial rows.
+        """Initial rows (one FusedRec>HashedRows op: tf_fusedrec.ops.hashed_rows).
 
         Args:
           ids: int64 [n].
           salts: int64 [n], feature_salt(seed, feature) of each id's feature.
           dim: Python int.
+          dtype: the rows' dtype; another than float32 is the float32 rows cast.
 
         Returns:
           dtype [n, dim].
         """
-        base = mix64(tf.bitwise.bitwise_xor(tf.cast(ids, tf.int64), salts))
-        columns = tf.range(1, dim + 1, dtype=tf.int64) * tf.constant(_signed(_GOLDEN), tf.int64)
-        bits = mix64(base[:, None] + columns[None, :])
-        # Box-Muller on two 24-bit uniforms in (0, 1) taken from the high and low bits.
-        u1 = (tf.cast(_shift_right_logical(bits, 40), tf.float64) + 0.5) / 2.0**24
-        u2 = (tf.cast(tf.bitwise.bitwise_and(bits, tf.constant(0xFFFFFF, tf.int64)), tf.float64) + 0.5) / 2.0**24
-        normal = tf.sqrt(-2.0 * tf.math.log(u1)) * tf.cos(2.0 * np.pi * u2)
-        return tf.cast(self.stddev * normal, dtype)
+        from tf_fusedrec.ops.hashed_rows_ops import hashed_rows  # noqa: PLC0415  (ops load TensorFlow's op library)
+
+        rows = hashed_rows(tf.cast(ids, tf.int64), salts, dim, self.stddev)
+        return rows if dtype == tf.float32 else tf.cast(rows, dtype)
 
     def tfra_default(self):
         """What TFRA's table gets as initializer: the layers insert hashed rows themselves, so a placeholder."""

@@ -10,6 +10,7 @@ from tf_fusedrec.ops.category_unique_ops import (
 )
 from tf_fusedrec.ops.fused_sender_ops import FusedSenderResult, fused_sender
 from tf_fusedrec.ops.gather_segment_sum_ops import gather_segment_sum
+from tf_fusedrec.ops.hashed_rows_ops import hashed_rows
 from tf_fusedrec.ops.native_table_ops import (
     NativeTableAccessStatus,
     NativeTableConfig,
@@ -48,6 +49,7 @@ __all__ = [
     "decode_unified_keys",
     "fused_sender",
     "gather_segment_sum",
+    "hashed_rows",
     "library_path",
     "load_ops",
     "native_table_access_status",
