@@ -377,6 +377,14 @@ def graph_ops():
                   rows)
 
 
+def graph_tfra():
+    """scripts/graph_size.py before the TFRA-path change (base, 5ace59d) and with it (head): modes on TFRA tables."""
+    rows = [[tree, mode, f"{r['ops']:,}", f"{median_s:.2f}"]
+            for tree, mode, r, median_s in _graph_size_runs("docs/perf/graph_tfra")]
+    return _table(["tree", "mode", "ops in the step's graph", "CPU s to build, trace, run one step (median)"], "llrr",
+                  rows)
+
+
 def perf_step_cost():
     """docs/perf/step_cost: scripts/perf_step.sh before this change (base) and with it (head)."""
     modes = ("base", "head")
@@ -612,6 +620,7 @@ TABLES = {
     "perf-step-cost": (("docs/perf/step_cost/*.txt",), perf_step_cost),
     "graph-size": (("docs/perf/step_cost/graph-*.json",), graph_size),
     "graph-ops": (("docs/perf/graph_ops/graph-*.json",), graph_ops),
+    "graph-tfra": (("docs/perf/graph_tfra/graph-*.json",), graph_tfra),
     "bench-graph-ops": (("docs/bench/graph_ops/*/bench.json",), lambda: bench_step_cost("docs/bench/graph_ops")),
     "bench-cycle-time": (("docs/bench/cycle_time/*/bench.json",), bench_cycle_time),
     "hot-sweep": (("docs/hot/hot_sweep.json",), hot_sweep_loopback),

@@ -40,6 +40,7 @@ def main():
     from tf_fusedrec.bench import train_bench  # noqa: PLC0415
     from tf_fusedrec.distributed import comm as comm_lib  # noqa: PLC0415
     from tf_fusedrec.train import experiment  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
 
     comm = comm_lib.init_workers()
     config = cfg.load_config(args.config)
@@ -47,6 +48,8 @@ def main():
     results = {}
     for _ in range(args.repeats):
         for mode in args.modes.split(","):
+            # A mode built again reuses its table names: TFRA's variable store must forget the previous build.
+            tf.keras.backend.clear_session()
             began = time.process_time()
             runner = train_bench.Runner(mode, config, batches, comm, None)
             runner.run(1)
