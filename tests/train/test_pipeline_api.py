@@ -108,3 +108,28 @@ def test_missing_feature_in_the_batch_is_named():
     ds = data(2).map(lambda f, y: ({"tags": f["tags"]}, y))
     with pytest.raises(ValueError, match="feature 'user' is missing from the batch"):
         fr.train.TrainPipeline(model, opt, mse, ds, schedule="dbp")
+
+
+@pytest.mark.parametrize("backend", ["tfra", "native"])
+@pytest.mark.parametrize("dense", ["sgd", "adam"])
+def test_a_built_model_is_traced_once(backend, dense):
+    """The optimizers' variables (slots, step counts, hyperparameters) exist before the first step, so the step's
+    first call creates none and TensorFlow traces it once (a first call that creates variables is traced twice).
+    An unbuilt model still trains (its variables come with the first step)."""
+    layer = fr.FusedEmbedding([fr.Feature("user", 4), fr.Feature("tags", 4, combiner="sum")],
+                              name="pipe_traced", table_backend=backend)
+    model = Linear(layer)
+    opt = fr.train.make_optimizer(model, default=dense)
+    model({"user": tf.constant([1, 2], tf.int64), "tags": tf.ragged.constant([[1], []], tf.int64)}, training=False)
+    pipe = fr.train.TrainPipeline(model, opt, mse, data(3))
+    created = []
+    with tf.variable_creator_scope(lambda next_creator, **kw: created.append(kw.get("name")) or next_creator(**kw)):
+        pipe.progress()
+    assert created == []
+    pipe.progress()
+    assert pipe._functions["sync"].experimental_get_tracing_count() == 1  # noqa: SLF001
+
+    tf.keras.backend.clear_session()
+    unbuilt, opt = make()
+    fr.train.TrainPipeline(unbuilt, opt, mse, data(1)).progress()
+    assert unbuilt.dense.built

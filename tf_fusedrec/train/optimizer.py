@@ -128,15 +128,18 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
         return [(name, opt.get_slot(variable, name).params) for name in sorted(opt.get_slot_names())]
 
     def create_slots(self, variables):
-        """Creates the optimizer slots of `variables` now (the wrapped optimizers create them lazily at the first
-        update otherwise): for a restore to write them, or so the first update may sit inside a tf.cond (a loss
-        scale that skips steps)."""
+        """Creates now what the first update of `variables` would create (the wrapped optimizers do it lazily
+        otherwise): their optimizers' slots, step counts and hyperparameters (a native table's slots live beside
+        its rows: only its group optimizer's). For a restore to write them, so the first update may sit inside a
+        tf.cond (a loss scale that skips steps), and so that a tf.function's first call creates no variable: one
+        that does is traced twice (TensorFlow traces again without variable creation), doubling the cost of
+        building a training step."""
         per_optimizer = {}
         for var in variables:
-            if str(id(var)) in self._native:  # a native table's slots live beside its rows
-                continue
             index = self._var_index.get(str(id(var)))
-            per_optimizer.setdefault(index, []).append(var)
+            group = per_optimizer.setdefault(index, [])
+            if str(id(var)) not in self._native:
+                group.append(var)
         for index, group in per_optimizer.items():
             (self.dense if index is None else self.sparse[index])._create_all_weights(group)  # noqa: SLF001
 

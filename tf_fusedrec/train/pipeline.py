@@ -60,6 +60,15 @@ def _signature(*values):
     return [tf.nest.map_structure(_relaxed_spec, v) for v in values]
 
 
+def _built_variables(model):
+    """The model's trainable variables, or None while it is not built (Keras refuses to list the weights of a
+    Sequential that has not been called yet)."""
+    try:
+        return model.trainable_variables
+    except ValueError:
+        return None
+
+
 def _after_gradient(tensors, sink):
     """Identity on a list of tensors; when the gradients of all the float ones are computed, calls sink(gradients)
     (which builds a side effect, e.g. recording a time stamp; nothing waits for it)."""
@@ -132,10 +141,13 @@ class TrainPipeline:
         self._strategy = (SyncSchedule if schedule == "sync" else PipelinedSchedule)(self)
         self.step_counter, self.meter, self.loss_scale = step_counter, meter, loss_scale
         self.steps_per_call = int(steps_per_call)
-        if loss_scale is not None:  # its tf.cond may skip the first update: the slots must exist before
-            if not model.trainable_variables:
-                raise ValueError("TrainPipeline: loss_scale needs the model built (call it once on a batch first)")
-            optimizer.create_slots(model.trainable_variables)
+        variables = _built_variables(model)
+        if loss_scale is not None and not variables:  # its tf.cond may skip the first update
+            raise ValueError("TrainPipeline: loss_scale needs the model built (call it once on a batch first)")
+        if variables and hasattr(optimizer, "create_slots"):
+            # The optimizers' variables now, not in the first step's trace: a tf.function whose first call creates
+            # variables is traced twice. (A loss scale's tf.cond may also skip the first update.)
+            optimizer.create_slots(variables)
         self.embedding = self._find_embedding(model, schedule)
         if schedule != "sync":  # what dbp and fwp are for: all-to-alls of two batches (micro-batches) in flight at once
             from tf_fusedrec.distributed import comm as comm_lib  # noqa: PLC0415
