@@ -70,6 +70,7 @@ def main():
             return step_var.assign_add(1)
 
     model(sc.local_slice(sc.make_batch(0), rank, size), training=False)
+    opt.create_slots(model.trainable_variables)  # before train_step's first call: see scenario.create_variables
     checkpointer = Checkpointer(args.model_dir, model, opt, step_var, comm, keep=5)
     try:
         restored = checkpointer.restore() or {}

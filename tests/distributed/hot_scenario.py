@@ -124,6 +124,7 @@ def run_one(comm, args, name):
         sample = [{k: v for k, v in sc.local_slice(sc.make_batch(s), rank, size).items() if k != "label"}
                   for s in range(args.sample_batches)]
         reports["chosen"] = replication.choose_hot_set(layer, sample)
+    sc.create_variables(model, opt, features)
 
     step = tf.function(sc.train_step_fn(model, opt), autograph=False)
 

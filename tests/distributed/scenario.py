@@ -89,6 +89,13 @@ class Model(tf.keras.Model):
         return self.dense(tf.concat(parts, axis=1))[:, 0], out
 
 
+def create_variables(model, opt, features):
+    """Creates every variable before the first tf.function call (as TrainPipeline does): a function whose first call
+    creates variables is traced twice. The dense layer reads the five outputs' widths (Model.call)."""
+    model.dense.build([None, sum(f.dim for f in features)])
+    opt.create_slots(model.trainable_variables)
+
+
 def train_step_fn(model, opt):
     """One training step on a batch (squared error, averaged over the local batch) -> the loss."""
 
@@ -196,6 +203,7 @@ def run_one(rank, size, layer, optimizer, steps, mode, autograph, out, name):
                                    "expiry": fr.Expiry(2, interval=1)}}.get(layer, {})
     model = Model(layer_cls(features, name=name, **options))
     opt = fr.train.make_optimizer(model, default={"name": "sgd", "learning_rate": 0.1})
+    create_variables(model, opt, features)
 
     step = train_step_fn(model, opt)
     autograph = autograph == "on"
