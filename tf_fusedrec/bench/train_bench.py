@@ -137,6 +137,9 @@ class Runner:
 
             self.hot = replication_lib.choose_hot_set(embedding, hot_sample)
         self.model = experiment.make_model(config, embedding)
+        # Built on a first batch (as the train CLI does): TrainPipeline then creates the optimizers' variables before
+        # the first step, which is traced once (a first call that creates variables is traced twice).
+        self.model(next(iter(batches.take(1)))[0], training=False)
         if mode == "dense_only":
             self.optimizer = cfg.optimizer_spec(config.train.dense_optimizer, "train.dense_optimizer").build()
         else:
