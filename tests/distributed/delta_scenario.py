@@ -67,6 +67,7 @@ class Run:
             model = sc.Model(layer)
             model(self.batch(0), training=False)
         optimizer = fr.train.make_optimizer(model, default={"name": "adam", "learning_rate": 0.05})
+        optimizer.create_slots(model.trainable_variables)  # before the first traced step: see scenario.create_variables
         return model, optimizer, tf.Variable(0, dtype=tf.int64, trainable=False)
 
     def batch(self, step):

@@ -104,6 +104,7 @@ def train(name, args, rank, size, layer_name="sparse"):
         layer = fr.FusedEmbedding(features, name=layer_name)
     model = PredictionModel(layer)
     optimizer = fr.train.make_optimizer(model, default={"name": "sgd", "learning_rate": 0.1})
+    sc.create_variables(model, optimizer, features)  # the pipeline's first step then creates none: traced once
     pipe = fr.train.TrainPipeline(model, optimizer, mse, dataset(args.steps, rank, size, args.bad_step, args.bad_rank),
                                   schedule=schedule, micro_batches=micro_batches, cluster_samples=cluster,
                                   steps_per_call=steps_per_call)

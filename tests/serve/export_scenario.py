@@ -104,6 +104,7 @@ def train(layer, where, comm):
         sample = [{k: v for k, v in local_slice(make_batch(s), rank, size).items() if k not in ("dense", "label")}
                   for s in range(2)]
         replication_lib.choose_hot_set(model.embedding, sample)
+    opt.create_slots(model.trainable_variables)  # before step's first call: see scenario.create_variables
 
     # Without AutoGraph (as TrainPipeline): nothing here needs it, and converting the model's calls cost about 30 s
     # of CPU per process for the four layers (autograph on stays tested in tests/distributed/test_horovod.py).
