@@ -111,3 +111,37 @@ print(json.dumps({"same": sys.modules["keras"] is keras, "tfra_saw_keras3": tf_p
 """
     result, _ = python(code)
     assert result == {"same": True, "tfra_saw_keras3": True}, result
+
+
+def test_the_fast_exit_removes_this_processes_autograph_files(tmp_path):
+    """comm.exit_after_success leaves by os._exit, which skips the atexit handlers that delete AutoGraph's generated
+    files: it deletes this process's own. The child converts a function (a file appears in its temp directory) and
+    exits that way; afterwards the directory holds only a file that was there before (another process's)."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    other = temp / "__autograph_generated_fileother.py"
+    other.write_text("# not this process's\n")
+    script = tmp_path / "child.py"  # a file: AutoGraph converts functions whose source it can read
+    script.write_text(f"""
+import os, tempfile
+tempfile.tempdir = {str(temp)!r}
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import tensorflow as tf
+from tf_fusedrec.distributed import comm
+
+
+@tf.function(autograph=True)
+def f(x):
+    if x > 0:
+        x = x * 2
+    return x
+
+
+f(tf.constant(3))
+print(len([n for n in os.listdir(tempfile.tempdir) if n.startswith("__autograph_generated_file")]), flush=True)
+comm.exit_after_success("unused")
+""")
+    rc, out, err = execute([sys.executable, str(script)], TIMEOUT_S)
+    assert rc == 0, f"exit status {rc}\nstdout: {tail(out)}\nstderr: {tail(err)}"
+    assert int(out.strip().splitlines()[-1]) >= 2, out  # the converted function's file and the other one
+    assert sorted(p.name for p in temp.iterdir()) == [other.name]

@@ -172,9 +172,23 @@ def exit_after_success(barrier_name):
 
         hvd.allreduce(tf.constant(0.0), name=barrier_name)
         hvd.shutdown()
+    remove_autograph_files()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def remove_autograph_files():
+    """Deletes the temporary files of the functions AutoGraph converted in this process (tf.data's map functions,
+    for one): TensorFlow removes each in an atexit handler, which os._exit skips, so every fast exit left two or
+    more __autograph_generated_file*.py in the temp directory. Only this process's files (its sys.modules' own)."""
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None) if name.startswith("__autograph_generated_file") else None
+        if path:
+            try:
+                os.remove(path)
+            except OSError:
+                pass
 
 
 def get_comm(comm=None):
