@@ -133,3 +133,21 @@ def test_a_built_model_is_traced_once(backend, dense):
     unbuilt, opt = make()
     fr.train.TrainPipeline(unbuilt, opt, mse, data(1)).progress()
     assert unbuilt.dense.built
+
+
+@pytest.mark.parametrize("default", [lambda: tf.keras.optimizers.SGD(0.1), lambda: tf.keras.optimizers.Adam(0.01)])
+def test_a_keras_optimizer_instance_as_default_trains_like_its_legacy_twin(default):
+    """A (non-legacy) Keras optimizer passed as the dense default makes its variables at its first update (the
+    pipeline creates the legacy optimizers' ahead): same losses as the legacy optimizer of the same rule."""
+    losses = []
+    for make_default in (default, lambda: getattr(tf.keras.optimizers.legacy, type(default()).__name__)(
+            default().learning_rate.numpy())):
+        tf.keras.backend.clear_session()
+        layer = fr.FusedEmbedding([fr.Feature("user", 4), fr.Feature("tags", 4, combiner="sum")], name="pipe_keras")
+        model = Linear(layer)
+        opt = fr.train.make_optimizer(model, default=make_default())
+        model({"user": tf.constant([1, 2], tf.int64), "tags": tf.ragged.constant([[1], []], tf.int64)},
+              training=False)
+        pipe = fr.train.TrainPipeline(model, opt, mse, data(3))
+        losses.append([float(pipe.progress()) for _ in range(3)])
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)

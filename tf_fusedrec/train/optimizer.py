@@ -141,13 +141,21 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
             if str(id(var)) not in self._native:
                 group.append(var)
         for index, group in per_optimizer.items():
-            (self.dense if index is None else self.sparse[index])._create_all_weights(group)  # noqa: SLF001
+            _create_weights(self.dense if index is None else self.sparse[index], group)
 
     def minimize(self, loss, var_list, tape=None):
         if tape is None:
             raise ValueError("GroupedOptimizer.minimize needs the GradientTape that recorded the loss")
         grads = tape.gradient(loss, var_list)
         return self.apply_gradients(zip(grads, var_list))
+
+
+def _create_weights(optimizer, variables):
+    """A legacy (OptimizerV2) optimizer's step count, hyperparameters and the slots of `variables`, created now. A
+    Keras 3-style optimizer passed as the default is left to create its own at its first update (its build() takes
+    every variable at once)."""
+    if hasattr(optimizer, "_create_all_weights"):
+        optimizer._create_all_weights(variables)  # noqa: SLF001
 
 
 def scale_gradient(grad, factor):
@@ -170,6 +178,14 @@ def make_optimizer(model, default="adam", comm=None):
         raise ValueError("make_optimizer: no FusedEmbedding or PerFeatureEmbedding layer found in the model")
     groups = [g for layer in layers for g in layer.optimizer_groups()]
     replicated = [v for layer in layers for v in layer.replicated_variables()]
-    return GroupedOptimizer(groups, default, comm if comm is not None else layers[0].comm, replicated=replicated,
-                            after_update=[layer.after_update for layer in layers],
-                            native=[t for layer in layers for t in layer.native_tables()])
+    optimizer = GroupedOptimizer(groups, default, comm if comm is not None else layers[0].comm, replicated=replicated,
+                                 after_update=[layer.after_update for layer in layers],
+                                 native=[t for layer in layers for t in layer.native_tables()])
+    if tf.executing_eagerly():
+        # What the first update would create for the tables (slots, step counts, hyperparameters) and the dense
+        # optimizer's step count and hyperparameters, now: a training step whose first call creates no variable is
+        # traced once, not twice. (The dense slots follow the dense variables: TrainPipeline creates them once the
+        # model is built.)
+        optimizer.create_slots([v for _, variables in groups for v in variables])
+        _create_weights(optimizer.dense, [])
+    return optimizer
