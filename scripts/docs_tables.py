@@ -309,17 +309,21 @@ def _commit_runs(pattern):
     return [(str(n), placement, pair) for (n, _, placement), pair in sorted(runs.items())]
 
 
-def bench_step_cost(directory="docs/bench/step_cost"):
-    """`directory`: `fused` samples/s and rank 0's CPU per step before the table's change (base) and with it (head),
-    the two trees alternating (scripts/bench_commits.sh)."""
+def bench_step_cost(directory="docs/bench/step_cost", modes=("fused",)):
+    """`directory`: samples/s of `modes` and rank 0's CPU per step before a change (base) and with it (head), the
+    two trees alternating (scripts/bench_commits.sh); a mode column where there are several modes."""
     rows = []
     for run, placement, pair in _commit_runs(f"{directory}/*/bench.json"):
-        base, head = (pair[t]["modes"]["fused"] for t in ("base", "head"))
-        rows.append([run, placement, f"{base['samples_per_s']:,.0f}", f"{head['samples_per_s']:,.0f}",
-                     f"{head['samples_per_s'] / base['samples_per_s']:.2f}x",
-                     f"{base['cpu_seconds_per_step'] * 1e3:.1f} / {head['cpu_seconds_per_step'] * 1e3:.1f}"])
-    return _table(["run", "placement", "base samples/s", "head samples/s", "head / base",
-                   "CPU ms / step, rank 0 (base / head)"], "llrrrr", rows)
+        for mode in modes:
+            base, head = (pair[t]["modes"][mode] for t in ("base", "head"))
+            rows.append([run, placement] + ([mode] if len(modes) > 1 else []) + [
+                f"{base['samples_per_s']:,.0f}", f"{head['samples_per_s']:,.0f}",
+                f"{head['samples_per_s'] / base['samples_per_s']:.2f}x",
+                f"{base['cpu_seconds_per_step'] * 1e3:.1f} / {head['cpu_seconds_per_step'] * 1e3:.1f}"])
+    mode_column = ["mode"] if len(modes) > 1 else []
+    return _table(["run", "placement"] + mode_column + ["base samples/s", "head samples/s", "head / base",
+                                                        "CPU ms / step, rank 0 (base / head)"],
+                  "ll" + "l" * len(mode_column) + "rrrr", rows)
 
 
 def bench_cycle_time():
@@ -622,6 +626,8 @@ TABLES = {
     "graph-ops": (("docs/perf/graph_ops/graph-*.json",), graph_ops),
     "graph-tfra": (("docs/perf/graph_tfra/graph-*.json",), graph_tfra),
     "bench-graph-ops": (("docs/bench/graph_ops/*/bench.json",), lambda: bench_step_cost("docs/bench/graph_ops")),
+    "bench-trace-tfra": (("docs/bench/trace_tfra/*/bench.json",),
+                         lambda: bench_step_cost("docs/bench/trace_tfra", ("per_feature", "fused_tfra"))),
     "bench-cycle-time": (("docs/bench/cycle_time/*/bench.json",), bench_cycle_time),
     "hot-sweep": (("docs/hot/hot_sweep.json",), hot_sweep_loopback),
     "hot-sweep-1gbit": (("docs/hot/1gbit-n2/hot_sweep.json",), hot_sweep_1gbit),
