@@ -74,8 +74,11 @@ class Hashed:
         return rows if dtype == tf.float32 else tf.cast(rows, dtype)
 
     def tfra_default(self):
-        """What TFRA's table gets as initializer: the layers insert hashed rows themselves, so a placeholder."""
-        return tf.keras.initializers.Zeros()
+        """What TFRA's table gets as initializer: the layers insert hashed rows themselves (before the lookup that
+        reads them, or reading the Hashed row where a key is missing), so TFRA's default rows are never read. A
+        constant, not an initializer object: TFRA runs an initializer object for the default rows of every lookup
+        (the shadow's reads included), a constant becomes the table's static default with no ops per lookup."""
+        return 0.0
 
     def spec_key(self):
         return ("Hashed", self.seed, self.stddev)

@@ -214,10 +214,7 @@ class EmbeddingTable:
                 key_dtype=tf.int64,
                 value_dtype=tf.float32,
                 dim=dim,
-                # Hashed: a constant default, so TFRA builds no default rows per lookup (its initializer ran for
-                # every lookup, the shadow's included, and with Hashed those rows are never read: the layer inserts
-                # a key's row before the lookup that reads it, or reads the Hashed row where a key is missing).
-                initializer=0.0 if self.hashed else initializer,
+                initializer=initializers.tfra_initializer(initializer),
             )
             # TF2 (eager construction, tf.function steps): a ShadowVariable is the trainable handle. TFRA allows it
             # only in eager mode; in a tf.compat.v1 graph each lookup creates a TrainableWrapper instead.
