@@ -12,7 +12,7 @@ from tf_fusedrec import config as cfg
 from tf_fusedrec import initializers
 from tf_fusedrec.distributed import comm as comm_lib
 from tf_fusedrec.layers import _common
-from tf_fusedrec.layers.protocol import EmbeddingLayer
+from tf_fusedrec.layers.protocol import EmbeddingLayer, unconverted
 from tf_fusedrec.layers import _inputs
 from tf_fusedrec.layers.per_feature_embedding import make_tfra_layer
 
@@ -46,6 +46,7 @@ class HandFusedTFRAEmbedding(EmbeddingLayer):
     def optimizer_groups(self):
         return [(self._optimizers[d], [self._layers[d].shadow]) for d in sorted(self._layers)]
 
+    @unconverted
     def call(self, inputs, training=None):  # noqa: ARG002
         flats, checks = _common.flatten_inputs(self.features, inputs, self.name)
         outputs = {}

@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from tf_fusedrec import config as cfg
 from tf_fusedrec.distributed import comm as comm_lib
+from tf_fusedrec.layers.protocol import unconverted
 from tf_fusedrec.train import experiment
 
 MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused", "fused_dbp", "fused_fwp",
@@ -106,6 +107,7 @@ class ConstantEmbedding(tf.keras.layers.Layer):
         super().__init__(name=name)
         self.features = list(features)
 
+    @unconverted
     def call(self, inputs, training=None):  # noqa: ARG002
         rows = {}
         for f in self.features:

@@ -173,7 +173,8 @@ def _save_dense(model, layer, dense_specs, layouts, input_names, path):
         return {"scores": tf.reshape(scores, [-1])}
 
     module = _DenseModule(variables)
-    module.serve = tf.function(serve, input_signature=[specs])
+    # No AutoGraph: serve() and the model hold no tensor-dependent Python control flow (layers/protocol.py).
+    module.serve = tf.function(serve, input_signature=[specs], autograph=False)
     tf.saved_model.save(module, path, signatures={SIGNATURE: module.serve.get_concrete_function()})
 
 

@@ -17,7 +17,7 @@ from tf_fusedrec.distributed.table import (ReplicatedTable, ShardedTable, check_
                                            make_table, packed_ids)
 from tf_fusedrec.layers import _common
 from tf_fusedrec.layers import _inputs
-from tf_fusedrec.layers.protocol import EmbeddingLayer
+from tf_fusedrec.layers.protocol import EmbeddingLayer, unconverted
 
 DEDUP_MODES = ("segment", "none")
 FUSION_MODES = ("deferred", "source_hash")
@@ -247,6 +247,7 @@ class FusedEmbedding(EmbeddingLayer):
     def collective_prefix(self, group):
         return f"FusedRec/{self.name}/{group.name}"
 
+    @unconverted
     def call(self, inputs, training=None):
         if self._injection.outputs is not None:
             return self._injection.take(self.features, inputs, self.name)

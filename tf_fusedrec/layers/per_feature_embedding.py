@@ -17,7 +17,7 @@ from tf_fusedrec.distributed import comm as comm_lib
 from tf_fusedrec.distributed.table import ShardedTable, check_table_name, ids_are_keys, insert_missing_rows
 from tf_fusedrec.layers import _common
 from tf_fusedrec.layers import _inputs
-from tf_fusedrec.layers.protocol import EmbeddingLayer
+from tf_fusedrec.layers.protocol import EmbeddingLayer, unconverted
 
 de = _frameworks.tfra()  # TFRA's dynamic_embedding, imported without Keras 3 (_frameworks.tfra)
 from tensorflow_recommenders_addons.dynamic_embedding.python.ops.shadow_embedding_ops import HvdVariable  # noqa: E402
@@ -170,6 +170,7 @@ class PerFeatureEmbedding(EmbeddingLayer):
         """As FusedEmbedding.injected: within the block the next call returns `outputs`."""
         return self._injection.block(outputs, self.name)
 
+    @unconverted
     def call(self, inputs, training=None):
         if self._injection.outputs is not None:
             return self._injection.take(self.features, inputs, self.name)

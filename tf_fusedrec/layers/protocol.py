@@ -6,9 +6,24 @@ the required ones; the optional ones have the defaults of a layer without that f
 to run after an update, no statistics), so callers never probe with ``hasattr``.
 
 Implemented by FusedEmbedding, PerFeatureEmbedding and the bench's hand-fused TFRA strawman.
+
+AutoGraph: the library's layers and models mark their ``call`` with :func:`unconverted`.
+Their code holds no tensor-dependent Python control flow (TrainPipeline traces every step with autograph=False), so
+inside a user's tf.function (or Keras' fit) AutoGraph has nothing to convert there; left to it, it converted their
+code and, through it, tf_keras' own layer machinery (which TensorFlow's rules exempt as ``keras`` but not under the
+name ``tf_keras``) at every process's first trace: 10 s of CPU for the GRM's first tf.function here
+(docs/tests/autograph.txt). What they call runs unconverted too (all the library's own layers); a user's model
+around them is converted as Keras converts any subclassed layer.
 """
 
 import tensorflow as tf
+
+
+def unconverted(call):
+    """A layer's ``call`` that AutoGraph leaves as it is (``tf.autograph.experimental.do_not_convert``), with the
+    signature Keras reads from it (its ``training`` and ``mask`` arguments) kept: do_not_convert alone hands Keras a
+    ``(*args, **kwargs)`` function, so Keras would pass ``training`` to every layer."""
+    return tf.__internal__.decorator.make_decorator(call, tf.autograph.experimental.do_not_convert(call))
 
 
 class EmbeddingLayer(tf.keras.layers.Layer):

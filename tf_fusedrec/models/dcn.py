@@ -2,6 +2,7 @@
 
 import tensorflow as tf
 
+from tf_fusedrec.layers.protocol import unconverted
 from tf_fusedrec.models import _blocks
 
 
@@ -15,6 +16,7 @@ class CrossLayer(tf.keras.layers.Layer):
         self.dense = tf.keras.layers.Dense(d, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=self.seed))
         super().build(input_shape)
 
+    @unconverted
     def call(self, inputs):
         x0, x = inputs
         return x0 * self.dense(x) + x
@@ -38,6 +40,7 @@ class DCNv2(tf.keras.Model):
         self.cross = [CrossLayer(seed=seed + i, name=f"cross_{i}") for i in range(cross_layers)]
         self.deep = _blocks.mlp(list(deep_mlp) + [1], "deep_mlp", last_activation=None, seed=seed + 1000)
 
+    @unconverted
     def call(self, inputs, training=None):
         outputs = _blocks.compute_dtype(self.embedding(_blocks.sparse_inputs(inputs), training=training),
                                         self.compute_dtype)

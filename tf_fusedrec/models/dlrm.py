@@ -2,6 +2,7 @@
 
 import tensorflow as tf
 
+from tf_fusedrec.layers.protocol import unconverted
 from tf_fusedrec.models import _blocks
 
 
@@ -34,6 +35,7 @@ class DLRM(tf.keras.Model):
         self._dims = {f.name: f.dim for f in embedding.features}
         self.top = _blocks.mlp(list(top_mlp) + [1], "top_mlp", last_activation=None, seed=seed + 1000)
 
+    @unconverted
     def call(self, inputs, training=None):
         outputs = _blocks.compute_dtype(self.embedding(_blocks.sparse_inputs(inputs), training=training),
                                         self.compute_dtype)

@@ -43,6 +43,7 @@ import collections
 
 import tensorflow as tf
 
+from tf_fusedrec.layers.protocol import unconverted
 from tf_fusedrec.models import _blocks
 from tf_fusedrec.ops import indexing
 
@@ -126,6 +127,7 @@ class HSTUBlock(tf.keras.layers.Layer):
                                                  initializer="zeros")
         super().build(input_shape)
 
+    @unconverted
     def call(self, x, pairs):
         heads, head_dim = self.num_heads, self.hidden_dim // self.num_heads
         uqkv = tf.nn.silu(self.uqkv(self.input_norm(x)))
@@ -167,6 +169,7 @@ class MMoE(tf.keras.layers.Layer):
         self.towers = [_blocks.mlp(list(tower_units) + [1], f"tower_{t}", last_activation=None,
                                    seed=seed + 6000 + 100 * t) for t in range(num_tasks)]
 
+    @unconverted
     def call(self, h):
         expert_outputs = tf.stack([expert(h) for expert in self.experts], axis=1)  # [B, E, units]
         logits = []
@@ -272,6 +275,7 @@ class GRM(tf.keras.Model):
         last = tf.where(lengths > 0, splits[1:] - 1, tf.shape(x, out_type=tf.int64)[0])
         return tf.gather(padded, last)
 
+    @unconverted
     def call(self, inputs, training=None):
         sequence, outputs = self._embed(inputs, training)
         x, splits = self._states(sequence)

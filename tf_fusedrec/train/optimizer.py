@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from tf_fusedrec import _frameworks
 from tf_fusedrec import config as cfg
-from tf_fusedrec.layers.protocol import is_embedding_layer
+from tf_fusedrec.layers.protocol import is_embedding_layer, unconverted
 
 de = _frameworks.tfra()  # TFRA's dynamic_embedding, imported without Keras 3 (_frameworks.tfra)
 
@@ -71,6 +71,7 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
         """The TFRA optimizer that updates a table's trainable handle."""
         return self.sparse[self._var_index[str(id(variable))]]
 
+    @unconverted  # no AutoGraph inside a user's tf.function (layers/protocol.py): nothing here needs it
     def apply_gradients(self, grads_and_vars, name=None, **kwargs):  # noqa: ARG002  (Keras passes extras)
         per_optimizer = {}
         dense, replicated = [], []
@@ -143,6 +144,7 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
         for index, group in per_optimizer.items():
             _create_weights(self.dense if index is None else self.sparse[index], group)
 
+    @unconverted
     def minimize(self, loss, var_list, tape=None):
         if tape is None:
             raise ValueError("GroupedOptimizer.minimize needs the GradientTape that recorded the loss")

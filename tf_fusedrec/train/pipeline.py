@@ -206,7 +206,8 @@ class TrainPipeline:
                 labels = tf.gather(labels, order)
             return (flags,) + tuple(_split_rows(features, labels, k))
 
-        return dataset.map(checked_split).prefetch(2)
+        # Traced as the steps are, without AutoGraph (tf.data converts a map function by default).
+        return dataset.map(tf.autograph.experimental.do_not_convert(checked_split)).prefetch(2)
 
     def _flags(self, features):
         """int32 [P]: 1 where the batch breaks a value rule of the embedding's features (none without one)."""
