@@ -593,6 +593,22 @@ def publish_versions():
                    "freshness s"], "lrrlrrrrr", rows)
 
 
+def publish_long():
+    """scripts/bench_publish.py --steps 2000: a delta's share of the rows held as the tables fill (docs/publish/long):
+    the first version, then every fifth."""
+    runs = _json("docs/publish/long/publish_bench.json")["runs"]
+    rows = []
+    for r in runs:
+        versions = r.get("versions", [])
+        for i, v in enumerate(versions):
+            if i == 0 or (i + 1) % 5 == 0:
+                rows.append([v["step"], "full" if v["full"] else "delta", f"{v['rows_staged']:,}", f"{v['rows_held']:,}",
+                             f"{v['rows_staged'] / max(v['rows_held'], 1):.1%}", f"{v['bytes_staged'] / 1e6:.1f}",
+                             f"{v['bytes_staged'] / max(v['rows_staged'], 1):.1f}", _num(v["freshness_s"], ".2f")])
+    return _table(["step", "kind", "rows staged", "rows held", "staged / held", "MB staged", "bytes / row staged",
+                   "freshness s"], "rlrrrrrr", rows)
+
+
 def publish_auc():
     """scripts/bench_freshness_auc.py: AUC of the served model on the coming batches per publish interval, per drift
     (docs/publish/freshness_auc.json; the plot is docs/publish/freshness_auc.png)."""
@@ -637,6 +653,7 @@ TABLES = {
                           lambda: serve_curve("docs/serve/plain/serve_curve.json")),
     "publish-training": (("docs/publish/publish_bench.json",), publish_training),
     "publish-versions": (("docs/publish/publish_bench.json",), publish_versions),
+    "publish-long": (("docs/publish/long/publish_bench.json",), publish_long),
     "publish-auc": (("docs/publish/freshness_auc.json",), publish_auc),
     "cluster-probe": (("docs/cluster/*-n2/probe.json", "docs/cluster/model.json"), cluster_probe),
     "cluster-bench": (("docs/cluster/*-n2/bench.json", "docs/cluster/model.json"), cluster_bench),
