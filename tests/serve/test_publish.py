@@ -282,6 +282,33 @@ def test_row_changes_against_numpy():
     assert changed.all() and len(removed) == 0
 
 
+@pytest.mark.parametrize("dim", [1, 7, 16])
+def test_row_changes_is_bitwise_in_any_order(dim):
+    """Previous rows sorted by key or not, current rows in any order: the same answer as a dict of bit patterns; NaN
+    equals the same NaN, -0.0 differs from 0.0; an empty previous removes nothing and marks everything new."""
+    rng = np.random.default_rng(dim)
+    old_keys = rng.choice(10_000, 2_000, replace=False).astype(np.int64)
+    old_rows = rng.normal(size=(2_000, dim)).astype(np.float32)
+    old_rows[:5, 0] = np.nan
+    old_rows[5:10, 0] = 0.0
+    keep = rng.permutation(2_000)[:1_500]
+    keys = np.concatenate([old_keys[keep], np.arange(20_000, 20_300, dtype=np.int64)])
+    rows = np.concatenate([old_rows[keep], rng.normal(size=(300, dim)).astype(np.float32)])
+    rows[rng.permutation(len(keys))[:400], -1] += 0.5
+    zeros = np.flatnonzero(np.isin(keys, old_keys[5:10]))
+    rows[zeros[:2], 0] = -0.0  # a sign flip only: changed
+    old = {k: r.view(np.uint32).tobytes() for k, r in zip(old_keys.tolist(), old_rows)}
+    want = np.array([old.get(k) != r.view(np.uint32).tobytes() for k, r in zip(keys.tolist(), rows)])
+    want_removed = sorted(set(old_keys.tolist()) - set(keys.tolist()))
+    order = np.argsort(old_keys)
+    for previous in [(old_keys, old_rows), (old_keys[order], old_rows[order])]:
+        changed, removed = row_changes(previous, keys, rows)
+        assert changed.tolist() == want.tolist()
+        assert sorted(removed.tolist()) == want_removed
+    changed, removed = row_changes((np.zeros(0, np.int64), np.zeros((0, dim), np.float32)), keys, rows)
+    assert changed.all() and len(removed) == 0
+
+
 def test_the_publish_log_replays_to_the_newest_version(export, tmp_path):
     """Two ranks' logged versions (1 full, 2 a delta with removals), replayed for a half range, equal the NumPy
     reference; a full version 3 removes the older ones; a log without a full version is refused by name."""

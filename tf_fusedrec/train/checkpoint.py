@@ -160,11 +160,13 @@ TableState.__doc__ = """One rank's rows of a table: keys int64 [K] ascending, ro
 (in slot_tables order) (values [K, dim], exists bool [K])."""
 
 
-def _same_bits(a, b):
-    """bool [K]: row k of a equals row k of b bit for bit (so NaN equals NaN and -0.0 differs from 0.0)."""
-    unsigned = f"u{a.dtype.itemsize}"
-    equal = np.ascontiguousarray(a).view(unsigned) == np.ascontiguousarray(b).view(unsigned)
-    return equal.all(axis=tuple(range(1, equal.ndim)))
+def same_bits(a, b):
+    """bool [K]: row k of a equals row k of b bit for bit (NaN equals the same NaN, -0.0 differs from 0.0), as one
+    byte comparison per row (a void view of each row's bytes: about 10x faster than comparing values and reducing
+    over the row). Also what a publish's delta is found with (train/publishing.py)."""
+    width = a.dtype.itemsize * int(np.prod(a.shape[1:], dtype=np.int64))
+    as_bytes = np.dtype((np.void, width))
+    return np.ascontiguousarray(a).view(as_bytes).ravel() == np.ascontiguousarray(b).view(as_bytes).ravel()
 
 
 def changes(previous, current):
@@ -176,11 +178,11 @@ def changes(previous, current):
     at = np.minimum(np.searchsorted(old, new), len(old) - 1)
     found = old[at] == new
     mine, theirs = np.flatnonzero(found), at[found]
-    same = _same_bits(current.rows[mine], previous.rows[theirs])
+    same = same_bits(np.take(current.rows, mine, axis=0), np.take(previous.rows, theirs, axis=0))
     for (values, exists), (old_values, old_exists) in zip(current.slots, previous.slots):
         both = exists[mine] & old_exists[theirs]
         same &= exists[mine] == old_exists[theirs]
-        same &= ~both | _same_bits(values[mine], old_values[theirs])
+        same &= ~both | same_bits(np.take(values, mine, axis=0), np.take(old_values, theirs, axis=0))
     changed = np.ones(len(new), bool)
     changed[mine] = ~same
     return changed, old[~np.isin(old, new, assume_unique=True)]

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from tf_fusedrec.export import writer
 from tf_fusedrec.serve import publish
+from tf_fusedrec.train.checkpoint import same_bits
 from tf_fusedrec.train.optimizer import embedding_layers
 
 
@@ -34,21 +35,31 @@ def row_changes(previous, keys, rows):
     """(bool [K] over keys: new or changed bit for bit since `previous`, int64 keys of previous no longer held).
 
     Args:
-      previous: (keys int64 [P], rows float32 [P, dim]) or None (everything is new).
-      keys / rows: the current ones, any order.
+      previous: (keys int64 [P], rows float32 [P, dim]) or None (everything is new). Fastest with its keys sorted
+        (sorted_rows gives that; publish() keeps each version's rows so): then it is not sorted again.
+      keys / rows: the current ones, any order (sorted: the lookups below run in order, the fastest too).
     """
     if previous is None:
         return np.ones(len(keys), bool), np.zeros(0, np.int64)
     old_keys, old_rows = previous
-    order = np.argsort(old_keys, kind="stable")
-    old_keys, old_rows = old_keys[order], old_rows[order]
-    position = np.minimum(np.searchsorted(old_keys, keys), max(len(old_keys) - 1, 0))
-    known = (old_keys[position] == keys) if len(old_keys) else np.zeros(len(keys), bool)
+    if len(old_keys) > 1 and not (old_keys[1:] > old_keys[:-1]).all():
+        old_keys, old_rows = sorted_rows(old_keys, old_rows)
     changed = np.ones(len(keys), bool)
-    if known.any():
-        same = (old_rows[position[known]].view(np.uint32) == rows[known].view(np.uint32)).all(axis=1)
-        changed[known] = ~same
-    return changed, old_keys[~np.isin(old_keys, keys)]
+    if not len(old_keys):
+        return changed, old_keys
+    position = np.minimum(np.searchsorted(old_keys, keys), len(old_keys) - 1)
+    known = old_keys[position] == keys
+    mine, theirs = np.flatnonzero(known), position[known]
+    changed[mine] = ~same_bits(np.take(old_rows, theirs, axis=0), np.take(rows, mine, axis=0))
+    held = np.zeros(len(old_keys), bool)
+    held[theirs] = True
+    return changed, old_keys[~held]
+
+
+def sorted_rows(keys, rows):
+    """(keys, rows) in the order of the keys (np.take: a third of the time of rows[order] here)."""
+    order = np.argsort(keys, kind="stable")
+    return np.take(keys, order), np.take(rows, order, axis=0)
 
 
 class TrainingPublisher:
@@ -127,6 +138,9 @@ class TrainingPublisher:
                 if len(hot_keys):
                     cold = ~np.isin(keys, hot_keys)
                     keys, rows = keys[cold], rows[cold]
+                # In key order: the diff against the last version (kept in key order too) then reads both in order.
+                keys, rows = sorted_rows(keys, rows)
+                hot_keys, hot_rows = sorted_rows(hot_keys, hot_rows)
                 before = None if full else self.previous[name]
                 changed, removed = row_changes(before and before[0], keys, rows)
                 if rank == 0:
