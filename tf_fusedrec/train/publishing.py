@@ -27,33 +27,25 @@ import tensorflow as tf
 
 from tf_fusedrec.export import writer
 from tf_fusedrec.serve import publish
-from tf_fusedrec.train.checkpoint import same_bits
+from tf_fusedrec.train import checkpoint
 from tf_fusedrec.train.optimizer import embedding_layers
 
 
 def row_changes(previous, keys, rows):
-    """(bool [K] over keys: new or changed bit for bit since `previous`, int64 keys of previous no longer held).
+    """(bool [K] over keys: new or changed bit for bit since `previous`, int64 keys of previous no longer held): a
+    delta checkpoint's change detection (checkpoint.changes) over rows without slots.
 
     Args:
       previous: (keys int64 [P], rows float32 [P, dim]) or None (everything is new). Fastest with its keys sorted
         (sorted_rows gives that; publish() keeps each version's rows so): then it is not sorted again.
-      keys / rows: the current ones, any order (sorted: the lookups below run in order, the fastest too).
+      keys / rows: the current ones, any order (sorted: the lookups run in order, the fastest too).
     """
     if previous is None:
         return np.ones(len(keys), bool), np.zeros(0, np.int64)
     old_keys, old_rows = previous
     if len(old_keys) > 1 and not (old_keys[1:] > old_keys[:-1]).all():
         old_keys, old_rows = sorted_rows(old_keys, old_rows)
-    changed = np.ones(len(keys), bool)
-    if not len(old_keys):
-        return changed, old_keys
-    position = np.minimum(np.searchsorted(old_keys, keys), len(old_keys) - 1)
-    known = old_keys[position] == keys
-    mine, theirs = np.flatnonzero(known), position[known]
-    changed[mine] = ~same_bits(np.take(old_rows, theirs, axis=0), np.take(rows, mine, axis=0))
-    held = np.zeros(len(old_keys), bool)
-    held[theirs] = True
-    return changed, old_keys[~held]
+    return checkpoint.changes(checkpoint.TableState(old_keys, old_rows, ()), checkpoint.TableState(keys, rows, ()))
 
 
 def sorted_rows(keys, rows):
