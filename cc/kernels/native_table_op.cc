@@ -177,6 +177,14 @@ class TableStore {
   virtual void Upsert(const int64_t* keys, const float* values, int64_t n, int part) = 0;
   virtual void Remove(const int64_t* keys, int64_t n) = 0;
   virtual void Export(int64_t* keys, float* rows, float* slots) const = 0;
+  // Change tracking (impl::NativeHashMap::ClearChanges): entries inserted or written since the last ClearChanges.
+  virtual int64_t NumChanged() const = 0;
+  // The changed entries as Export writes them (num_changed of them).
+  virtual void ExportChanged(int64_t* keys, float* rows, float* slots) const = 0;
+  // The distinct keys removed since the last ClearChanges and not held now, ascending.
+  virtual std::vector<int64_t> RemovedKeys() const = 0;
+  virtual bool TrackingChanges() const = 0;
+  virtual void ClearChanges() = 0;
   virtual void AccessStatus(int64_t* keys, int64_t* counts, int64_t* last) const = 0;
   // Sets the access stats of n keys when every one is held and returns -1; otherwise changes nothing and returns
   // the position of the first key not held.
@@ -276,6 +284,7 @@ class TypedStore : public TableStore {
         },
         [&](int64_t i, int64_t index) {
           const float* in = values + i * dim_;
+          map_.MarkChanged(index);
           if (part == 0) {
             typename Rows::Stored* row = map_.row(index);
             for (int64_t d = 0; d < dim_; ++d) row[d] = Rows::Store(in[d]);
@@ -291,14 +300,27 @@ class TypedStore : public TableStore {
 
   void Export(int64_t* keys, float* rows, float* slots) const override {
     int64_t j = 0;
-    const int64_t slot_stride = num_slots_ * dim_;
-    map_.ForEach([&](int64_t index) {
-      keys[j] = map_.key(index);
-      LoadRow(index, rows + j * dim_);
-      if (slot_stride > 0) std::memcpy(slots + j * slot_stride, map_.slots(index), slot_stride * sizeof(float));
-      ++j;
-    });
+    map_.ForEach([&](int64_t index) { ExportEntry(index, j++, keys, rows, slots); });
   }
+
+  int64_t NumChanged() const override { return map_.num_changed(); }
+
+  void ExportChanged(int64_t* keys, float* rows, float* slots) const override {
+    int64_t j = 0;
+    map_.ForEachChanged([&](int64_t index) { ExportEntry(index, j++, keys, rows, slots); });
+  }
+
+  std::vector<int64_t> RemovedKeys() const override {
+    std::vector<int64_t> removed = map_.removed();
+    std::sort(removed.begin(), removed.end());
+    removed.erase(std::unique(removed.begin(), removed.end()), removed.end());
+    removed.erase(std::remove_if(removed.begin(), removed.end(), [&](int64_t k) { return map_.Find(k) >= 0; }),
+                  removed.end());
+    return removed;
+  }
+
+  bool TrackingChanges() const override { return map_.tracking_changes(); }
+  void ClearChanges() override { map_.ClearChanges(); }
 
   void AccessStatus(int64_t* keys, int64_t* counts, int64_t* last) const override {
     int64_t j = 0;
@@ -321,6 +343,14 @@ class TypedStore : public TableStore {
   }
 
  private:
+  // Entry `index` as the j-th of an export: its key, its row as float32 and its slots.
+  void ExportEntry(int64_t index, int64_t j, int64_t* keys, float* rows, float* slots) const {
+    const int64_t slot_stride = num_slots_ * dim_;
+    keys[j] = map_.key(index);
+    LoadRow(index, rows + j * dim_);
+    if (slot_stride > 0) std::memcpy(slots + j * slot_stride, map_.slots(index), slot_stride * sizeof(float));
+  }
+
   void LoadRow(int64_t index, float* out) const {
     const typename Rows::Stored* row = map_.row(index);
     for (int64_t d = 0; d < dim_; ++d) out[d] = Rows::Load(row[d]);
@@ -373,6 +403,7 @@ class TypedStore : public TableStore {
         [&](int64_t i, int64_t index) {
           const float* g = grads + i * dim_;
           typename Rows::Stored* row = map_.row(index);
+          map_.MarkChanged(index);
           if constexpr (Rows::kInPlace) {
             Rule::Apply(hyper, g, dim_, row, map_.slots(index));
           } else {
@@ -561,6 +592,26 @@ Status NativeTable::Export(const AllocateOutputs& allocate) const {
   TF_RETURN_IF_ERROR(allocate(store_->size(), &out));
   store_->Export(out[0]->flat<int64_t>().data(), out[1]->flat<float>().data(), out[2]->flat<float>().data());
   return OkStatus();
+}
+
+Status NativeTable::Changes(const AllocateOutputs& allocate_changed, const AllocateOutputs& allocate_removed) const {
+  tf_shared_lock lock(mu_);
+  if (!store_->TrackingChanges()) {
+    return errors::FailedPrecondition("native table '", config_.name, "': no changes are tracked yet: clear them "
+                                      "once (native_table_clear_changes) after reading the whole table");
+  }
+  std::vector<Tensor*> out;
+  TF_RETURN_IF_ERROR(allocate_changed(store_->NumChanged(), &out));
+  store_->ExportChanged(out[0]->flat<int64_t>().data(), out[1]->flat<float>().data(), out[2]->flat<float>().data());
+  const std::vector<int64_t> removed = store_->RemovedKeys();
+  TF_RETURN_IF_ERROR(allocate_removed(static_cast<int64_t>(removed.size()), &out));
+  std::copy(removed.begin(), removed.end(), out[0]->flat<int64_t>().data());
+  return OkStatus();
+}
+
+void NativeTable::ClearChanges() {
+  mutex_lock lock(mu_);
+  store_->ClearChanges();
 }
 
 Status NativeTable::AccessStatus(const AllocateOutputs& allocate) const {
@@ -823,6 +874,40 @@ class NativeTableExportOp : public OpKernel {
   }
 };
 
+class NativeTableChangesOp : public OpKernel {
+ public:
+  explicit NativeTableChangesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<NativeTable> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    const int64_t dim = table->config().dim;
+    const int64_t num_slots = table->config().num_slots();
+    OP_REQUIRES_OK(ctx, table->Changes(
+                            [&](int64_t k, std::vector<Tensor*>* out) {
+                              out->assign(3, nullptr);
+                              TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({k}), &(*out)[0]));
+                              TF_RETURN_IF_ERROR(ctx->allocate_output(1, TensorShape({k, dim}), &(*out)[1]));
+                              return ctx->allocate_output(2, TensorShape({k, num_slots, dim}), &(*out)[2]);
+                            },
+                            [&](int64_t k, std::vector<Tensor*>* out) {
+                              out->assign(1, nullptr);
+                              return ctx->allocate_output(3, TensorShape({k}), &(*out)[0]);
+                            }));
+  }
+};
+
+class NativeTableClearChangesOp : public OpKernel {
+ public:
+  explicit NativeTableClearChangesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<NativeTable> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    table->ClearChanges();
+  }
+};
+
 class NativeTableAccessStatusOp : public OpKernel {
  public:
   explicit NativeTableAccessStatusOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
@@ -869,6 +954,8 @@ REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableUpsert").Device(DEVICE_CPU), N
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableRemove").Device(DEVICE_CPU), NativeTableRemoveOp);
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableSize").Device(DEVICE_CPU), NativeTableSizeOp);
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableExport").Device(DEVICE_CPU), NativeTableExportOp);
+REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableChanges").Device(DEVICE_CPU), NativeTableChangesOp);
+REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableClearChanges").Device(DEVICE_CPU), NativeTableClearChangesOp);
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableAccessStatus").Device(DEVICE_CPU), NativeTableAccessStatusOp);
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableSetAccessStatus").Device(DEVICE_CPU),
                         NativeTableSetAccessStatusOp);

@@ -94,6 +94,13 @@ class NativeTable : public ResourceBase {
 
   // Outputs keys [K], rows [K, dim], slots [K, S, dim].
   Status Export(const AllocateOutputs& allocate) const;
+  // Change tracking, for publishing only what changed: the entries inserted or written (lookup with insert, update,
+  // upsert) since the last ClearChanges, output as Export does (keys [C], rows [C, dim], slots [C, S, dim]), then
+  // the distinct keys removed since then and not held now (removed [R], ascending). FailedPrecondition before the
+  // first ClearChanges (removals are logged from then on only).
+  Status Changes(const AllocateOutputs& allocate_changed, const AllocateOutputs& allocate_removed) const;
+  // Forgets the changes so far and starts logging removals.
+  void ClearChanges();
   // Outputs keys [K], counts [K], last [K], clock [].
   Status AccessStatus(const AllocateOutputs& allocate) const;
   // Sets the access stats of keys [K] to (counts[i], last[i]) and the clock to `clock` (a checkpoint's restore).

@@ -218,6 +218,35 @@ REGISTER_OP("FusedRec>NativeTableExport")
     .SetShapeFn(ExportShape)
     .Doc("Every key with its row [dim] and slots [S, dim], in the table's slot order.");
 
+namespace {
+
+// table -> keys [C], rows [C, dim], slots [C, S, dim], removed [R].
+Status ChangesShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(ExportShape(c));
+  c->set_output(3, c->Vector(c->UnknownDim()));
+  return OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("FusedRec>NativeTableChanges")
+    .Input("table: resource")
+    .Output("keys: int64")
+    .Output("rows: float")
+    .Output("slots: float")
+    .Output("removed: int64")
+    .SetIsStateful()
+    .SetShapeFn(ChangesShape)
+    .Doc("The keys inserted or written since the last NativeTableClearChanges with their rows and slots (as "
+         "NativeTableExport), and the keys removed since then that the table does not hold now (ascending). "
+         "FailedPrecondition before the first NativeTableClearChanges.");
+
+REGISTER_OP("FusedRec>NativeTableClearChanges")
+    .Input("table: resource")
+    .SetIsStateful()
+    .SetShapeFn(CheckHandle)
+    .Doc("Forgets the changes NativeTableChanges reports; removals are logged from the first call on.");
+
 REGISTER_OP("FusedRec>NativeTableAccessStatus")
     .Input("table: resource")
     .Output("keys: int64")

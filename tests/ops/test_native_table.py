@@ -715,3 +715,96 @@ def test_bench_harness_writes_three_entries(tmp_path):
     assert results["settings"]["dim"] == 4 and results["settings"]["batches"] == 3
     assert results["settings"]["repeats"] == 2
     assert "| native |" in out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Change tracking (what a publish to serving reads)
+# ----------------------------------------------------------------------------------------------------------------
+
+def _changes(fro, mode, table):
+    """(keys, rows, slots, removed) of native_table_changes in the mode, keys (and their rows) sorted."""
+    keys, rows, slots, removed = mode(lambda k: tuple(fro.native_table_changes(table)), np.zeros(1, np.int64))
+    order = np.argsort(keys)
+    return keys[order], rows[order], slots[order], removed
+
+
+@pytest.mark.parametrize("storage", ["float32", "float16"])
+def test_changes_are_the_keys_written_since_the_last_clear(fro, mode, storage):
+    """Against sets kept beside the ops: every key a training lookup inserted, an update or an upsert (rows or a
+    slot) wrote since the last clear, with its row and slots as the reference table has them; and the keys removed
+    since then that are not held now. Over rounds that grow the table (rehash) and remove keys in clusters (entries
+    shift back), so the marks must travel with their entries."""
+    rng = np.random.default_rng(17 + len(storage))
+    table, want = make_pair(fro, f"changes_{storage}", dim=4, optimizer="adagrad", storage=storage)
+    lookup = lambda k, c, i: fro.native_table_lookup_or_init(table, k, c, i)  # noqa: E731
+    pool = random_ids(rng, 3000)
+    with pytest.raises(tf.errors.FailedPreconditionError, match="changes_.*no changes are tracked yet"):
+        fro.native_table_changes(table)
+    keys = pool[:200]
+    mode(lookup, keys, *feed(keys))
+    want.lookup_or_init(keys, *feed(keys))
+    mode(lambda k: fro.native_table_clear_changes(table), keys)
+    written, removed = set(), set()
+    for round_ in range(6):
+        # A training step: a lookup that inserts, then an update of most of the keys it read.
+        keys = np.unique(rng.choice(pool[:400 + 450 * round_], 300))
+        held = set(export_sorted(fro, table)[0].tolist())
+        mode(lookup, keys, *feed(keys))
+        want.lookup_or_init(keys, *feed(keys))
+        written |= set(keys.tolist()) - held  # a lookup writes the keys it inserts only
+        removed -= set(keys.tolist())  # held again
+        updated = keys[rng.random(len(keys)) < 0.6]
+        grads = rng.normal(size=(len(updated), 4)).astype(np.float32)
+        fro.native_table_apply_sparse(table, updated, grads, *feed(updated), 0.1)
+        want.apply_sparse(updated, grads, *feed(updated), 0.1)
+        # An upsert of a slot of some held keys, a removal of others (some of them written this round).
+        held = export_sorted(fro, table)[0]
+        slot_keys = rng.choice(held, 20, replace=False)
+        values = rng.random((20, 4)).astype(np.float32)
+        fro.native_table_upsert(table, slot_keys, values, part=1)
+        want.upsert(slot_keys, values, part=1)
+        gone = np.concatenate([rng.choice(held, 60, replace=False), pool[-5:]])  # pool[-5:]: never held
+        fro.native_table_remove(table, gone)
+        want.remove(gone)
+        written |= set(slot_keys.tolist())
+        written |= set(updated.tolist())
+        removed |= set(gone[:60].tolist())
+        written -= set(gone.tolist())
+        if round_ == 3:  # a removed key comes back: it is written, not removed
+            back = gone[:3]
+            mode(lookup, back, *feed(back))
+            want.lookup_or_init(back, *feed(back))
+            written |= set(back.tolist())
+            removed -= set(back.tolist())
+        got_keys, got_rows, got_slots, got_removed = _changes(fro, mode, table)
+        np.testing.assert_array_equal(got_keys, sorted(written), err_msg=f"round {round_}")
+        np.testing.assert_array_equal(got_removed, sorted(removed), err_msg=f"round {round_}")
+        w_keys, w_rows, w_slots = want.export()
+        at = np.searchsorted(w_keys, got_keys)
+        np.testing.assert_array_equal(got_rows, w_rows[at])
+        np.testing.assert_array_equal(got_slots, w_slots[at])
+        if round_ % 2 == 1:  # every other round: cleared, the next round starts from nothing
+            mode(lambda k: fro.native_table_clear_changes(table), keys)
+            written, removed = set(), set()
+            got = _changes(fro, mode, table)
+            assert len(got[0]) == 0 and len(got[3]) == 0
+    assert int(fro.native_table_size(table)) > 800  # the table grew from 64 slots through five rehashes
+
+
+def test_changes_leave_out_reads_and_report_unchanged_writes(fro):
+    """A lookup of held keys (training or not) and a find write nothing; an update with a zero gradient writes its
+    key (a superset of the keys whose bits differ, never a subset)."""
+    table = fro.NativeTableResource("changes_reads", 3, optimizer="sgd", salts=SALTS)
+    keys = np.array([5, 6, 7], np.int64)
+    fro.native_table_lookup_or_init(table, keys, *feed(keys))
+    fro.native_table_clear_changes(table)
+    fro.native_table_lookup_or_init(table, keys, *feed(keys))
+    fro.native_table_lookup_or_init(table, np.array([5, 99], np.int64), *feed(np.array([5, 99])), insert=False)
+    fro.native_table_find(table, keys)
+    got = fro.native_table_changes(table)
+    assert got.keys.numpy().size == 0 and got.removed.numpy().size == 0
+    assert got.rows.shape == (0, 3) and got.slots.shape == (0, 0, 3)
+    fro.native_table_apply_sparse(table, [6], np.zeros((1, 3), np.float32), [0], [6], 0.5)
+    got = fro.native_table_changes(table)
+    np.testing.assert_array_equal(got.keys.numpy(), [6])
+    np.testing.assert_array_equal(got.rows.numpy(), fro.native_table_find(table, [6]).values.numpy())

@@ -30,14 +30,14 @@ TIMEOUT_S = 600
 STEPS, EVERY = 6, 2
 
 
-def build_model(hot=False):
+def build_model(hot=False, backend="native"):
     from tf_fusedrec import config as cfg  # noqa: PLC0415
     from tf_fusedrec.train import experiment  # noqa: PLC0415
 
     tf.keras.backend.clear_session()
     conf = cfg.load_config(str(CONFIG))
     embedding = experiment.make_embedding("fused", conf.embedding_features(), conf, comm="single",
-                                          replication=fr.HotReplication() if hot else None)
+                                          replication=fr.HotReplication() if hot else None, table_backend=backend)
     model = experiment.make_model(conf, embedding)
     optimizer = fr.train.make_optimizer(model, default=conf.train.dense_optimizer)
     batch = next(iter(experiment.make_dataset(conf, 64, 0, 1, held_out=True).take(1)))[0]
@@ -73,17 +73,23 @@ def serving(tmp_path):
         s.stop(grace=0)
 
 
-# (--hot, the ranker refuses the second version): plain training where version 2 fails after the servers committed
-# it, and hot replication where every version goes through. One 2-worker run each (6 steps, a publish every 2).
-CASES = [("0", True), ("500", False)]
+# (--hot, the ranker refuses the second version, rows expire, table backend): plain training where version 2 fails
+# after the servers committed it (TFRA tables: a delta is found by comparing exports), hot replication where every
+# version goes through, and expiry (rows not read for 2 steps are removed every step, so every delta removes keys)
+# with the failing second version (native tables, the default: they track their changes). One 2-worker run each (6
+# steps, a publish every 2).
+CASES = [("0", True, False, "tfra"), ("500", False, False, "native"), ("0", True, True, "native")]
 
 
-@pytest.mark.parametrize("hot,fail_second", CASES, ids=["plain-second_fails", "hot"])
-def test_the_ranker_serves_the_training_model_of_the_last_version(tmp_path, serving, monkeypatch, hot, fail_second):
+@pytest.mark.parametrize("hot,fail_second,expire,backend", CASES,
+                         ids=["plain-second_fails-tfra", "hot", "expiry-second_fails"])
+def test_the_ranker_serves_the_training_model_of_the_last_version(tmp_path, serving, monkeypatch, hot, fail_second,
+                                                                  expire, backend):
     """Versions at steps 2, 4 and 6. With fail_second, the ranker refuses version 2 after the servers committed it
     (an install that fails half-way): the ranker stays on version 1, training goes on, and version 3 carries every
-    row changed since version 1. Either way the ranker then serves the training model of step 6 exactly, and a server
-    and a ranker started afterwards catch up from the publish log."""
+    row changed since version 1 and removes every key removed since. Either way the servers then hold exactly the
+    training model's rows of step 6, the ranker serves its predictions, and a server and a ranker started afterwards
+    catch up from the publish log."""
     ranker, address, servers, export_dir = serving
     install, calls = publish.install, []
 
@@ -97,7 +103,9 @@ def test_the_ranker_serves_the_training_model_of_the_last_version(tmp_path, serv
     model_dir, summary_path, log_dir = tmp_path / "model", tmp_path / "summary.json", tmp_path / "publish_log"
     cmd = worker_command(["-m", "tf_fusedrec.train", "--config", CONFIG, "--steps", STEPS, "--batch-size", 128,
                           "--model-dir", model_dir, "--no-progress", "--summary-json", summary_path, "--hot", hot,
-                          "--publish-to", address, "--publish-every", EVERY, "--publish-log", log_dir], 2)
+                          "--publish-to", address, "--publish-every", EVERY, "--publish-log", log_dir,
+                          "--table-backend", backend]
+                         + (["--expiry-steps", 2, "--expiry-interval", 1] if expire else []), 2)
     rc, log, _ = execute(cmd, TIMEOUT_S, merge_stderr=True)
     assert rc == 0, f"exit status {rc}: {' '.join(map(str, cmd))}\n{tail(log)}"
     published = json.loads(summary_path.read_text())["published"]
@@ -115,10 +123,12 @@ def test_the_ranker_serves_the_training_model_of_the_last_version(tmp_path, serv
         assert [[v for v, _ in s.versions] for s in servers] == [[2, 3]] * 2  # the ranker's version and the new one
         logged = ["v0000000001", "v0000000002", "v0000000003"]
     assert published["served_version"] == last and all(s.versions[-1][1] == STEPS for s in servers)
-    # A delta holds the rows changed since the last version the ranker took: fewer than the model's rows.
+    # A delta holds the rows changed since the last version the ranker took: fewer than the model's rows (with
+    # expiry after 2 steps every row held was written since version 1).
     held = sum(s.info().versions[-1].rows for s in servers)
     assert published["rows_held_per_publish"][-1] == held
-    assert 0 < published["rows_per_publish"][-1] < held, (published, held)
+    assert 0 < published["rows_per_publish"][-1] <= held if expire else 0 < published["rows_per_publish"][-1] < held, (
+        published, held)
     assert f"published version {last} (step 6, delta" in log, tail(log)
     assert get(ranker.url)["model_version_status"][0]["version"] == str(last)
     assert get(f"{ranker.url}/metadata")["model_spec"]["step"] == STEPS
@@ -126,10 +136,24 @@ def test_the_ranker_serves_the_training_model_of_the_last_version(tmp_path, serv
     # The training model at step 6: the run's last checkpoint, restored into this process.
     from tf_fusedrec.train import checkpoint as ckpt  # noqa: PLC0415
 
-    model, optimizer, embedding, batch = build_model(hot=hot != "0")
+    model, optimizer, embedding, batch = build_model(hot=hot != "0", backend=backend)
     restored = ckpt.Checkpointer(str(model_dir), model, optimizer, tf.Variable(0, dtype=tf.int64),
                                  embedding.comm).restore()
     assert restored["step"] == STEPS
+    if expire:
+        assert sum(json.loads(summary_path.read_text())["expiry"]["expired_per_worker"]) > 0
+    # The servers hold the model's rows exactly: its sharded rows, the replicated hot copy where it has one.
+    from tf_fusedrec.export import writer  # noqa: PLC0415
+
+    for group, keys, rows, hot_keys, hot_rows in writer.group_parts(embedding):
+        cold = ~np.isin(keys, hot_keys)
+        keys, rows = np.concatenate([keys[cold], hot_keys]), np.concatenate([rows[cold], hot_rows])
+        order = np.argsort(keys)
+        served_keys = np.concatenate([s.groups[group["name"]].keys for s in servers])
+        served_rows = np.concatenate([s.groups[group["name"]].rows for s in servers])
+        served = np.argsort(served_keys)
+        np.testing.assert_array_equal(served_keys[served], keys[order], err_msg=group["name"])
+        np.testing.assert_array_equal(served_rows[served], rows[order], err_msg=group["name"])
     want = model(batch, training=False).numpy().reshape(-1)
     status, answer = post(f"{ranker.url}:predict", {"inputs": columns(batch)})
     assert status == 200 and answer["model_version"] == str(last), answer

@@ -260,3 +260,16 @@ class NativeEmbeddingTable:
     def export(self):
         """(keys int64 [K], rows float32 [K, dim]) held by this worker."""
         return self.rows.export()
+
+    # --- change tracking (what a publish to serving reads: tf_fusedrec/train/publishing.py) ---------------------
+
+    def changes(self):
+        """(keys int64 [C], rows float32 [C, dim], removed int64 [R]) as NumPy: the keys inserted or written since
+        the last clear_changes (a superset of those whose rows changed) with their rows, and the keys removed since
+        then that this worker does not hold now. FailedPreconditionError before the first clear_changes."""
+        keys, rows, _, removed = self.ops.native_table_changes(self.resource)
+        return keys.numpy(), rows.numpy(), removed.numpy()
+
+    def clear_changes(self):
+        """Forgets the changes so far (the first call starts the tracking of removed keys)."""
+        self.ops.native_table_clear_changes(self.resource)

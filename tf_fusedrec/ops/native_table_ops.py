@@ -532,6 +532,51 @@ def native_table_export(table, name=None):
 
 tf.no_gradient("FusedRec>NativeTableExport")
 
+NativeTableChanges = collections.namedtuple("NativeTableChanges", ["keys", "rows", "slots", "removed"])
+
+
+@_not_autograph
+def native_table_changes(table, name=None):
+    """What changed since the last native_table_clear_changes: the keys inserted (by a training lookup, an update or
+    an upsert) or written (an update, an upsert of the row or a slot) with their rows and slots, and the keys removed
+    (eviction, expiry, remove) that the table does not hold now. A key written without its value changing (a zero
+    gradient) is reported too: a superset of the keys whose bits differ, never a subset.
+
+    What a publish to serving reads instead of the whole table (tf_fusedrec/train/publishing.py).
+
+    Returns:
+      NativeTableChanges(keys int64 [C] (in the table's order), rows float32 [C, dim], slots float32 [C, S, dim],
+      removed int64 [R] ascending).
+
+    Raises:
+      FailedPreconditionError: native_table_clear_changes was never called on the table (removals are logged only
+        from then on, so the first reader must read the whole table: native_table_export).
+    """
+    _check_table(table)
+    with tf.name_scope(name or "native_table_changes"):
+        keys, rows, slots, removed = load_ops().fused_rec_native_table_changes(table.resource_handle)
+        rows.set_shape([None, table.dim])
+        slots.set_shape([None, table.num_slots, table.dim])
+        return NativeTableChanges(keys, rows, slots, removed)
+
+
+tf.no_gradient("FusedRec>NativeTableChanges")
+
+
+@_not_autograph
+def native_table_clear_changes(table, name=None):
+    """Forgets the changes native_table_changes reports (the first call also starts logging removed keys).
+
+    Returns:
+      The op (None when executing eagerly).
+    """
+    _check_table(table)
+    with tf.name_scope(name or "native_table_clear_changes"):
+        return load_ops().fused_rec_native_table_clear_changes(table.resource_handle)
+
+
+tf.no_gradient("FusedRec>NativeTableClearChanges")
+
 
 @_not_autograph
 def native_table_access_status(table, name=None):

@@ -14,8 +14,16 @@ Every N steps the workers publish the model as a new version (the protocol: tf_f
      committed them), and training goes on (rank 0 logs the failure; the summary counts it).
 
 A process's first version is full: it replaces whatever the servers held (an export of another run, or of an older
-step), so a trainer never has to know what was loaded. Change detection is exact (bit for bit) and needs a host copy
-of this rank's rows as of the last published version.
+step), so a trainer never has to know what was loaded.
+
+Finding what changed since the last version the rankers took:
+* native tables (the default backend) track it themselves (NativeEmbeddingTable.changes): the rows a lookup inserted
+  or an update or upsert wrote since the last success, and the keys removed since then. A publish reads those rows
+  only, not the whole shard; after a success each rank clears its tables' changes, after a failure it leaves them,
+  so the next publish carries everything since the last success (and removes what was removed since, including the
+  keys a failed attempt staged). A row written without changing (a zero gradient) is staged too.
+* TFRA tables (and the replicated hot rows) are exported whole and compared bit for bit with a host copy of the last
+  version's rows (row_changes).
 """
 
 import os
@@ -26,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf_fusedrec.export import writer
+from tf_fusedrec.layers.fused_embedding import FusedEmbedding
 from tf_fusedrec.serve import publish
 from tf_fusedrec.train import checkpoint
 from tf_fusedrec.train.optimizer import embedding_layers
@@ -46,6 +55,14 @@ def row_changes(previous, keys, rows):
     if len(old_keys) > 1 and not (old_keys[1:] > old_keys[:-1]).all():
         old_keys, old_rows = sorted_rows(old_keys, old_rows)
     return checkpoint.changes(checkpoint.TableState(old_keys, old_rows, ()), checkpoint.TableState(keys, rows, ()))
+
+
+def tracked_tables(layer):
+    """The layer's sharded tables when every one tracks its changes (native tables of a FusedEmbedding), else None
+    (the publisher then exports and compares)."""
+    if isinstance(layer, FusedEmbedding) and all(hasattr(t, "changes") for t in layer.tables):
+        return list(layer.tables)
+    return None
 
 
 def sorted_rows(keys, rows):
@@ -75,6 +92,7 @@ class TrainingPublisher:
         if not self.rankers:
             raise ValueError("--publish-to: give at least one ranker's publish address (host:port)")
         self.dense = writer.dense_variables(model, self.layer)
+        self.tracked = tracked_tables(self.layer)  # None: export and compare
         self.log_dir = log_dir
         targets = [publish.ranker_targets(a, timeout_s) for a in self.rankers]
         tables = [publish.table_of_targets(t) for t in targets]
@@ -94,7 +112,9 @@ class TrainingPublisher:
         if served != mine:
             raise ValueError(f"--publish-to: the embedding servers hold groups {served}, this model's are {mine}")
         self.served_version = min(int(t["version"]) for t in targets)  # what the rankers read: kept on the servers
-        self.previous = None  # {group: ((keys, rows), (hot keys, hot rows))} of the last version the rankers took
+        # {group: ((keys, rows) or None where the table tracks its changes, (hot keys, hot rows))} of the last version
+        # the rankers took
+        self.previous = None
         # {group: int64 keys} this rank staged in publishes since then that failed: committed on some servers
         # perhaps, so the next delta removes those this rank no longer holds (the others it stages anyway: they
         # changed since the last version the rankers took).
@@ -102,6 +122,23 @@ class TrainingPublisher:
         self.versions, self.failures, self.bytes, self.rows, self.seconds = [], 0, [], [], []
         self.rows_held = []  # rank 0: the rows of each version on the servers (the model's rows at its step)
         self.last_error = None
+
+    def _parts(self, tracked):
+        """[(group {"name", "dim"}, keys, rows, removed or None, hot keys, hot rows)] of this rank: the whole shard
+        (writer.group_parts) or, `tracked`, each table's changes since the last success."""
+        if not tracked:
+            return [(group, keys, rows, None, hot_keys, hot_rows)
+                    for group, keys, rows, hot_keys, hot_rows in writer.group_parts(self.layer)]
+        layer = self.layer
+        hot_tables = layer.hot_tables or [None] * len(layer.tables)
+        parts = []
+        for group, table, hot_table in zip(layer.groups, self.tracked, hot_tables):
+            keys, rows, removed = table.changes()
+            hot_keys, hot_rows = np.zeros(0, np.int64), np.zeros((0, group.spec.dim), np.float32)
+            if hot_table is not None:
+                hot_keys, hot_rows = (x.numpy() for x in hot_table.export())
+            parts.append(({"name": group.name, "dim": int(group.spec.dim)}, keys, rows, removed, hot_keys, hot_rows))
+        return parts
 
     def _agree(self, values, name):
         """int64 [size, len(values)]: every rank's values, in rank order."""
@@ -124,8 +161,9 @@ class TrainingPublisher:
             return self._failed(step, self.last_error if rank == 0 else None)
         full = self.previous is None
         current, attempted, logged, staged, rows_staged, error = {}, {}, {}, 0, 0, None
+        tracked = self.tracked is not None and not full
         try:
-            for group, keys, rows, hot_keys, hot_rows in writer.group_parts(self.layer):
+            for group, keys, rows, removed, hot_keys, hot_rows in self._parts(tracked):
                 name, dim = group["name"], group["dim"]
                 if len(hot_keys):
                     cold = ~np.isin(keys, hot_keys)
@@ -134,7 +172,10 @@ class TrainingPublisher:
                 keys, rows = sorted_rows(keys, rows)
                 hot_keys, hot_rows = sorted_rows(hot_keys, hot_rows)
                 before = None if full else self.previous[name]
-                changed, removed = row_changes(before and before[0], keys, rows)
+                if tracked:  # the table's changes since the last success: every row read is staged
+                    changed = np.ones(len(keys), bool)
+                else:
+                    changed, removed = row_changes(before and before[0], keys, rows)
                 if rank == 0:
                     hot_changed, hot_removed = row_changes(before and before[1], hot_keys, hot_rows)
                     # A key leaving the hot set is removed from the hot rows; its owner stages it as a new row.
@@ -144,7 +185,8 @@ class TrainingPublisher:
                 else:
                     keys_out, rows_out = keys[changed], rows[changed]
                 maybe = self.uncertain.get(name)
-                if maybe is not None and not full:
+                # (A tracking table still reports every change and removal since the last success.)
+                if maybe is not None and not full and not tracked:
                     # Keys a failed publish may have left on some servers, which this rank no longer holds.
                     removed = np.concatenate([removed, maybe[~np.isin(maybe, keys)]])
                 # A key that moved into the hot set leaves this shard: not removed, rank 0 stages its hot row.
@@ -153,7 +195,7 @@ class TrainingPublisher:
                 logged[name] = (keys_out, rows_out, removed)
                 staged += self.publisher.stage(version, name, dim, keys_out, rows_out, removed, publish_id)
                 rows_staged += len(keys_out)
-                current[name] = ((keys, rows), (hot_keys, hot_rows))
+                current[name] = (None if self.tracked is not None else (keys, rows), (hot_keys, hot_rows))
             if self.log_dir is not None:
                 publish.write_log_rank(self.log_dir, version, rank, self.comm.size, logged)
         except publish.PublishError as e:
@@ -192,6 +234,8 @@ class TrainingPublisher:
                 self.uncertain[name] = np.union1d(self.uncertain.get(name, np.zeros(0, np.int64)), keys)
             return self._failed(step, error)
         self.previous, self.served_version, self.uncertain = current, version, {}
+        for table in self.tracked or ():  # the base of the next delta (no step ran since the rows were read)
+            table.clear_changes()
         if rank == 0:
             self.rows_held.append(held)
         agreed = self._agree([staged, rows_staged], f"FusedRec/publish/{step}/bytes").sum(0)

@@ -19,6 +19,7 @@
 #include <memory>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "cc/kernels/impl/hashing.h"
 
@@ -58,6 +59,11 @@ struct AccessStats {
 // row and one slot block. Growth doubles (as often as needed) and rehashes once the load would pass 3/4; removal
 // shifts the following entries of the cluster back (no tombstones, so probe lengths never degrade with churn).
 //
+// Change tracking (what a publish to serving reads instead of every row): a second bitmap marks the entries inserted
+// or written since the last ClearChanges (the owner marks its writes with MarkChanged; FindOrInsert marks what it
+// inserts), moving with its entry on growth and removal. Once ClearChanges has been called, Remove also logs the
+// keys it removes until the next ClearChanges (before, nothing consumes them: the log stays empty).
+//
 // Entry indices are stable until the next Reserve that grows, or Remove.
 // Not thread-safe: the owner locks.
 template <typename V>
@@ -82,6 +88,27 @@ class NativeHashMap {
   AccessStats& access(int64_t i) { return access_[i]; }
   const AccessStats& access(int64_t i) const { return access_[i]; }
   bool occupied(int64_t i) const { return (used_[i >> 6] >> (i & 63)) & 1; }
+  bool changed(int64_t i) const { return (changed_[i >> 6] >> (i & 63)) & 1; }
+  void MarkChanged(int64_t i) { changed_[i >> 6] |= uint64_t{1} << (i & 63); }
+
+  // Forgets the marks and the removed keys logged; from now on removals are logged.
+  void ClearChanges() {
+    if (capacity_ > 0) std::memset(changed_.get(), 0, (capacity_ >> 6) * sizeof(uint64_t));
+    removed_.clear();
+    removed_.shrink_to_fit();
+    log_removed_ = true;
+  }
+  // Whether ClearChanges was ever called (the removed keys are logged since then).
+  bool tracking_changes() const { return log_removed_; }
+  // Keys removed since the last ClearChanges, in removal order, repeats included (a key may be removed, inserted
+  // and removed again); some may be held again.
+  const std::vector<int64_t>& removed() const { return removed_; }
+  // Entries marked since the last ClearChanges.
+  int64_t num_changed() const {
+    int64_t n = 0;
+    for (int64_t w = 0; w < (capacity_ >> 6); ++w) n += __builtin_popcountll(changed_[w]);
+    return n;
+  }
 
   // Bytes held by the arrays.
   int64_t MemoryUsed() const { return capacity_ == 0 ? 0 : static_cast<int64_t>(BytesFor(capacity_)); }
@@ -91,8 +118,8 @@ class NativeHashMap {
     const size_t per_entry = sizeof(int64_t) + dim_ * sizeof(V) + slot_stride() * sizeof(float) +
                              (track_access_ ? sizeof(AccessStats) : 0);
     const size_t cap = static_cast<size_t>(capacity);
-    if (cap > (std::numeric_limits<size_t>::max() - cap / 8) / per_entry) return 0;
-    return cap * per_entry + cap / 8;
+    if (cap > (std::numeric_limits<size_t>::max() - cap / 4) / per_entry) return 0;
+    return cap * per_entry + cap / 4;  // + the occupancy and change bitmaps
   }
 
   // Makes room for `n` entries at load <= 3/4, so that inserting up to n - size() keys neither grows the table nor
@@ -122,6 +149,7 @@ class NativeHashMap {
     for (uint64_t slot = Home(key);; slot = (slot + 1) & mask_) {
       if (!occupied(slot)) {
         used_[slot >> 6] |= uint64_t{1} << (slot & 63);
+        changed_[slot >> 6] |= uint64_t{1} << (slot & 63);
         keys_[slot] = key;
         if (track_access_) access_[slot] = AccessStats{0, 0};
         ++size_;
@@ -135,12 +163,14 @@ class NativeHashMap {
     }
   }
 
-  // Removes `key` with its row, slots and access stats; false if it was absent. Backward-shift deletion: each later
+  // Removes `key` with its row, slots, access stats and change mark (logging it: see ClearChanges); false if it was
+  // absent. Backward-shift deletion: each later
   // entry of the cluster whose home is not cyclically in (hole, entry] moves into the hole, so every remaining key
   // stays reachable from its home without tombstones.
   bool Remove(int64_t key) {
     const int64_t found = Find(key);
     if (found < 0) return false;
+    if (log_removed_) removed_.push_back(key);
     uint64_t hole = static_cast<uint64_t>(found);
     for (uint64_t j = (hole + 1) & mask_; occupied(j); j = (j + 1) & mask_) {
       const uint64_t home = Home(keys_[j]);
@@ -150,6 +180,7 @@ class NativeHashMap {
       hole = j;
     }
     used_[hole >> 6] &= ~(uint64_t{1} << (hole & 63));
+    changed_[hole >> 6] &= ~(uint64_t{1} << (hole & 63));
     --size_;
     return true;
   }
@@ -175,6 +206,15 @@ class NativeHashMap {
     const int64_t words = capacity_ >> 6;
     for (int64_t w = 0; w < words; ++w) {
       for (uint64_t bits = used_[w]; bits != 0; bits &= bits - 1) f(w * 64 + __builtin_ctzll(bits));
+    }
+  }
+
+  // Calls f(index) for each entry marked changed, in slot order.
+  template <typename F>
+  void ForEachChanged(F f) const {
+    const int64_t words = capacity_ >> 6;
+    for (int64_t w = 0; w < words; ++w) {
+      for (uint64_t bits = changed_[w]; bits != 0; bits &= bits - 1) f(w * 64 + __builtin_ctzll(bits));
     }
   }
 
@@ -204,20 +244,23 @@ class NativeHashMap {
     const int64_t cap = int64_t{1} << log2;
     if (BytesFor(cap) == 0) return TableStatus::kNoMemory;
     auto used = Allocate<uint64_t>(cap >> 6);
+    auto marks = Allocate<uint64_t>(cap >> 6);
     auto keys = Allocate<int64_t>(cap);
     auto rows = Allocate<V>(cap * dim_);
     Array<float> slots = num_slots_ > 0 ? Allocate<float>(cap * slot_stride()) : nullptr;
     Array<AccessStats> access = track_access_ ? Allocate<AccessStats>(cap) : nullptr;
-    if (!used || !keys || !rows || (num_slots_ > 0 && !slots) || (track_access_ && !access)) {
+    if (!used || !marks || !keys || !rows || (num_slots_ > 0 && !slots) || (track_access_ && !access)) {
       return TableStatus::kNoMemory;
     }
     std::memset(used.get(), 0, (cap >> 6) * sizeof(uint64_t));
+    std::memset(marks.get(), 0, (cap >> 6) * sizeof(uint64_t));
     const int shift = 64 - log2;
     const uint64_t mask = static_cast<uint64_t>(cap) - 1;
     ForEach([&](int64_t from) {
       uint64_t to = TableSlotHash(keys_[from]) >> shift;
       while ((used[to >> 6] >> (to & 63)) & 1) to = (to + 1) & mask;
       used[to >> 6] |= uint64_t{1} << (to & 63);
+      if (changed(from)) marks[to >> 6] |= uint64_t{1} << (to & 63);
       keys[to] = keys_[from];
       std::memcpy(rows.get() + to * dim_, row(from), dim_ * sizeof(V));
       if (num_slots_ > 0) {
@@ -226,6 +269,7 @@ class NativeHashMap {
       if (track_access_) access[to] = access_[from];
     });
     used_ = std::move(used);
+    changed_ = std::move(marks);
     keys_ = std::move(keys);
     rows_ = std::move(rows);
     slots_ = std::move(slots);
@@ -238,6 +282,8 @@ class NativeHashMap {
   }
 
   void MoveEntry(uint64_t from, uint64_t to) {
+    const uint64_t bit = uint64_t{1} << (to & 63);
+    changed_[to >> 6] = changed(from) ? (changed_[to >> 6] | bit) : (changed_[to >> 6] & ~bit);
     keys_[to] = keys_[from];
     std::memcpy(row(to), row(from), dim_ * sizeof(V));
     if (num_slots_ > 0) std::memcpy(slots(to), slots(from), slot_stride() * sizeof(float));
@@ -253,10 +299,13 @@ class NativeHashMap {
   int shift_ = 64;
   uint64_t mask_ = 0;
   Array<uint64_t> used_;
+  Array<uint64_t> changed_;  // change marks (ClearChanges)
   Array<int64_t> keys_;
   Array<V> rows_;
   Array<float> slots_;
   Array<AccessStats> access_;
+  bool log_removed_ = false;
+  std::vector<int64_t> removed_;
 };
 
 // Runs probe(i) -> entry index for i = 0, 1, ..., n - 1 in order and visit(i, index) after it, also in order. The
