@@ -476,3 +476,30 @@ def test_stage_requests_fit_the_servers_request_limit(export):
         publisher.close()
         for s in started:
             s.stop(grace=0)
+
+
+@pytest.mark.parametrize("full", [False, True])
+@pytest.mark.parametrize("sizes", [(0, 0, 0), (0, 30, 5), (500, 0, 0), (500, 0, 40), (500, 300, 0), (500, 300, 60)],
+                         ids=lambda s: "held{}-staged{}-removed{}".format(*s))
+def test_group_rows_applied_is_a_dict_update(sizes, full):
+    """GroupRows.applied against a dict: the rows held (none if full), removals first, then the staged rows in
+    order (a key staged twice keeps its last row). Staged and removed keys overlap the held ones, each other, and
+    keys never held; the result stays sorted and distinct."""
+    held_n, staged_n, removed_n = sizes
+    rng = np.random.default_rng(sum(sizes) + full)
+    space = rng.choice(2**40, 2 * (held_n + staged_n + removed_n) + 10, replace=False).astype(np.int64) - 2**39
+    held_keys = np.sort(rng.choice(space, held_n, replace=False))
+    held_rows = rng.normal(size=(held_n, 3)).astype(np.float32)
+    keys = rng.choice(space, staged_n)  # repeats, held and new ones
+    rows = rng.normal(size=(staged_n, 3)).astype(np.float32)
+    removed = rng.choice(space, removed_n)
+    group = {"name": "g", "dim": 3}
+    got, changed, dropped = fmt.GroupRows.from_arrays(group, held_keys, held_rows).applied(removed, keys, rows, full)
+    want = {} if full else {int(k): r for k, r in zip(held_keys, held_rows)}
+    gone = sum(want.pop(int(k), None) is not None for k in set(removed.tolist()))
+    for k, r in zip(keys, rows):
+        want[int(k)] = r
+    assert (changed, dropped) == (len(set(keys.tolist())), gone)
+    np.testing.assert_array_equal(got.keys, sorted(want))
+    np.testing.assert_array_equal(got.rows, np.array([want[k] for k in sorted(want)]).reshape(-1, 3))
+    assert got.keys.dtype == np.int64 and got.rows.dtype == np.float32
