@@ -24,6 +24,10 @@ Semantics worth knowing:
   advances once per ``native_table_lookup_or_init(..., insert=True)`` call, and every key of that call (every
   occurrence, if a key repeats) adds 1 to its count. Keys inserted by upsert or apply_sparse start at count 0,
   last 0.
+* Every table tracks its changes: ``native_table_changes`` gives the keys a training lookup inserted or an update or
+  upsert wrote since the last ``native_table_clear_changes`` (with their rows and slots), and the keys removed since
+  then that are not held now. Removals are logged only once clear_changes was called (so a table nobody publishes
+  keeps no log); a publish to serving reads these instead of the whole table.
 """
 
 import collections
