@@ -30,6 +30,7 @@ def tail(text, n=4000):
 def child_env():
     env = {k: v for k, v in os.environ.items() if k not in WORKER_ENV}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["TF_FUSEDREC_EXIT_WITH_PARENT"] = "1"  # servers and rankers die with the test run (serve/lifetime.py)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
 

@@ -69,6 +69,7 @@ def log(message):
 def child_env():
     env = {k: v for k, v in os.environ.items() if k not in _WORKER_ENV}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["TF_FUSEDREC_EXIT_WITH_PARENT"] = "1"  # the servers and rankers die with the bench (serve/lifetime.py)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
 

@@ -58,6 +58,7 @@ from google.protobuf.message import DecodeError
 from tf_fusedrec import hashing
 from tf_fusedrec.export import format as fmt
 from tf_fusedrec.serve import embedding_pb2 as pb
+from tf_fusedrec.serve import lifetime
 
 SERVICE = pb.DESCRIPTOR.services_by_name["EmbeddingService"].full_name
 LOOKUP_METHOD = f"/{SERVICE}/Lookup"
@@ -669,6 +670,13 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    stop = threading.Event()
+    # The handler only has the event set, from a thread of its own: the main thread, not a signal handler, runs the
+    # shutdown, and a handler that took the event's lock itself could interrupt the main thread while it holds that
+    # lock inside stop.wait() (a second SIGTERM, say the parent's death signal after a test's) and wait for it forever.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: threading.Thread(target=stop.set, daemon=True).start())
+    lifetime.exit_with_parent()
     try:
         server = EmbeddingServer(args.export, args.start, args.end, max_inflight=args.max_inflight,
                                  threads=args.threads, max_request_mb=args.max_request_mb,
@@ -679,14 +687,12 @@ def main(argv=None):
     except (fmt.ExportError, ValueError, RuntimeError, OSError) as e:
         print(f"embedding_server: {e}", file=sys.stderr, flush=True)
         return 2
-    stop = threading.Event()
-    # The handler only sets the event: the main thread, not a signal handler, runs the shutdown.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stop.set())
-    print(server.describe(), file=sys.stderr, flush=True)
-    print("ready", flush=True)
-    stop.wait()
-    server.stop(grace=2.0)
+    try:  # the gRPC threads keep the process alive: they stop whatever ends this (a print to a closed pipe too)
+        print(server.describe(), file=sys.stderr, flush=True)
+        print("ready", flush=True)
+        stop.wait()
+    finally:
+        server.stop(grace=2.0)
     print("embedding_server: stopped", file=sys.stderr, flush=True)
     return 0
 

@@ -49,6 +49,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import orjson
 
+from tf_fusedrec.serve import lifetime
 from tf_fusedrec.serve.model import FlatIds, InputError, RaggedIds
 
 MB = 1 << 20
@@ -862,6 +863,7 @@ def main(argv=None):
     import signal  # noqa: PLC0415
 
     args = parse_args(argv)
+    lifetime.exit_with_parent()  # before TensorFlow builds the model: a SIGTERM until the handler below just ends it
     try:
         ranker = build(args)
         server = make_server(ranker, args)
@@ -881,19 +883,21 @@ def main(argv=None):
         print(f"ranker: taking published versions on http://{args.publish_host}:"
               f"{publish_server.server_address[1]}/publish", file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, lambda signum, frame: threading.Thread(target=server.shutdown).start())
-    print(f"ranker: serving '{args.name}' of {args.export} on http://{args.host}:{server.server_address[1]} "
-          f"(servers: {args.servers}; pooling {'on' if not args.no_pooling else 'off'}; cache "
-          f"{f'{args.cache_mb:g} MiB {args.cache_policy}' if args.cache_mb else 'off'})", file=sys.stderr, flush=True)
-    print("ready", flush=True)
-    try:
+    try:  # whatever ends this (a print to a closed pipe too) closes the servers and the ranker's threads
+        print(f"ranker: serving '{args.name}' of {args.export} on http://{args.host}:{server.server_address[1]} "
+              f"(servers: {args.servers}; pooling {'on' if not args.no_pooling else 'off'}; cache "
+              f"{f'{args.cache_mb:g} MiB {args.cache_policy}' if args.cache_mb else 'off'})", file=sys.stderr,
+              flush=True)
+        print("ready", flush=True)
         server.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:
         pass
-    server.server_close()
-    if publish_server is not None:
-        publish_server.shutdown()
-        publish_server.server_close()
-    ranker.close()
+    finally:
+        server.server_close()
+        if publish_server is not None:
+            publish_server.shutdown()
+            publish_server.server_close()
+        ranker.close()
     print("ranker: stopped", file=sys.stderr, flush=True)
     return 0
 
