@@ -856,6 +856,18 @@ class NativeTableSizeOp : public OpKernel {
   }
 };
 
+// Allocates outputs 0-2 as an export's: keys [k], rows [k, dim], slots [k, S, dim].
+AllocateOutputs ExportOutputs(OpKernelContext* ctx, const NativeTable& table) {
+  const int64_t dim = table.config().dim;
+  const int64_t num_slots = table.config().num_slots();
+  return [ctx, dim, num_slots](int64_t k, std::vector<Tensor*>* out) {
+    out->assign(3, nullptr);
+    TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({k}), &(*out)[0]));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(1, TensorShape({k, dim}), &(*out)[1]));
+    return ctx->allocate_output(2, TensorShape({k, num_slots, dim}), &(*out)[2]);
+  };
+}
+
 class NativeTableExportOp : public OpKernel {
  public:
   explicit NativeTableExportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
@@ -863,14 +875,7 @@ class NativeTableExportOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<NativeTable> table;
     OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    const int64_t dim = table->config().dim;
-    const int64_t num_slots = table->config().num_slots();
-    OP_REQUIRES_OK(ctx, table->Export([&](int64_t k, std::vector<Tensor*>* out) {
-      out->assign(3, nullptr);
-      TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({k}), &(*out)[0]));
-      TF_RETURN_IF_ERROR(ctx->allocate_output(1, TensorShape({k, dim}), &(*out)[1]));
-      return ctx->allocate_output(2, TensorShape({k, num_slots, dim}), &(*out)[2]);
-    }));
+    OP_REQUIRES_OK(ctx, table->Export(ExportOutputs(ctx, *table)));
   }
 };
 
@@ -881,19 +886,10 @@ class NativeTableChangesOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<NativeTable> table;
     OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    const int64_t dim = table->config().dim;
-    const int64_t num_slots = table->config().num_slots();
-    OP_REQUIRES_OK(ctx, table->Changes(
-                            [&](int64_t k, std::vector<Tensor*>* out) {
-                              out->assign(3, nullptr);
-                              TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({k}), &(*out)[0]));
-                              TF_RETURN_IF_ERROR(ctx->allocate_output(1, TensorShape({k, dim}), &(*out)[1]));
-                              return ctx->allocate_output(2, TensorShape({k, num_slots, dim}), &(*out)[2]);
-                            },
-                            [&](int64_t k, std::vector<Tensor*>* out) {
-                              out->assign(1, nullptr);
-                              return ctx->allocate_output(3, TensorShape({k}), &(*out)[0]);
-                            }));
+    OP_REQUIRES_OK(ctx, table->Changes(ExportOutputs(ctx, *table), [&](int64_t k, std::vector<Tensor*>* out) {
+      out->assign(1, nullptr);
+      return ctx->allocate_output(3, TensorShape({k}), &(*out)[0]);
+    }));
   }
 };
 
