@@ -259,6 +259,7 @@ def test_a_delta_holds_only_the_changed_rows(tmp_path, backend):
     summary = checkpointer.written_summary()
     assert summary["full_every"] == 4 and summary["full"]["count"] == 2 and summary["delta"]["count"] == 2, summary
     assert summary["delta"]["mean_bytes"] < summary["full"]["mean_bytes"] / 10, summary
+    assert summary["full"]["mean_seconds"] > 0 and summary["delta"]["mean_seconds"] > 0, summary
     with np.load(tmp_path / "ckpt-4" / "shard-0-of-1.npz") as z:
         assert len(z["t0.keys"]) == 2000
     manifest = json.loads((tmp_path / "ckpt-4" / "manifest.json").read_text())

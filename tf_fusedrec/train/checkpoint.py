@@ -63,6 +63,7 @@ import io
 import json
 import os
 import shutil
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -322,6 +323,7 @@ class Checkpointer:
           app's sequence runs give their batching.StreamPosition, whose batches are not a function of the step):
           the manifest lists every rank's as "stream_positions", which restore() returns.
         """
+        began = time.perf_counter()
         self._build_slots()
         rank, size = self.comm.rank, self.comm.size
         step = int(self.step.numpy())
@@ -388,7 +390,8 @@ class Checkpointer:
         # Nobody starts the next step's collectives believing a checkpoint exists that rank 0 has not published.
         self.comm.allreduce([tf.zeros([1])], name=f"FusedRec/checkpoint/published/{step}", op="sum")
         self._remember(step, step if kind == FULL else self._base, lambda: states)
-        self.written.append({"step": step, "kind": kind, "bytes": int(gathered[:, 32:34].sum())})
+        self.written.append({"step": step, "kind": kind, "bytes": int(gathered[:, 32:34].sum()),
+                             "seconds": time.perf_counter() - began})
         return final
 
     def _remember(self, step, base, states):
@@ -398,12 +401,16 @@ class Checkpointer:
         self._previous = states() if self.full_every else None
 
     def written_summary(self):
-        """{"full_every", "full": {"count", "mean_bytes"}, "delta": {...}}: the checkpoints this process wrote (bytes:
-        every rank's files, manifest aside)."""
+        """{"full_every", "full": {"count", "mean_bytes", "mean_seconds"}, "delta": {...}}: the checkpoints this process
+        wrote (bytes: every rank's files, manifest aside; seconds: this rank's, from reading the tables to the
+        publication, which every rank waits for)."""
         summary = {"full_every": self.full_every}
         for kind in (FULL, DELTA):
-            sizes = [w["bytes"] for w in self.written if w["kind"] == kind]
-            summary[kind] = {"count": len(sizes), "mean_bytes": int(np.mean(sizes)) if sizes else 0}
+            written = [w for w in self.written if w["kind"] == kind]
+            summary[kind] = {"count": len(written),
+                             "mean_bytes": int(np.mean([w["bytes"] for w in written])) if written else 0,
+                             "mean_seconds": round(float(np.mean([w["seconds"] for w in written])), 4) if written
+                             else 0.0}
         return summary
 
     # --- restoring ----------------------------------------------------------------------------------------------
