@@ -243,6 +243,7 @@ class Checkpointer:
         # and (full_every > 0) this rank's [TableState] at it.
         self._parent, self._base, self._previous = None, None, None
         self.written = []  # {"step", "kind", "bytes" (every rank's files)} per save of this process
+        self.seconds = []  # this rank's seconds per save, beside `written`
 
     # --- optimizer state ------------------------------------------------------------------------------------------
 
@@ -390,8 +391,8 @@ class Checkpointer:
         # Nobody starts the next step's collectives believing a checkpoint exists that rank 0 has not published.
         self.comm.allreduce([tf.zeros([1])], name=f"FusedRec/checkpoint/published/{step}", op="sum")
         self._remember(step, step if kind == FULL else self._base, lambda: states)
-        self.written.append({"step": step, "kind": kind, "bytes": int(gathered[:, 32:34].sum()),
-                             "seconds": time.perf_counter() - began})
+        self.written.append({"step": step, "kind": kind, "bytes": int(gathered[:, 32:34].sum())})
+        self.seconds.append(time.perf_counter() - began)  # this rank's (`written` is every rank's, equal)
         return final
 
     def _remember(self, step, base, states):
@@ -406,11 +407,10 @@ class Checkpointer:
         publication, which every rank waits for)."""
         summary = {"full_every": self.full_every}
         for kind in (FULL, DELTA):
-            written = [w for w in self.written if w["kind"] == kind]
-            summary[kind] = {"count": len(written),
-                             "mean_bytes": int(np.mean([w["bytes"] for w in written])) if written else 0,
-                             "mean_seconds": round(float(np.mean([w["seconds"] for w in written])), 4) if written
-                             else 0.0}
+            sizes = [w["bytes"] for w in self.written if w["kind"] == kind]
+            seconds = [s for w, s in zip(self.written, self.seconds) if w["kind"] == kind]
+            summary[kind] = {"count": len(sizes), "mean_bytes": int(np.mean(sizes)) if sizes else 0,
+                             "mean_seconds": round(float(np.mean(seconds)), 4) if seconds else 0.0}
         return summary
 
     # --- restoring ----------------------------------------------------------------------------------------------
