@@ -84,9 +84,7 @@ def group_parts(layer):
         hot = layer.hot_tables or [None] * len(layer.tables)
         for group, table, hot_table in zip(layer.groups, layer.tables, hot):
             keys, rows = (x.numpy() for x in table.export())
-            hot_keys, hot_rows = np.zeros(0, np.int64), np.zeros((0, group.spec.dim), np.float32)
-            if hot_table is not None:
-                hot_keys, hot_rows = (x.numpy() for x in hot_table.export())
+            hot_keys, hot_rows = hot_rows_of(hot_table, group.spec.dim)
             initializer = layer._initializers[group.feature_names[0]]  # noqa: SLF001  (resolved per group)
             out.append((_group_dict(group.name, group.spec.dim, group.encoding, group.categories, initializer),
                         keys, rows, hot_keys, hot_rows))
@@ -101,6 +99,15 @@ def group_parts(layer):
                         np.zeros(0, np.int64), np.zeros((0, feature.dim), np.float32)))
         return out
     raise ValueError(f"export_model: unsupported embedding layer {type(layer).__name__}")
+
+
+def hot_rows_of(hot_table, dim):
+    """(keys int64 [H], rows float32 [H, dim]) of a group's replicated hot rows (every worker's, equal); none without
+    hot replication (hot_table None)."""
+    if hot_table is None:
+        return np.zeros(0, np.int64), np.zeros((0, dim), np.float32)
+    keys, rows = hot_table.export()
+    return keys.numpy(), rows.numpy()
 
 
 def dense_variables(model, layer):

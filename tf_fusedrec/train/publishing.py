@@ -117,7 +117,8 @@ class TrainingPublisher:
         self.previous = None
         # {group: int64 keys} this rank staged in publishes since then that failed: committed on some servers
         # perhaps, so the next delta removes those this rank no longer holds (the others it stages anyway: they
-        # changed since the last version the rankers took).
+        # changed since the last version the rankers took). Empty where the tables track their changes: they keep
+        # reporting those keys, and their removal, until a publish succeeds.
         self.uncertain = {}
         self.versions, self.failures, self.bytes, self.rows, self.seconds = [], 0, [], [], []
         self.rows_held = []  # rank 0: the rows of each version on the servers (the model's rows at its step)
@@ -134,9 +135,7 @@ class TrainingPublisher:
         parts = []
         for group, table, hot_table in zip(layer.groups, self.tracked, hot_tables):
             keys, rows, removed = table.changes()
-            hot_keys, hot_rows = np.zeros(0, np.int64), np.zeros((0, group.spec.dim), np.float32)
-            if hot_table is not None:
-                hot_keys, hot_rows = (x.numpy() for x in hot_table.export())
+            hot_keys, hot_rows = writer.hot_rows_of(hot_table, group.spec.dim)
             parts.append(({"name": group.name, "dim": int(group.spec.dim)}, keys, rows, removed, hot_keys, hot_rows))
         return parts
 
@@ -169,12 +168,12 @@ class TrainingPublisher:
                     cold = ~np.isin(keys, hot_keys)
                     keys, rows = keys[cold], rows[cold]
                 # In key order: the diff against the last version (kept in key order too) then reads both in order.
-                keys, rows = sorted_rows(keys, rows)
                 hot_keys, hot_rows = sorted_rows(hot_keys, hot_rows)
                 before = None if full else self.previous[name]
-                if tracked:  # the table's changes since the last success: every row read is staged
-                    changed = np.ones(len(keys), bool)
+                if tracked:  # the table's changes since the last success: every row read is staged, as it came
+                    changed = slice(None)
                 else:
+                    keys, rows = sorted_rows(keys, rows)
                     changed, removed = row_changes(before and before[0], keys, rows)
                 if rank == 0:
                     hot_changed, hot_removed = row_changes(before and before[1], hot_keys, hot_rows)
@@ -185,8 +184,7 @@ class TrainingPublisher:
                 else:
                     keys_out, rows_out = keys[changed], rows[changed]
                 maybe = self.uncertain.get(name)
-                # (A tracking table still reports every change and removal since the last success.)
-                if maybe is not None and not full and not tracked:
+                if maybe is not None and not full:
                     # Keys a failed publish may have left on some servers, which this rank no longer holds.
                     removed = np.concatenate([removed, maybe[~np.isin(maybe, keys)]])
                 # A key that moved into the hot set leaves this shard: not removed, rank 0 stages its hot row.
@@ -230,7 +228,8 @@ class TrainingPublisher:
                       file=sys.stderr, flush=True)
         ok = bool(self._agree([ok], f"FusedRec/publish/{step}/done")[0, 0])
         if not ok:
-            for name, keys in attempted.items():  # perhaps committed on some servers: see self.uncertain
+            # Perhaps committed on some servers: see self.uncertain (tracking tables need none: their changes stay).
+            for name, keys in attempted.items() if self.tracked is None else ():
                 self.uncertain[name] = np.union1d(self.uncertain.get(name, np.zeros(0, np.int64)), keys)
             return self._failed(step, error)
         self.previous, self.served_version, self.uncertain = current, version, {}
