@@ -295,10 +295,12 @@ def pytest_sessionstart(session):
         except Exception as e:  # noqa: BLE001  (ImportError, or a library that fails to load)
             raise pytest.UsageError(f"TF_FUSEDREC_REQUIRE_HOROVOD=1 but horovod.tensorflow does not import ({e}); "
                                     f"run scripts/install.sh") from e
-        # The suite launches workers with tests/horovodrun.py, which skips horovodrun's per-launch Gloo check.
-        if not horovod.tensorflow.gloo_built():
-            raise pytest.UsageError("TF_FUSEDREC_REQUIRE_HOROVOD=1 but Horovod was built without Gloo; "
-                                    "run scripts/install.sh")
+        # The suite launches workers with tests/horovodrun.py, which skips horovodrun's per-launch Gloo and MPI
+        # checks (tests/distributed/test_horovod.py also trains under --mpi).
+        for name, built in (("Gloo", horovod.tensorflow.gloo_built()), ("MPI", horovod.tensorflow.mpi_built())):
+            if not built:
+                raise pytest.UsageError(f"TF_FUSEDREC_REQUIRE_HOROVOD=1 but Horovod was built without {name}; "
+                                        "run scripts/install.sh")
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -1,11 +1,11 @@
 """The suite's horovodrun: Horovod's own launcher (`horovod.runner.launch`, what `.venv/bin/horovodrun` runs), minus
 one check it repeats on every launch.
 
-Before starting the workers, horovodrun asks whether its extension was built with Gloo by forking a child that
+Before starting the workers, horovodrun asks whether its extension was built with Gloo (or MPI) by forking a child that
 imports TensorFlow and Horovod's op library: about 1.9 s of CPU and 1.6 s of wall per launch, paid again by every
 one of the suite's horovodrun launches while both cores are busy. tests/conftest.py asks the same question once per
 session (TF_FUSEDREC_REQUIRE_HOROVOD=1, as `make test` sets), and a Horovod without Gloo fails every worker's
-`hvd.init()` anyway; so here the launcher is told the answer. Everything else (host parsing, rendezvous, the
+`hvd.init()` anyway (the same for MPI); so here the launcher is told the answer. Everything else (host parsing, rendezvous, the
 per-worker middlemen, output prefixes, terminating the survivors when a worker fails) is horovodrun's own code.
 tests/apps/test_train_crash.py launches the stock `horovodrun` script, so the entry point users type stays tested.
 
@@ -17,11 +17,12 @@ import sys
 from horovod.runner import launch
 
 
-def _gloo_is_built(verbose=False):  # noqa: ARG001  (launch's signature)
+def _is_built(verbose=False):  # noqa: ARG001  (launch's signature)
     return True
 
 
-launch.gloo_built = _gloo_is_built
+launch.gloo_built = _is_built
+launch.mpi_built = _is_built  # the same question for --mpi launches, asked once per session by tests/conftest.py
 
 if __name__ == "__main__":
     sys.exit(launch.run_commandline())

@@ -78,6 +78,15 @@ def horovodrun(workers, stock=False):
     return launcher + ["-np", str(workers), "-H", f"localhost:{workers}", "--gloo"]
 
 
+def horovodrun_mpi(workers):
+    """The command prefix that starts `workers` Open MPI workers on this host (horovodrun --mpi: mpirun, the local
+    ranks exchanging through shared memory), the suite's launcher. mpirun refuses to run as root unless told it is
+    meant: the two OMPI_ALLOW_RUN_AS_ROOT variables (no effect for other users)."""
+    assert HOROVODRUN.exists(), f"{HOROVODRUN} does not exist (scripts/install.sh installs Horovod)"
+    return ["env", "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", sys.executable,
+            str(SUITE_HOROVODRUN), "-np", str(workers), "-H", f"localhost:{workers}", "--mpi"]
+
+
 def worker_command(args, workers):
     """[python, *args] for one worker, else the same under horovodrun with `workers` Gloo workers on loopback."""
     python = [sys.executable] + [str(a) for a in args]

@@ -142,7 +142,16 @@ def exit_now():
 def save_rank(out, rank, arrays):
     """Writes this rank's results, {out}/rank{rank}.npz, where the tests read them."""
     os.makedirs(out, exist_ok=True)
-    np.savez(os.path.join(out, f"rank{rank}.npz"), **arrays)
+    np.savez(os.path.join(out, f"rank{rank}.npz"), **arrays, transport=np.array(transport()))
+
+
+def transport():
+    """How this worker's collectives travel: "mpi" or "gloo" under Horovod, "none" alone."""
+    if "HOROVOD_RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
+        return "none"
+    import horovod.tensorflow as hvd  # noqa: PLC0415
+
+    return "mpi" if hvd.mpi_enabled() else "gloo" if hvd.gloo_enabled() else "unknown"
 
 
 LAYERS = ["fused", "fused_chain", "fused_packed", "fused_fp16", "fused_fp16s", "fused_native", "fused_native_fp16s",

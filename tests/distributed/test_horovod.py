@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.subprocess_runner import execute, horovodrun, load_script, tail
+from tests.subprocess_runner import execute, horovodrun, horovodrun_mpi, load_script, tail
 
 pytest.importorskip("horovod.tensorflow", reason="Horovod (horovod.tensorflow) is not importable")
 
@@ -293,6 +293,19 @@ def test_native_backend_equals_tfra_on_two_workers(scenario, optimizer):
     for r in range(2):
         assert_close(native.ranks[r]["losses"], tfra.ranks[r]["losses"], f"rank {r} losses: native vs tfra")
         assert_same_dense(native, r, tfra, r)
+
+
+def test_mpi_transport_two_workers_equal_one_worker(scenario, tmp_path):
+    """Under horovodrun --mpi (Open MPI, what `make bench` and `make demo` launch) the native tables' training is the
+    1-worker training, as it is under Gloo: the transport moves the same bytes."""
+    mpi = run_scenario(tmp_path, 2, "fused_native", "adagrad", launcher=horovodrun_mpi, where="mpi")
+    gloo = scenario(2, "fused_native", "adagrad")
+    assert [str(r["transport"]) for r in mpi.ranks] == ["mpi", "mpi"], "the --mpi launch did not run over MPI"
+    assert [str(r["transport"]) for r in gloo.ranks] == ["gloo", "gloo"], "the --gloo launch did not run over Gloo"
+    assert_two_workers_equal_one(mpi, scenario(1, "fused_native", "adagrad"))
+    assert_same_tables(mpi, gloo)
+    for r in range(2):
+        assert_close(mpi.ranks[r]["losses"], gloo.ranks[r]["losses"], f"rank {r} losses: mpi vs gloo")
 
 
 def test_native_backend_two_workers_equal_one_worker(scenario):
