@@ -242,6 +242,33 @@ def bench_pinning():
     return _table(["run", "placement", "fused_tfra samples/s", "fused_native samples/s"], "llrr", rows)
 
 
+TRANSPORT_MODES = ("fused", "tfra_hand_fused", "per_feature")
+
+
+def bench_transport():
+    """docs/bench/transport/{gloo,mpi}-N (scripts/bench_transport.sh): per run and transport, samples/s of each mode,
+    fused's ratios to the two baselines of the same run, and the MPI run's fused against the Gloo run's before it."""
+    runs = {}
+    for path in _run_dirs("docs/bench/transport/*/bench.json"):
+        transport, n = os.path.basename(path).rsplit("-", 1)
+        runs.setdefault(int(n), {})[transport] = _json(os.path.join(path, "bench.json"))["modes"]
+    rows = []
+    for n in sorted(runs):
+        for transport in ("gloo", "mpi"):
+            if transport not in runs[n]:
+                continue
+            m = runs[n][transport]
+            rate = {k: m[k]["samples_per_s"] for k in TRANSPORT_MODES}
+            against_gloo = (f"{rate['fused'] / runs[n]['gloo']['fused']['samples_per_s']:.2f}x"
+                            if transport == "mpi" and "gloo" in runs[n] else "1.00x" if transport == "gloo" else "-")
+            rows.append([n, "Gloo (TCP loopback)" if transport == "gloo" else "MPI (Open MPI, shared memory)"]
+                        + [f"{rate[k]:,.0f}" for k in TRANSPORT_MODES]
+                        + [f"{rate['fused'] / rate['tfra_hand_fused']:.2f}x", f"{rate['fused'] / rate['per_feature']:.2f}x",
+                           against_gloo])
+    return _table(["run", "transport"] + [f"{k} samples/s" for k in TRANSPORT_MODES]
+                  + ["fused vs tfra_hand_fused", "fused vs per_feature", "fused vs Gloo's fused"], "ll" + "r" * 6, rows)
+
+
 PIPELINE_MODES = ("fused", "fused_dbp", "fused_fwp", "fused_hot", "fused_hot_dbp")
 
 
@@ -410,6 +437,32 @@ def perf_step_cost():
         rows.append([f"of which {label}"] + [
             f"{sum(v for v, line in symbols[m] if any(p in line for p in parts)):.2f}%" for m in modes])
     return _table(["share of all samples", "base", "head"], "lrr", rows)
+
+
+def perf_transport():
+    """docs/perf/transport/{gloo,mpi}: scripts/perf_step.sh fused, pinned, launched over Gloo and over Open MPI."""
+    runs = ("gloo", "mpi")
+    steps, shares, idle = {}, {}, {}
+    for run in runs:
+        steps[run], shares[run] = _perf_run(f"docs/perf/transport/{run}")
+        with open(_path(f"docs/perf/transport/{run}-sym.txt")) as f:
+            idle[run] = sum(float(line.split()[0].rstrip("%")) for line in f if "pv_native_safe_halt" in line)
+    mpi_libs = ("libfabric", "mca_", "libopen-pal", "libopen-rte", "libmpi")
+    rows = [["step (rank 0), ms"] + [steps[r][0][0] for r in runs],
+            ["CPU per step (rank 0 / rank 1), ms"] + [f"{steps[r][0][1]} / {steps[r][1][1]}" for r in runs],
+            ["kernel: the idle loop (`pv_native_safe_halt`)"] + [f"{idle[r]:.2f}%" for r in runs],
+            ["kernel: the rest (TCP loopback, epoll, scheduling, page faults)"]
+            + [f"{shares[r].get('[kernel.kallsyms]', 0.0) - idle[r]:.2f}%" for r in runs],
+            ["Open MPI's libraries (`libfabric`, `mca_btl_*`, `libopen-pal`, `libmpi`)"]
+            + [f"{sum(v for d, v in shares[r].items() if d.startswith(mpi_libs)):.2f}%" for r in runs]]
+    jit = ("oneDNN's generated code (the dense model's matmuls)", ())
+    for label, dsos in PERF_ROWS[1:3] + (jit,) + PERF_ROWS[4:]:
+        cells = []
+        for r in runs:
+            found = [v for d, v in shares[r].items() if d in dsos or (not dsos and d.startswith("[JIT]"))]
+            cells.append(f"{sum(found):.2f}%" if found else "-")
+        rows.append([label] + cells)
+    return _table(["share of all samples", "Gloo", "MPI"], "lrr", rows)
 
 
 MODEL_CHOICE = " (model's choice)"
@@ -633,6 +686,8 @@ TABLES = {
     "bench-table-backend": (("docs/bench/table_backend/bench.json",), bench_table_backend),
     "bench-pinning": (("docs/bench/pinning/*/bench.json",), bench_pinning),
     "bench-pipelines-native": (("docs/bench/pipelines_native/*/bench.json",), bench_pipelines_native),
+    "bench-transport": (("docs/bench/transport/*/bench.json",), bench_transport),
+    "perf-transport": (("docs/perf/transport/*.txt",), perf_transport),
     "perf-breakdown": (("docs/perf/*-step.txt", "docs/perf/*-dso.txt"), perf_breakdown),
     "bench-step-cost": (("docs/bench/step_cost/*/bench.json",), bench_step_cost),
     "bench-step-cost-modes": (("docs/bench/step_cost_modes/bench.json",), bench_step_cost_modes),

@@ -6,6 +6,7 @@
 #                                                    OUT/NAME-sym.txt (the 60 largest symbols)
 # SRC: the source tree to run (default this one; an earlier commit's checkout for a before/after pair, run with this
 # tree's .venv and op library). STEPS (default 150) must outlast perf's 5 s. PIN=1 runs each worker on a core.
+# TRANSPORT=mpi launches with horovodrun --mpi (Open MPI) instead of --gloo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:?MODE}
@@ -18,7 +19,11 @@ mkdir -p "$(dirname "$out")"
 if [ "$src" != "$head" ]; then cp tf_fusedrec/ops/_fusedrec_ops.so "$src/tf_fusedrec/ops/_fusedrec_ops.so"; fi
 pin=()
 if [ "${PIN:-0}" = 1 ]; then pin=("$head/scripts/pin_worker.sh"); fi
-(cd "$src" && PYTHONPATH="$src" "$head/.venv/bin/horovodrun" -np 2 -H localhost:2 --gloo "${pin[@]}" \
+transport=${TRANSPORT:-gloo}
+case "$transport" in gloo | mpi) ;; *) echo "perf_step: TRANSPORT must be gloo or mpi, got $transport" >&2; exit 2 ;; esac
+# mpirun refuses to start as root unless told that it is meant.
+if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+(cd "$src" && PYTHONPATH="$src" "$head/.venv/bin/horovodrun" -np 2 -H localhost:2 "--$transport" "${pin[@]}" \
   "$head/.venv/bin/python" "$tool" "$mode" "${STEPS:-150}" "$flag" >"$out.log" 2>&1) &
 runner=$!
 while [ ! -f "$flag" ]; do

@@ -4,5 +4,6 @@
 # bench runs 1.1-1.3x faster (README, "Table backends and pinning"). Use: horovodrun ... scripts/pin_worker.sh CMD...
 set -euo pipefail
 cores=($(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))'))
-rank=${HOROVOD_LOCAL_RANK:-${HOROVOD_RANK:-0}}
+# The local rank as horovodrun --gloo sets it, or as Open MPI's mpirun does (horovodrun --mpi).
+rank=${HOROVOD_LOCAL_RANK:-${OMPI_COMM_WORLD_LOCAL_RANK:-${HOROVOD_RANK:-0}}}
 exec taskset -c "${cores[$((rank % ${#cores[@]}))]}" "$@"
