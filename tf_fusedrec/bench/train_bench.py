@@ -78,9 +78,8 @@ def build_embedding(mode, features, config, comm, replication=None):
         return ConstantEmbedding(features, name="sparse")
     if mode == "fused_chain":
         return _with_op_chains(lambda: experiment.make_embedding("fused", features, config, comm=comm))
-    if mode in HOT:  # replication is TFRA-only so far
-        return experiment.make_embedding("fused", features, config, comm=comm, replication=replication,
-                                         table_backend="tfra")
+    if mode in HOT:  # on the config's table backend (native by default), as `fused`
+        return experiment.make_embedding("fused", features, config, comm=comm, replication=replication)
     return experiment.make_embedding("fused" if mode in PIPELINED or mode in BACKENDS else mode, features, config,
                                      comm=comm, table_backend=BACKENDS.get(mode))
 
