@@ -272,11 +272,12 @@ def bench_transport():
 PIPELINE_MODES = ("fused", "fused_dbp", "fused_fwp", "fused_hot", "fused_hot_dbp")
 
 
-def bench_pipelines_native():
-    """docs/bench/pipelines_native/{pinned,unpinned}-N: samples/s of the schedules and of hot replication on native
-    tables, each with its ratio to `fused` of the same run."""
+def bench_pipelines_native(directory="docs/bench/pipelines_native"):
+    """directory/{pinned,unpinned}-N (docs/bench/pipelines_native: over Gloo; docs/bench/pipelines_mpi: over Open MPI):
+    samples/s of the schedules and of hot replication on native tables, each with its ratio to `fused` of the same
+    run."""
     rows = []
-    for run, placement, d in _placement_runs("docs/bench/pipelines_native/*/bench.json"):
+    for run, placement, d in _placement_runs(f"{directory}/*/bench.json"):
         base = d["modes"]["fused"]["samples_per_s"]
         rows.append([run, placement] + [f"{d['modes'][m]['samples_per_s']:,.0f} "
                                         f"({d['modes'][m]['samples_per_s'] / base:.2f}x)" for m in PIPELINE_MODES])
@@ -687,6 +688,8 @@ TABLES = {
     "bench-pinning": (("docs/bench/pinning/*/bench.json",), bench_pinning),
     "bench-pipelines-native": (("docs/bench/pipelines_native/*/bench.json",), bench_pipelines_native),
     "bench-transport": (("docs/bench/transport/*/bench.json",), bench_transport),
+    "bench-pipelines-mpi": (("docs/bench/pipelines_mpi/*/bench.json",),
+                            lambda: bench_pipelines_native("docs/bench/pipelines_mpi")),
     "perf-transport": (("docs/perf/transport/*.txt",), perf_transport),
     "perf-breakdown": (("docs/perf/*-step.txt", "docs/perf/*-dso.txt"), perf_breakdown),
     "bench-step-cost": (("docs/bench/step_cost/*/bench.json",), bench_step_cost),
