@@ -8,7 +8,7 @@ HOROVODRUN := .venv/bin/horovodrun -np 2 -H localhost:2 --gloo
 # Each local worker on a core of its own (scripts/pin_worker.sh): measured faster on this 2-core machine (README).
 PINNED_HOROVODRUN := $(HOROVODRUN) scripts/pin_worker.sh
 # Local workers over Open MPI (horovodrun --mpi: shared memory between the ranks), pinned: the demo and the bench.
-# 1.37-1.38x Gloo's loopback for `fused` here (README, "Gloo against MPI"). mpirun refuses to start as root unless told
+# 1.49-1.78x Gloo's loopback for `fused` here (README, "Gloo against MPI"). mpirun refuses to start as root unless told
 # that it is meant: the two variables (nothing for other users). The cluster bench keeps Gloo, as its hosts use.
 MPI_ROOT_ENV := $(if $(filter 0,$(shell id -u)),env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)
 LOCAL_HOROVODRUN := $(MPI_ROOT_ENV) .venv/bin/horovodrun -np 2 -H localhost:2 --mpi scripts/pin_worker.sh

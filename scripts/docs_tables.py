@@ -245,11 +245,12 @@ def bench_pinning():
 TRANSPORT_MODES = ("fused", "tfra_hand_fused", "per_feature")
 
 
-def bench_transport():
-    """docs/bench/transport/{gloo,mpi}-N (scripts/bench_transport.sh): per run and transport, samples/s of each mode,
-    fused's ratios to the two baselines of the same run, and the MPI run's fused against the Gloo run's before it."""
+def bench_transport(directory="docs/bench/transport"):
+    """directory/{gloo,mpi}-N (scripts/bench_transport.sh; docs/bench/transport: MPI ranks spinning while they wait,
+    docs/bench/transport_yield: yielding, the library's default since): per run and transport, samples/s of each
+    mode, fused's ratios to the two baselines of the same run, and the MPI run's fused against the Gloo run's."""
     runs = {}
-    for path in _run_dirs("docs/bench/transport/*/bench.json"):
+    for path in _run_dirs(f"{directory}/*/bench.json"):
         transport, n = os.path.basename(path).rsplit("-", 1)
         runs.setdefault(int(n), {})[transport] = _json(os.path.join(path, "bench.json"))["modes"]
     rows = []
@@ -267,6 +268,31 @@ def bench_transport():
                            against_gloo])
     return _table(["run", "transport"] + [f"{k} samples/s" for k in TRANSPORT_MODES]
                   + ["fused vs tfra_hand_fused", "fused vs per_feature", "fused vs Gloo's fused"], "ll" + "r" * 6, rows)
+
+
+def bench_mpi_yield():
+    """docs/bench/mpi_yield/{0,default}-N (scripts/bench_env.sh over horovodrun --mpi): spinning ranks
+    (OMPI_MCA_mpi_yield_when_idle=0) against the library's default (unset: comm.init_workers sets 1), per run."""
+    runs = {}
+    for path in _run_dirs("docs/bench/mpi_yield/*/bench.json"):
+        value, n = os.path.basename(path).rsplit("-", 1)
+        runs.setdefault(int(n), {})[value] = _json(os.path.join(path, "bench.json"))["modes"]
+    rows = []
+    for n in sorted(runs):
+        for value in ("0", "default"):
+            if value not in runs[n]:
+                continue
+            m = runs[n][value]
+            rate = {k: m[k]["samples_per_s"] for k in TRANSPORT_MODES}
+            spin = runs[n].get("0")
+            rows.append([n, "0 (spin)" if value == "0" else "unset: 1, the library's default (yield)"]
+                        + [f"{rate[k]:,.0f}" for k in TRANSPORT_MODES]
+                        + [f"{1e3 * m['fused']['cpu_seconds_per_step']:.1f}",
+                           f"{rate['fused'] / rate['tfra_hand_fused']:.2f}x", f"{rate['fused'] / rate['per_feature']:.2f}x",
+                           f"{rate['fused'] / spin['fused']['samples_per_s']:.2f}x" if spin else "-"])
+    return _table(["run", "OMPI_MCA_mpi_yield_when_idle"] + [f"{k} samples/s" for k in TRANSPORT_MODES]
+                  + ["fused CPU ms / step (rank 0)", "fused vs tfra_hand_fused", "fused vs per_feature",
+                     "fused vs the spinning run"], "ll" + "r" * 7, rows)
 
 
 PIPELINE_MODES = ("fused", "fused_dbp", "fused_fwp", "fused_hot", "fused_hot_dbp")
@@ -441,8 +467,9 @@ def perf_step_cost():
 
 
 def perf_transport():
-    """docs/perf/transport/{gloo,mpi}: scripts/perf_step.sh fused, pinned, launched over Gloo and over Open MPI."""
-    runs = ("gloo", "mpi")
+    """docs/perf/transport/{gloo,mpi,mpi_yield}: scripts/perf_step.sh fused, pinned, launched over Gloo, over Open MPI
+    with its ranks spinning while they wait (before comm.OPEN_MPI_DEFAULTS), and over Open MPI with them yielding."""
+    runs = ("gloo", "mpi", "mpi_yield")
     steps, shares, idle = {}, {}, {}
     for run in runs:
         steps[run], shares[run] = _perf_run(f"docs/perf/transport/{run}")
@@ -463,7 +490,8 @@ def perf_transport():
             found = [v for d, v in shares[r].items() if d in dsos or (not dsos and d.startswith("[JIT]"))]
             cells.append(f"{sum(found):.2f}%" if found else "-")
         rows.append([label] + cells)
-    return _table(["share of all samples", "Gloo", "MPI"], "lrr", rows)
+    return _table(["share of all samples", "Gloo", "MPI, ranks spinning", "MPI, ranks yielding (default)"], "lrrr",
+                  rows)
 
 
 MODEL_CHOICE = " (model's choice)"
@@ -688,6 +716,9 @@ TABLES = {
     "bench-pinning": (("docs/bench/pinning/*/bench.json",), bench_pinning),
     "bench-pipelines-native": (("docs/bench/pipelines_native/*/bench.json",), bench_pipelines_native),
     "bench-transport": (("docs/bench/transport/*/bench.json",), bench_transport),
+    "bench-mpi-yield": (("docs/bench/mpi_yield/*/bench.json",), bench_mpi_yield),
+    "bench-transport-yield": (("docs/bench/transport_yield/*/bench.json",),
+                              lambda: bench_transport("docs/bench/transport_yield")),
     "bench-pipelines-mpi": (("docs/bench/pipelines_mpi/*/bench.json",),
                             lambda: bench_pipelines_native("docs/bench/pipelines_mpi")),
     "perf-transport": (("docs/perf/transport/*.txt",), perf_transport),
