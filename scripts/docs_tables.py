@@ -295,6 +295,27 @@ def bench_mpi_yield():
                      "fused vs the spinning run"], "ll" + "r" * 7, rows)
 
 
+def bench_malloc():
+    """docs/bench/malloc/{default,libtcmalloc_minimal.so.4}-N (scripts/bench_env.sh over horovodrun --mpi, VAR=LD_PRELOAD):
+    glibc's malloc against tcmalloc, per run: samples/s and CPU per step of each mode, and tcmalloc's ratio."""
+    runs = {}
+    for path in _run_dirs("docs/bench/malloc/*/bench.json"):
+        value, n = os.path.basename(path).rsplit("-", 1)
+        runs.setdefault(int(n), {})[value] = _json(os.path.join(path, "bench.json"))["modes"]
+    rows = []
+    for n in sorted(runs):
+        base = runs[n].get("default")
+        for value in sorted(runs[n], key=lambda v: v != "default"):
+            m = runs[n][value]
+            cells = []
+            for k in TRANSPORT_MODES:
+                ratio = f" ({m[k]['samples_per_s'] / base[k]['samples_per_s']:.2f}x)" if base and value != "default" else ""
+                cells.append(f"{m[k]['samples_per_s']:,.0f}{ratio}, {1e3 * m[k]['cpu_seconds_per_step']:.1f} ms")
+            rows.append([n, "glibc (default)" if value == "default" else f"tcmalloc (`LD_PRELOAD={value}`)"] + cells)
+    return _table(["run", "malloc"] + [f"{k} samples/s, CPU / step (rank 0)" for k in TRANSPORT_MODES], "ll" + "r" * 3,
+                  rows)
+
+
 PIPELINE_MODES = ("fused", "fused_dbp", "fused_fwp", "fused_hot", "fused_hot_dbp")
 
 
@@ -717,6 +738,7 @@ TABLES = {
     "bench-pipelines-native": (("docs/bench/pipelines_native/*/bench.json",), bench_pipelines_native),
     "bench-transport": (("docs/bench/transport/*/bench.json",), bench_transport),
     "bench-mpi-yield": (("docs/bench/mpi_yield/*/bench.json",), bench_mpi_yield),
+    "bench-malloc": (("docs/bench/malloc/*/bench.json",), bench_malloc),
     "bench-transport-yield": (("docs/bench/transport_yield/*/bench.json",),
                               lambda: bench_transport("docs/bench/transport_yield")),
     "bench-pipelines-mpi": (("docs/bench/pipelines_mpi/*/bench.json",),
