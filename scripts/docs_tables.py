@@ -242,6 +242,16 @@ def bench_pinning():
     return _table(["run", "placement", "fused_tfra samples/s", "fused_native samples/s"], "llrr", rows)
 
 
+def _value_runs(directory):
+    """{run number: {value: the bench.json's "modes"}} of directory/VALUE-N/bench.json (scripts/bench_env.sh's and
+    scripts/bench_transport.sh's run directories; VALUE may hold dashes, N is after the last)."""
+    runs = {}
+    for path in _run_dirs(f"{directory}/*/bench.json"):
+        value, n = os.path.basename(path).rsplit("-", 1)
+        runs.setdefault(int(n), {})[value] = _json(os.path.join(path, "bench.json"))["modes"]
+    return runs
+
+
 TRANSPORT_MODES = ("fused", "tfra_hand_fused", "per_feature")
 
 
@@ -249,10 +259,7 @@ def bench_transport(directory="docs/bench/transport"):
     """directory/{gloo,mpi}-N (scripts/bench_transport.sh; docs/bench/transport: MPI ranks spinning while they wait,
     docs/bench/transport_yield: yielding, the library's default since): per run and transport, samples/s of each
     mode, fused's ratios to the two baselines of the same run, and the MPI run's fused against the Gloo run's."""
-    runs = {}
-    for path in _run_dirs(f"{directory}/*/bench.json"):
-        transport, n = os.path.basename(path).rsplit("-", 1)
-        runs.setdefault(int(n), {})[transport] = _json(os.path.join(path, "bench.json"))["modes"]
+    runs = _value_runs(directory)
     rows = []
     for n in sorted(runs):
         for transport in ("gloo", "mpi"):
@@ -273,10 +280,7 @@ def bench_transport(directory="docs/bench/transport"):
 def bench_mpi_yield():
     """docs/bench/mpi_yield/{0,default}-N (scripts/bench_env.sh over horovodrun --mpi): spinning ranks
     (OMPI_MCA_mpi_yield_when_idle=0) against the library's default (unset: comm.init_workers sets 1), per run."""
-    runs = {}
-    for path in _run_dirs("docs/bench/mpi_yield/*/bench.json"):
-        value, n = os.path.basename(path).rsplit("-", 1)
-        runs.setdefault(int(n), {})[value] = _json(os.path.join(path, "bench.json"))["modes"]
+    runs = _value_runs("docs/bench/mpi_yield")
     rows = []
     for n in sorted(runs):
         for value in ("0", "default"):
@@ -298,10 +302,7 @@ def bench_mpi_yield():
 def bench_malloc():
     """docs/bench/malloc/{default,libtcmalloc_minimal.so.4}-N (scripts/bench_env.sh over horovodrun --mpi, VAR=LD_PRELOAD):
     glibc's malloc against tcmalloc, per run: samples/s and CPU per step of each mode, and tcmalloc's ratio."""
-    runs = {}
-    for path in _run_dirs("docs/bench/malloc/*/bench.json"):
-        value, n = os.path.basename(path).rsplit("-", 1)
-        runs.setdefault(int(n), {})[value] = _json(os.path.join(path, "bench.json"))["modes"]
+    runs = _value_runs("docs/bench/malloc")
     rows = []
     for n in sorted(runs):
         base = runs[n].get("default")

@@ -118,9 +118,14 @@ def count_ops(fn, *args, op_type="HorovodAlltoall"):
 count_alltoalls = count_ops
 
 
+def launched():
+    """True under horovodrun (--gloo sets HOROVOD_RANK, --mpi's mpirun OMPI_COMM_WORLD_RANK)."""
+    return "HOROVOD_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
+
+
 def init_workers():
     """(rank, size): Horovod initialised under horovodrun, (0, 1) when run alone."""
-    if "HOROVOD_RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
+    if not launched():
         return 0, 1
     import horovod.tensorflow as hvd  # noqa: PLC0415
 
@@ -147,7 +152,7 @@ def save_rank(out, rank, arrays):
 
 def transport():
     """How this worker's collectives travel: "mpi" or "gloo" under Horovod, "none" alone."""
-    if "HOROVOD_RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" not in os.environ:
+    if not launched():
         return "none"
     import horovod.tensorflow as hvd  # noqa: PLC0415
 
