@@ -145,8 +145,8 @@ def launched_as_worker():
 
 # Open MPI settings a worker starts with unless its environment sets them (read by MPI_Init, inside hvd.init()).
 # mpi_yield_when_idle: a rank waiting inside a collective gives its core away (sched_yield) instead of spinning on it.
-# Horovod's background thread waits there while the same core has TensorFlow's work to do: spinning took about a
-# quarter of each pinned worker's core here, yielding made `fused` 1.25x faster (README, "Gloo against MPI").
+# Horovod's background thread waits there while the same core has TensorFlow's work to do: yielding made `fused`
+# 1.22-1.64x faster on 2 pinned workers here (docs/bench/mpi_yield; README, "Gloo against MPI").
 OPEN_MPI_DEFAULTS = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
