@@ -317,6 +317,29 @@ def bench_malloc():
                   rows)
 
 
+def bench_malloc_thresholds(directory, modes):
+    """directory/{default,tuned}-N (scripts/bench_env.sh over horovodrun --mpi, VAR=TF_FUSEDREC_MALLOC at the commit
+    that had tf_fusedrec/malloc.py): glibc's own malloc thresholds against fixed high ones, per run: samples/s and CPU
+    per step of each mode (with the tuned run's ratio to the default one), and fused against the baselines run."""
+    runs = _value_runs(directory)
+    rows = []
+    for n in sorted(runs):
+        base = runs[n].get("default")
+        for value in ("default", "tuned"):
+            if value not in runs[n]:
+                continue
+            m = runs[n][value]
+            cells = []
+            for k in modes:
+                ratio = f" ({m[k]['samples_per_s'] / base[k]['samples_per_s']:.2f}x)" if base and value != "default" else ""
+                cells.append(f"{m[k]['samples_per_s']:,.0f}{ratio}, {1e3 * m[k]['cpu_seconds_per_step']:.1f} ms")
+            rate = {k: m[k]["samples_per_s"] for k in modes}
+            rows.append([n, "glibc's own" if value == "default" else "mmap 32 MiB, trim 256 MiB"] + cells
+                        + [f"{rate['fused'] / rate[k]:.2f}x" for k in modes if k != "fused"])
+    return _table(["run", "malloc thresholds"] + [f"{k} samples/s, CPU / step (rank 0)" for k in modes]
+                  + [f"fused vs {k}" for k in modes if k != "fused"], "ll" + "r" * (2 * len(modes) - 1), rows)
+
+
 PIPELINE_MODES = ("fused", "fused_dbp", "fused_fwp", "fused_hot", "fused_hot_dbp")
 
 
@@ -740,6 +763,10 @@ TABLES = {
     "bench-transport": (("docs/bench/transport/*/bench.json",), bench_transport),
     "bench-mpi-yield": (("docs/bench/mpi_yield/*/bench.json",), bench_mpi_yield),
     "bench-malloc": (("docs/bench/malloc/*/bench.json",), bench_malloc),
+    "bench-malloc-thresholds": (("docs/bench/malloc_thresholds/*/bench.json",), lambda: bench_malloc_thresholds(
+        "docs/bench/malloc_thresholds", TRANSPORT_MODES + ("dense_only",))),
+    "bench-malloc-thresholds-2": (("docs/bench/malloc_thresholds_2modes/*/bench.json",), lambda: bench_malloc_thresholds(
+        "docs/bench/malloc_thresholds_2modes", ("fused", "tfra_hand_fused"))),
     "bench-transport-yield": (("docs/bench/transport_yield/*/bench.json",),
                               lambda: bench_transport("docs/bench/transport_yield")),
     "bench-pipelines-mpi": (("docs/bench/pipelines_mpi/*/bench.json",),
