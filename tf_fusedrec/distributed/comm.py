@@ -23,8 +23,6 @@ import sys
 import tensorflow as tf
 from tensorflow.python.framework import auto_control_deps
 
-from tf_fusedrec import malloc
-
 HOROVOD_OP_TYPES = ("HorovodAlltoall", "HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather",
                     "HorovodBroadcast")
 # What overlap_collectives() takes out of program order: the collectives, and the clock reads that time them (the
@@ -154,9 +152,7 @@ OPEN_MPI_DEFAULTS = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 def init_workers():
     """The comm of this process: Horovod, initialised, when a launcher started it; one worker otherwise. Under Open
-    MPI (horovodrun --mpi) the OPEN_MPI_DEFAULTS not set in the environment are set first. Every process gets
-    tf_fusedrec.malloc's thresholds (TF_FUSEDREC_MALLOC=default leaves glibc's)."""
-    malloc.tune()
+    MPI (horovodrun --mpi) the OPEN_MPI_DEFAULTS not set in the environment are set first."""
     if launched_as_worker():
         if "OMPI_COMM_WORLD_RANK" in os.environ:
             for name, value in OPEN_MPI_DEFAULTS.items():
