@@ -340,6 +340,28 @@ def bench_malloc_thresholds(directory, modes):
                   + [f"fused vs {k}" for k in modes if k != "fused"], "ll" + "r" * (2 * len(modes) - 1), rows)
 
 
+def bench_steps_per_call():
+    """docs/bench/steps_per_call/{1,4}-N (python -m tf_fusedrec.bench --steps-per-call K over horovodrun --mpi,
+    alternating): samples/s and CPU per step of fused and tfra_hand_fused at K = 1 and 4, with K = 4's ratio to K = 1
+    of the same run number, and fused against tfra_hand_fused."""
+    runs = _value_runs("docs/bench/steps_per_call")
+    modes = ("fused", "tfra_hand_fused")
+    rows = []
+    for n in sorted(runs):
+        base = runs[n].get("1")
+        for k in ("1", "4"):
+            if k not in runs[n]:
+                continue
+            m = runs[n][k]
+            cells = []
+            for mode in modes:
+                ratio = f" ({m[mode]['samples_per_s'] / base[mode]['samples_per_s']:.2f}x)" if base and k != "1" else ""
+                cells.append(f"{m[mode]['samples_per_s']:,.0f}{ratio}, {1e3 * m[mode]['cpu_seconds_per_step']:.1f} ms")
+            rows.append([n, k] + cells + [f"{m['fused']['samples_per_s'] / m['tfra_hand_fused']['samples_per_s']:.2f}x"])
+    return _table(["run", "steps per call"] + [f"{k} samples/s, CPU / step (rank 0)" for k in modes]
+                  + ["fused vs tfra_hand_fused"], "lrrrr", rows)
+
+
 PIPELINE_MODES = ("fused", "fused_dbp", "fused_fwp", "fused_hot", "fused_hot_dbp")
 
 
@@ -765,6 +787,7 @@ TABLES = {
     "bench-malloc": (("docs/bench/malloc/*/bench.json",), bench_malloc),
     "bench-malloc-thresholds": (("docs/bench/malloc_thresholds/*/bench.json",), lambda: bench_malloc_thresholds(
         "docs/bench/malloc_thresholds", TRANSPORT_MODES + ("dense_only",))),
+    "bench-steps-per-call": (("docs/bench/steps_per_call/*/bench.json",), bench_steps_per_call),
     "bench-malloc-thresholds-2": (("docs/bench/malloc_thresholds_2modes/*/bench.json",), lambda: bench_malloc_thresholds(
         "docs/bench/malloc_thresholds_2modes", ("fused", "tfra_hand_fused"))),
     "bench-transport-yield": (("docs/bench/transport_yield/*/bench.json",),

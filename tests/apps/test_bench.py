@@ -168,3 +168,33 @@ def test_bench_counts_the_dense_allreduce_and_splits_the_time_in_flight(bench):
         for kind in ("alltoall", "allreduce"):
             wait, moving = (modes[mode][f"{kind}_{part}_seconds_per_step"] for part in ("wait", "transfer"))
             assert wait >= 0 and moving > 0, (mode, kind, wait, moving)
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 3])
+def test_bench_runner_runs_each_step_once_at_any_steps_per_call(tiny_yaml, steps_per_call):
+    """Runner.run(7) with --steps-per-call K runs 7 steps (calls of K, the last shorter): the dense optimizer applied
+    its update 7 times, and the pipeline was built with K."""
+    import tensorflow as tf  # noqa: PLC0415
+
+    from tf_fusedrec.bench import train_bench  # noqa: PLC0415
+    from tf_fusedrec.distributed import comm as comm_lib  # noqa: PLC0415
+    from tf_fusedrec.train import experiment  # noqa: PLC0415
+
+    tf.keras.backend.clear_session()
+    config = cfg.load_config(tiny_yaml(name=f"tiny_k{steps_per_call}.yaml"))
+    comm = comm_lib.SingleProcessComm()
+    batches = experiment.make_dataset(config, config.train.batch_size, 0, 1).take(2).cache()
+    runner = train_bench.Runner("fused_native", config, batches, comm, None, steps_per_call=steps_per_call)
+    assert runner.pipeline.steps_per_call == steps_per_call
+    iterations = [v for v in runner.optimizer.variables() if "iteration" in v.name]
+    assert iterations, [v.name for v in runner.optimizer.variables()]
+    loss = runner.run(7)
+    assert math.isfinite(loss)
+    assert [int(v.numpy()) for v in iterations] == [7] * len(iterations)
+
+
+def test_bench_steps_per_call_below_1_exits_2(apps, tiny_yaml, tmp_path):
+    out = tmp_path / "out"
+    run = apps.run_app(MODULE, ["--config", tiny_yaml(), "--steps-per-call", 0, "--out", out])
+    run.expect_error("--steps-per-call must be >= 1, got 0")
+    assert not os.path.exists(out / "bench.json")

@@ -59,6 +59,8 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, help="per worker (default: the config's)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per mode and repeat")
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps-per-call", type=int, default=1, metavar="K",
+                   help="steps one compiled call runs (TrainPipeline's steps_per_call), every mode")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batches", type=int, default=8, help="distinct pre-generated batches, cycled")
     p.add_argument("--hot", default="auto", help="hot rows of the fused_hot modes: auto or R per group")
@@ -126,7 +128,7 @@ class Runner:
     """One mode: its own tables (in a variable scope named after the config and the mode), model, optimizer and
     TrainPipeline, on the shared batches, cycled."""
 
-    def __init__(self, mode, config, batches, comm, meter, hot_sample=None, replication=None):
+    def __init__(self, mode, config, batches, comm, meter, hot_sample=None, replication=None, steps_per_call=1):
         import tf_fusedrec as fr  # noqa: PLC0415
 
         self.mode = mode
@@ -150,12 +152,21 @@ class Runner:
         self.pipeline = fr.train.TrainPipeline(
             self.model, self.optimizer, experiment.binary_cross_entropy(), batches.repeat(), schedule=schedule,
             micro_batches=config.train.micro_batches if fwp else 1,
-            cluster_samples=config.train.cluster_samples if fwp else False, meter=meter)
+            cluster_samples=config.train.cluster_samples if fwp else False, meter=meter,
+            steps_per_call=steps_per_call)
 
     def run(self, steps):
+        """`steps` steps; with steps_per_call K > 1 in calls of K (the last one shorter)."""
         loss = None
-        for _ in range(steps):
-            loss = self.pipeline.progress()
+        if self.pipeline.steps_per_call == 1:
+            for _ in range(steps):
+                loss = self.pipeline.progress()
+            return float(loss)
+        done = 0
+        while done < steps:
+            losses = self.pipeline.progress_many(steps - done)
+            done += int(losses.shape[0])
+            loss = losses[-1]
         return float(loss)
 
     def alltoall_ops(self):
@@ -182,7 +193,8 @@ def measure(config, modes, args, comm, meter, log):
     _RUNNERS.append(runners)
     for mode in modes:
         log(f"  building {mode}")
-        runners[mode] = Runner(mode, config, batches, layer_comm, meter, hot_sample, replication_of(args))
+        runners[mode] = Runner(mode, config, batches, layer_comm, meter, hot_sample, replication_of(args),
+                               args.steps_per_call)
         if runners[mode].hot is not None:
             log("    hot rows: " + ", ".join(f"{r['group']} R={r['rows']} rho={r['rho']:.3f}"
                                           for r in runners[mode].hot))
@@ -273,6 +285,9 @@ def main(argv=None):
     if args.hot != "auto" and not (args.hot.isdigit()):
         print(f"error: --hot must be auto or a number of rows >= 0, got {args.hot!r}", file=sys.stderr)
         sys.exit(2)
+    if args.steps_per_call < 1:
+        print(f"error: --steps-per-call must be >= 1, got {args.steps_per_call}", file=sys.stderr)
+        sys.exit(2)
     from tf_fusedrec.distributed.meter import AlltoallMeter  # noqa: PLC0415
 
     meter = AlltoallMeter() if size > 1 else None
@@ -296,7 +311,8 @@ def main(argv=None):
         report = {"config": config.name, "workers": size, "hosts": hosts, "network": network,
                   "cpus_per_worker": len(os.sched_getaffinity(0)),  # rank 0's; taskset or --cores-per-worker
                   "batch_size_per_worker": args.batch_size or config.train.batch_size, "steps": args.steps,
-                  "repeats": args.repeats, "modes": results, "sweep": {str(k): v for k, v in sweep.items()},
+                  "steps_per_call": args.steps_per_call, "repeats": args.repeats, "modes": results,
+                  "sweep": {str(k): v for k, v in sweep.items()},
                   "command": f"{launcher(size)}.venv/bin/python -m tf_fusedrec.bench {shlex.join(sys.argv[1:])}"}
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "bench.json"), "w") as f:
