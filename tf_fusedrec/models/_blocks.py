@@ -33,6 +33,15 @@ def upper_pairs(x):
     return tf.reshape(tf.boolean_mask(x, tf.broadcast_to(upper, tf.shape(x))), [-1, f * (f - 1) // 2])
 
 
+def pairwise_dots(stacked):
+    """stacked [B, F, d] -> [B, F (F - 1) / 2]: the dot products of the pairs i < j, row by row (DLRM's
+    interactions). ops.dot_interaction for float32 (one op each way, a third of the multiply-adds); the batch matmul
+    and upper_pairs otherwise and under standard_ops (what the exported SavedModel holds)."""
+    if not getattr(_TRACING, "standard_ops", False) and stacked.dtype == tf.float32:
+        return ops.dot_interaction(stacked)
+    return upper_pairs(tf.matmul(stacked, stacked, transpose_b=True))
+
+
 def mlp(units, name, last_activation="relu", seed=0):
     """Dense layers of the given widths; ReLU between them, `last_activation` after the last."""
     layers = []

@@ -48,7 +48,6 @@ class DLRM(tf.keras.Model):
             dense = self.bottom(inputs["dense"])
             vectors = [dense] + vectors
         stacked = tf.stack(vectors, axis=1)  # [B, F, d]
-        products = tf.matmul(stacked, stacked, transpose_b=True)  # [B, F, F]
-        interactions = _blocks.upper_pairs(products)  # [B, F (F - 1) / 2]: the pairs i < j, row by row
+        interactions = _blocks.pairwise_dots(stacked)  # [B, F (F - 1) / 2]: the pairs i < j, row by row
         parts = [interactions] + ([dense] if self.bottom is not None else [])
         return _blocks.logits(self.top(tf.concat(parts, axis=1))[:, 0])

@@ -34,6 +34,7 @@ from tf_fusedrec.ops.native_table_ops import (
 from tf_fusedrec.ops.partition_ops import PartitionResult, owner_of, partition_by_owner
 from tf_fusedrec.ops.segment_unique_ops import SegmentUniqueResult, segment_unique
 from tf_fusedrec.ops.upper_triangle_ops import upper_triangle
+from tf_fusedrec.ops.dot_interaction_ops import dot_interaction
 
 __all__ = [
     "CategoryUniqueResult",
@@ -49,6 +50,7 @@ __all__ = [
     "category_unique",
     "create_native_table",
     "decode_unified_keys",
+    "dot_interaction",
     "fused_sender",
     "gather_segment_sum",
     "hashed_rows",

@@ -1,0 +1,257 @@
+/* Copyright 2026 The tf_fusedrec Authors. Licensed under the Apache License, Version 2.0. */
+// DLRM's pairwise interactions as one op each way. The model computed matmul(x, x^T) per example (all F^2
+// products), kept the strict upper triangle (UpperTriangle), and its backward ran two more batch matmuls (grad x and
+// grad^T x) on the unpacked triangle: 3 F^2 D multiply-adds per example, with Eigen's batch-matmul overhead for
+// matrices of 27 x 16. Here the forward computes only the F (F - 1) / 2 dot products it keeps (F (F - 1) D / 2
+// multiply-adds), and the backward one product with the symmetric gradient, each row of x_grad summed in registers
+// and written once (F (F - 1) D): half as many in all. Each example is one thread's, in a fixed order, so a value
+// does not depend on the batch or the thread count. On x86-64 CPUs with AVX2 and FMA the inner loops run 8 floats
+// at a time (chosen once at run time: the library itself is built for the baseline instruction set); the portable
+// loops compute the same sums in another rounding (TF_FUSEDREC_PORTABLE_KERNELS=1 forces them).
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+#include "cc/kernels/kernel_util.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define FUSEDREC_DOT_AVX2 1
+#endif
+
+namespace tensorflow {
+namespace fusedrec {
+namespace {
+
+// Multiply-adds per task below which one thread does the whole batch.
+constexpr int64_t kMinWorkPerTask = int64_t{1} << 18;
+
+void ForwardPortable(const float* x, int64_t f, int64_t d, float* out) {
+  for (int64_t i = 0; i + 1 < f; ++i) {
+    const float* xi = x + i * d;
+    for (int64_t j = i + 1; j < f; ++j) {
+      const float* xj = x + j * d;
+      float sum = 0.f;
+      for (int64_t k = 0; k < d; ++k) sum += xi[k] * xj[k];
+      *out++ = sum;
+    }
+  }
+}
+
+// The gradient of row i, its pairs' gradients in the order j = 0 .. F - 1 (j != i): pairs (j, i) for j < i, then the
+// contiguous run (i, i + 1 ..). row_start[i] is the index of pair (i, i + 1).
+inline float PairGrad(const float* grad, const int64_t* row_start, int64_t i, int64_t j) {
+  return j < i ? grad[row_start[j] + (i - j - 1)] : grad[row_start[i] + (j - i - 1)];
+}
+
+void BackwardPortable(const float* grad, const float* x, int64_t f, int64_t d, const int64_t* row_start, float* dx) {
+  for (int64_t i = 0; i < f; ++i) {
+    float* dxi = dx + i * d;
+    std::fill(dxi, dxi + d, 0.f);
+    for (int64_t j = 0; j < f; ++j) {
+      if (j == i) continue;
+      const float g = PairGrad(grad, row_start, i, j);
+      const float* xj = x + j * d;
+      for (int64_t k = 0; k < d; ++k) dxi[k] += g * xj[k];
+    }
+  }
+}
+
+#ifdef FUSEDREC_DOT_AVX2
+
+__attribute__((target("avx2,fma"))) inline float Sum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_hadd_ps(s, s);
+  s = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(s);
+}
+
+__attribute__((target("avx2,fma"))) void ForwardAvx2(const float* x, int64_t f, int64_t d, float* out) {
+  const int64_t d8 = d & ~int64_t{7};
+  for (int64_t i = 0; i + 1 < f; ++i) {
+    const float* xi = x + i * d;
+    int64_t j = i + 1;
+    for (; j + 4 <= f; j += 4) {  // four dot products at once, summed across lanes together
+      const float* x0 = x + j * d;
+      const float* x1 = x0 + d;
+      const float* x2 = x1 + d;
+      const float* x3 = x2 + d;
+      __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+      for (int64_t k = 0; k < d8; k += 8) {
+        const __m256 v = _mm256_loadu_ps(xi + k);
+        a0 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x0 + k), a0);
+        a1 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x1 + k), a1);
+        a2 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x2 + k), a2);
+        a3 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x3 + k), a3);
+      }
+      const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+      __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));  // [dot0, dot1, dot2, dot3]
+      if (d8 < d) {
+        float tail[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int64_t k = d8; k < d; ++k) {
+          tail[0] += xi[k] * x0[k];
+          tail[1] += xi[k] * x1[k];
+          tail[2] += xi[k] * x2[k];
+          tail[3] += xi[k] * x3[k];
+        }
+        r = _mm_add_ps(r, _mm_loadu_ps(tail));
+      }
+      _mm_storeu_ps(out, r);
+      out += 4;
+    }
+    for (; j < f; ++j) {
+      const float* xj = x + j * d;
+      __m256 a = _mm256_setzero_ps();
+      for (int64_t k = 0; k < d8; k += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(xi + k), _mm256_loadu_ps(xj + k), a);
+      float sum = Sum8(a);
+      for (int64_t k = d8; k < d; ++k) sum += xi[k] * xj[k];
+      *out++ = sum;
+    }
+  }
+}
+
+// Row i of the gradient, N vectors of 8 floats from column k0 on, held in registers over all j.
+template <int N>
+__attribute__((target("avx2,fma"))) inline void BackwardRowAvx2(const float* grad, const float* x, int64_t f, int64_t d,
+                                                                const int64_t* row_start, int64_t i, int64_t k0,
+                                                                float* dxi) {
+  __m256 acc[N];
+  for (int v = 0; v < N; ++v) acc[v] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < f; ++j) {
+    if (j == i) continue;
+    const __m256 g = _mm256_set1_ps(PairGrad(grad, row_start, i, j));
+    const float* xj = x + j * d + k0;
+    for (int v = 0; v < N; ++v) acc[v] = _mm256_fmadd_ps(g, _mm256_loadu_ps(xj + 8 * v), acc[v]);
+  }
+  for (int v = 0; v < N; ++v) _mm256_storeu_ps(dxi + k0 + 8 * v, acc[v]);
+}
+
+__attribute__((target("avx2,fma"))) void BackwardAvx2(const float* grad, const float* x, int64_t f, int64_t d,
+                                                      const int64_t* row_start, float* dx) {
+  const int64_t d8 = d & ~int64_t{7};
+  for (int64_t i = 0; i < f; ++i) {
+    float* dxi = dx + i * d;
+    int64_t k0 = 0;
+    for (; k0 + 32 <= d8; k0 += 32) BackwardRowAvx2<4>(grad, x, f, d, row_start, i, k0, dxi);
+    if (k0 + 16 <= d8) {
+      BackwardRowAvx2<2>(grad, x, f, d, row_start, i, k0, dxi);
+      k0 += 16;
+    }
+    if (k0 + 8 <= d8) {
+      BackwardRowAvx2<1>(grad, x, f, d, row_start, i, k0, dxi);
+      k0 += 8;
+    }
+    for (int64_t k = k0; k < d; ++k) {
+      float sum = 0.f;
+      for (int64_t j = 0; j < f; ++j) {
+        if (j != i) sum += PairGrad(grad, row_start, i, j) * x[j * d + k];
+      }
+      dxi[k] = sum;
+    }
+  }
+}
+
+// TF_FUSEDREC_PORTABLE_KERNELS=1 (read once) runs the portable loops on any CPU: how the tests reach them here.
+bool HaveAvx2() {
+  static const bool have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                           std::getenv("TF_FUSEDREC_PORTABLE_KERNELS") == nullptr;
+  return have;
+}
+
+#endif  // FUSEDREC_DOT_AVX2
+
+void Forward(const float* x, int64_t f, int64_t d, float* out) {
+#ifdef FUSEDREC_DOT_AVX2
+  if (HaveAvx2()) return ForwardAvx2(x, f, d, out);
+#endif
+  ForwardPortable(x, f, d, out);
+}
+
+void Backward(const float* grad, const float* x, int64_t f, int64_t d, const int64_t* row_start, float* dx) {
+#ifdef FUSEDREC_DOT_AVX2
+  if (HaveAvx2()) return BackwardAvx2(grad, x, f, d, row_start, dx);
+#endif
+  BackwardPortable(grad, x, f, d, row_start, dx);
+}
+
+// Runs examples(begin, end) over [0, batch), split into tasks of at least kMinWorkPerTask multiply-adds.
+void OverExamples(OpKernelContext* ctx, int64_t batch, int64_t work_per_example,
+                  const std::function<void(int64_t, int64_t)>& examples) {
+  const int64_t min_examples = std::max<int64_t>(1, kMinWorkPerTask / std::max<int64_t>(1, work_per_example));
+  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(NumCpuThreads(ctx), batch / min_examples));
+  if (tasks == 1) {
+    examples(0, batch);
+    return;
+  }
+  const int64_t len = (batch + tasks - 1) / tasks;
+  CpuRunner(ctx)(tasks, [&](int64_t t) { examples(t * len, std::min(batch, (t + 1) * len)); });
+}
+
+}  // namespace
+
+class DotInteractionOp : public OpKernel {
+ public:
+  explicit DotInteractionOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& x = ctx->input(0);
+    OP_REQUIRES(ctx, x.dims() == 3, errors::InvalidArgument("x must have shape [B, F, D], got ", x.shape().DebugString()));
+    const int64_t batch = x.dim_size(0), f = x.dim_size(1), d = x.dim_size(2);
+    const int64_t pairs = f * (f - 1) / 2;
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, pairs}), &out));
+    if (batch == 0 || pairs == 0) return;
+    const float* xs = x.flat<float>().data();
+    float* ys = out->flat<float>().data();
+    if (d == 0) {
+      std::fill(ys, ys + batch * pairs, 0.f);
+      return;
+    }
+    OverExamples(ctx, batch, pairs * d, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) Forward(xs + b * f * d, f, d, ys + b * pairs);
+    });
+  }
+};
+
+class DotInteractionGradOp : public OpKernel {
+ public:
+  explicit DotInteractionGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& grad = ctx->input(0);
+    const Tensor& x = ctx->input(1);
+    OP_REQUIRES(ctx, x.dims() == 3, errors::InvalidArgument("x must have shape [B, F, D], got ", x.shape().DebugString()));
+    const int64_t batch = x.dim_size(0), f = x.dim_size(1), d = x.dim_size(2);
+    const int64_t pairs = f * (f - 1) / 2;
+    OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == batch && grad.dim_size(1) == pairs,
+                errors::InvalidArgument("grad must have shape [", batch, ", ", pairs, "] (x ", x.shape().DebugString(),
+                                        "), got ", grad.shape().DebugString()));
+    Tensor* dx = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x.shape(), &dx));
+    float* dxs = dx->flat<float>().data();
+    if (x.NumElements() == 0) return;
+    if (pairs == 0) {
+      std::fill(dxs, dxs + x.NumElements(), 0.f);
+      return;
+    }
+    const float* gs = grad.flat<float>().data();
+    const float* xs = x.flat<float>().data();
+    std::vector<int64_t> row_start(f);
+    for (int64_t i = 0, p = 0; i < f; p += f - 1 - i, ++i) row_start[i] = p;
+    OverExamples(ctx, batch, 2 * pairs * d, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        Backward(gs + b * pairs, xs + b * f * d, f, d, row_start.data(), dxs + b * f * d);
+      }
+    });
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("FusedRec>DotInteraction").Device(DEVICE_CPU), DotInteractionOp);
+REGISTER_KERNEL_BUILDER(Name("FusedRec>DotInteractionGrad").Device(DEVICE_CPU), DotInteractionGradOp);
+
+}  // namespace fusedrec
+}  // namespace tensorflow
