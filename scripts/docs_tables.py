@@ -447,6 +447,62 @@ def bench_step_cost(directory="docs/bench/step_cost", modes=("fused",)):
                   "ll" + "l" * len(mode_column) + "rrrr", rows)
 
 
+def bench_commit_modes(directory, modes):
+    """`directory` (scripts/bench_commits.sh): per run and tree (base, head), samples/s and rank 0's CPU per step of
+    each mode, head's ratio to base of the same run, and fused against the other modes of the same tree and run."""
+    rows = []
+    for run, placement, pair in _commit_runs(f"{directory}/*/bench.json"):
+        for tree in ("base", "head"):
+            m = pair[tree]["modes"]
+            cells = []
+            for mode in modes:
+                ratio = (f" ({m[mode]['samples_per_s'] / pair['base']['modes'][mode]['samples_per_s']:.2f}x)"
+                         if tree == "head" else "")
+                cells.append(f"{m[mode]['samples_per_s']:,.0f}{ratio}, {1e3 * m[mode]['cpu_seconds_per_step']:.1f} ms")
+            rows.append([run, placement, tree] + cells + [
+                f"{m['fused']['samples_per_s'] / m[k]['samples_per_s']:.2f}x" for k in modes if k != "fused"])
+    return _table(["run", "placement", "tree"] + [f"{k} samples/s, CPU / step (rank 0)" for k in modes]
+                  + [f"fused vs {k}" for k in modes if k != "fused"], "lll" + "r" * (2 * len(modes) - 1), rows)
+
+
+INTERACTION_OPS = ("BatchMatMulV2", "FusedRec>UpperTriangle", "FusedRec>UpperTriangleGrad", "FusedRec>DotInteraction",
+                   "FusedRec>DotInteractionGrad")
+
+
+def perf_op_profile():
+    """docs/perf/op_profile/{base,head}.json (scripts/op_profile.py, one worker, in the tree before and after
+    ops.dot_interaction): per mode, the step, CPU per step, and the op time of DLRM's interaction (the ops of
+    INTERACTION_OPS present) and of the dense layers' matmuls."""
+    trees = {t: _json(f"docs/perf/op_profile/{t}.json")["modes"] for t in ("base", "head")}
+    rows = []
+    for mode in trees["head"]:
+        for tree in ("base", "head"):
+            m = trees[tree][mode]
+            ops = m["ops"]
+            present = [k for k in INTERACTION_OPS if k in ops]
+            interaction = sum(ops[k]["ms_per_step"] for k in present)
+            names = ", ".join(f"{k.replace('FusedRec>', '')} {ops[k]['ms_per_step']:.2f}" for k in present)
+            matmul = sum(ops[k]["ms_per_step"] for k in ("MatMul", "_FusedMatMul") if k in ops)
+            rows.append([mode, tree, f"{m['step_ms']:.1f}", f"{m['cpu_ms_per_step']:.1f}", f"{interaction:.2f} ({names})",
+                         f"{matmul:.2f}"])
+    return _table(["mode", "tree", "step ms", "CPU ms / step", "interaction ops, ms / step", "MatMul + _FusedMatMul, ms / step"],
+                  "llrrlr", rows)
+
+
+def perf_op_profile_runs():
+    """docs/perf/op_profile/runs/{base,head}-N.json (scripts/op_profile.py --modes fused,dense_only --steps 60, the
+    trees alternating): one worker's fused and dense_only steps, unprofiled, and their ratio."""
+    rows = []
+    for path in sorted(glob.glob(_path("docs/perf/op_profile/runs/*.json")),
+                       key=lambda q: (os.path.basename(q).split("-")[1], q)):
+        tree, n = os.path.basename(path)[:-len(".json")].split("-")
+        m = _json(os.path.relpath(path, _path(".")))["modes"]
+        rows.append([n, tree] + [f"{m[k]['step_ms']:.1f} / {m[k]['cpu_ms_per_step']:.1f}" for k in ("fused", "dense_only")]
+                    + [f"{m['fused']['step_ms'] / m['dense_only']['step_ms']:.2f}x"])
+    return _table(["run", "tree", "fused step / CPU ms", "dense_only step / CPU ms", "fused step vs dense_only"],
+                  "llrrr", rows)
+
+
 def bench_cycle_time():
     """docs/bench/cycle_time: `fused` samples/s on 2 pinned workers per HOROVOD_CYCLE_TIME (scripts/bench_env.sh),
     each run's values alternating, and the median over the runs."""
@@ -803,6 +859,10 @@ TABLES = {
     "graph-size": (("docs/perf/step_cost/graph-*.json",), graph_size),
     "graph-ops": (("docs/perf/graph_ops/graph-*.json",), graph_ops),
     "graph-tfra": (("docs/perf/graph_tfra/graph-*.json",), graph_tfra),
+    "bench-dot-interaction": (("docs/bench/dot_interaction/*/bench.json",), lambda: bench_commit_modes(
+        "docs/bench/dot_interaction", ("fused", "tfra_hand_fused", "per_feature", "dense_only"))),
+    "perf-op-profile": (("docs/perf/op_profile/*.json",), perf_op_profile),
+    "perf-op-profile-runs": (("docs/perf/op_profile/runs/*.json",), perf_op_profile_runs),
     "bench-graph-ops": (("docs/bench/graph_ops/*/bench.json",), lambda: bench_step_cost("docs/bench/graph_ops")),
     "bench-trace-tfra": (("docs/bench/trace_tfra/*/bench.json",),
                          lambda: bench_step_cost("docs/bench/trace_tfra", ("per_feature", "fused_tfra"))),
