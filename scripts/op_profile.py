@@ -2,7 +2,10 @@
 
     .venv/bin/python scripts/op_profile.py --modes fused,dense_only --steps 20 --out docs/perf/op_profile/ops.json
 
-Builds each mode as tf_fusedrec.bench does (its Runner, criteo_synthetic, one worker), warms it up, then traces
+Under horovodrun every worker profiles its own steps and rank 0 writes --out.
+
+Builds each mode as tf_fusedrec.bench does (its Runner, criteo_synthetic, one worker; with --hot R the fused_hot
+modes replicate R rows per group), warms it up, then traces
 --steps steps with tf.profiler and sums, per op type, the time of the op events on TensorFlow's executor threads
 (the host plane's "TensorFlow Ops" events; nested events, such as a function call's ops, count in their own type as
 well as in the call's). Writes --out as {mode: {"step_ms": ..., "cpu_ms_per_step": ..., "ops": {type: {"ms_per_step",
@@ -54,6 +57,9 @@ def main():
     p.add_argument("--config", default="configs/criteo_synthetic.yaml")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--hot", default=None, metavar="R",
+                   help="fused_hot modes: R rows per group replicated, or auto (the model's choice), chosen on 20 "
+                        "later batches; default: no replication")
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -67,9 +73,15 @@ def main():
     comm = comm_lib.init_workers()
     config = cfg.load_config(args.config)
     batches = experiment.make_dataset(config, config.train.batch_size, comm.rank, comm.size).take(8).cache()
+    replication = hot_sample = None
+    if args.hot is not None:
+        from tf_fusedrec.distributed.replication import HotReplication  # noqa: PLC0415
+
+        replication = HotReplication(rows=None if args.hot == "auto" else int(args.hot), sample_batches=20)
+        hot_sample = experiment.embedding_sample(config, config.train.batch_size, comm.rank, comm.size, 8, 20)
     results = {}
     for mode in args.modes.split(","):
-        runner = train_bench.Runner(mode, config, batches, comm, None)
+        runner = train_bench.Runner(mode, config, batches, comm, None, hot_sample, replication)
         runner.run(args.warmup)
         t0, c0 = time.perf_counter(), time.process_time()
         runner.run(args.steps)
@@ -81,12 +93,18 @@ def main():
             tf.profiler.experimental.stop()
             ops = op_times(logdir, args.steps)
         results[mode] = {"step_ms": step_ms, "cpu_ms_per_step": cpu_ms, "ops": ops}
+        if runner.hot is not None:
+            results[mode]["hot"] = [{"group": r["group"], "rows": int(r["rows"])} for r in runner.hot]
+        if comm.rank != 0:
+            continue
         print(f"{mode}: {step_ms:.1f} ms/step, CPU {cpu_ms:.1f} ms/step (unprofiled steps); op time by type, ms/step:")
         for kind, v in list(ops.items())[:25]:
             print(f"  {kind:40s} {v['ms_per_step']:8.3f}  x{v['count_per_step']:.0f}")
+    if comm.rank != 0:  # under horovodrun every worker profiles its own steps; rank 0's are written
+        return
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"config": config.name, "steps": args.steps, "modes": results}, f, indent=1)
+        json.dump({"config": config.name, "workers": comm.size, "steps": args.steps, "modes": results}, f, indent=1)
     print(f"wrote {args.out}")
 
 
