@@ -136,7 +136,7 @@ def test_errors(fro, run_all, check):
                        r"grad must have shape \[2, 3\]", 4)
 
 
-def test_portable_loops(tmp_path):
+def test_portable_loops(fro, tmp_path):
     """The loops for CPUs without AVX2 and FMA, forced by TF_FUSEDREC_PORTABLE_KERNELS=1 in a fresh process (the
     choice is made once per process), against NumPy: forward and gradient, D with and without a tail."""
     import os  # noqa: PLC0415
@@ -170,10 +170,4 @@ def test_portable_loops(tmp_path):
         np.testing.assert_allclose(out[k + "_y"], numpy_pairs(x), rtol=1e-5, atol=tolerance(x))
         np.testing.assert_allclose(out[k + "_g"], numpy_grad(w, x), rtol=1e-5, atol=tolerance(x) * pairs * x.shape[1])
         # Another rounding than the AVX2 loops, the same values to float32's precision.
-        np.testing.assert_allclose(out[k + "_y"], fro_pairs(x), rtol=1e-5, atol=tolerance(x))
-
-
-def fro_pairs(x):
-    from tf_fusedrec import ops  # noqa: PLC0415
-
-    return ops.dot_interaction(x).numpy()
+        np.testing.assert_allclose(out[k + "_y"], fro.dot_interaction(x).numpy(), rtol=1e-5, atol=tolerance(x))

@@ -35,7 +35,7 @@ def upper_pairs(x):
 
 def pairwise_dots(stacked):
     """stacked [B, F, d] -> [B, F (F - 1) / 2]: the dot products of the pairs i < j, row by row (DLRM's
-    interactions). ops.dot_interaction for float32 (one op each way, a third of the multiply-adds); the batch matmul
+    interactions). ops.dot_interaction for float32 (one op each way, half the multiply-adds); the batch matmul
     and upper_pairs otherwise and under standard_ops (what the exported SavedModel holds)."""
     if not getattr(_TRACING, "standard_ops", False) and stacked.dtype == tf.float32:
         return ops.dot_interaction(stacked)

@@ -8,6 +8,7 @@ from tf_fusedrec.ops.category_unique_ops import (
     packed_key_bits,
     packed_segment_bits,
 )
+from tf_fusedrec.ops.dot_interaction_ops import dot_interaction
 from tf_fusedrec.ops.fused_sender_ops import FusedSenderResult, fused_sender
 from tf_fusedrec.ops.gather_segment_sum_ops import gather_segment_sum
 from tf_fusedrec.ops.hashed_rows_ops import hashed_rows
@@ -34,7 +35,6 @@ from tf_fusedrec.ops.native_table_ops import (
 from tf_fusedrec.ops.partition_ops import PartitionResult, owner_of, partition_by_owner
 from tf_fusedrec.ops.segment_unique_ops import SegmentUniqueResult, segment_unique
 from tf_fusedrec.ops.upper_triangle_ops import upper_triangle
-from tf_fusedrec.ops.dot_interaction_ops import dot_interaction
 
 __all__ = [
     "CategoryUniqueResult",
