@@ -503,6 +503,19 @@ def perf_op_profile_runs():
                   "llrrr", rows)
 
 
+def bench_head_runs(directory, modes):
+    """`directory`/head-N (python -m tf_fusedrec.bench, one tree, repeated): per run, samples/s and rank 0's CPU per
+    step of each mode, and fused against the others of the same run."""
+    runs = _value_runs(directory)
+    rows = []
+    for n in sorted(runs):
+        m = runs[n]["head"]
+        rows.append([n] + [f"{m[k]['samples_per_s']:,.0f}, {1e3 * m[k]['cpu_seconds_per_step']:.1f} ms" for k in modes]
+                    + [f"{m['fused']['samples_per_s'] / m[k]['samples_per_s']:.2f}x" for k in modes if k != "fused"])
+    return _table(["run"] + [f"{k} samples/s, CPU / step (rank 0)" for k in modes]
+                  + [f"fused vs {k}" for k in modes if k != "fused"], "l" + "r" * (2 * len(modes) - 1), rows)
+
+
 def bench_cycle_time():
     """docs/bench/cycle_time: `fused` samples/s on 2 pinned workers per HOROVOD_CYCLE_TIME (scripts/bench_env.sh),
     each run's values alternating, and the median over the runs."""
@@ -863,6 +876,8 @@ TABLES = {
         "docs/bench/dot_interaction", ("fused", "tfra_hand_fused", "per_feature", "dense_only"))),
     "perf-op-profile": (("docs/perf/op_profile/*.json",), perf_op_profile),
     "perf-op-profile-runs": (("docs/perf/op_profile/runs/*.json",), perf_op_profile_runs),
+    "bench-dot-interaction-head": (("docs/bench/dot_interaction_head/*/bench.json",), lambda: bench_head_runs(
+        "docs/bench/dot_interaction_head", ("fused", "tfra_hand_fused", "per_feature"))),
     "bench-graph-ops": (("docs/bench/graph_ops/*/bench.json",), lambda: bench_step_cost("docs/bench/graph_ops")),
     "bench-trace-tfra": (("docs/bench/trace_tfra/*/bench.json",),
                          lambda: bench_step_cost("docs/bench/trace_tfra", ("per_feature", "fused_tfra"))),
