@@ -317,49 +317,39 @@ def bench_malloc():
                   rows)
 
 
-def bench_malloc_thresholds(directory, modes):
-    """directory/{default,tuned}-N (scripts/bench_env.sh over horovodrun --mpi, VAR=TF_FUSEDREC_MALLOC at the commit
-    that had tf_fusedrec/malloc.py): glibc's own malloc thresholds against fixed high ones, per run: samples/s and CPU
-    per step of each mode (with the tuned run's ratio to the default one), and fused against the baselines run."""
+def _value_ab(directory, values, header, label, modes):
+    """directory/VALUE-N (scripts/bench_env.sh's or a loop's run directories): per run and value (values[0] is the
+    baseline), each mode's samples/s (other values with their ratio to the baseline of the same run) and rank 0's CPU
+    per step, and fused against the other modes of the same run and value. `label(value)`: the value's cell."""
     runs = _value_runs(directory)
     rows = []
     for n in sorted(runs):
-        base = runs[n].get("default")
-        for value in ("default", "tuned"):
+        base = runs[n].get(values[0])
+        for value in values:
             if value not in runs[n]:
                 continue
             m = runs[n][value]
             cells = []
             for k in modes:
-                ratio = f" ({m[k]['samples_per_s'] / base[k]['samples_per_s']:.2f}x)" if base and value != "default" else ""
+                ratio = f" ({m[k]['samples_per_s'] / base[k]['samples_per_s']:.2f}x)" if base and value != values[0] else ""
                 cells.append(f"{m[k]['samples_per_s']:,.0f}{ratio}, {1e3 * m[k]['cpu_seconds_per_step']:.1f} ms")
-            rate = {k: m[k]["samples_per_s"] for k in modes}
-            rows.append([n, "glibc's own" if value == "default" else "mmap 32 MiB, trim 256 MiB"] + cells
-                        + [f"{rate['fused'] / rate[k]:.2f}x" for k in modes if k != "fused"])
-    return _table(["run", "malloc thresholds"] + [f"{k} samples/s, CPU / step (rank 0)" for k in modes]
+            rows.append([n, label(value)] + cells + [f"{m['fused']['samples_per_s'] / m[k]['samples_per_s']:.2f}x"
+                                                     for k in modes if k != "fused"])
+    return _table(["run", header] + [f"{k} samples/s, CPU / step (rank 0)" for k in modes]
                   + [f"fused vs {k}" for k in modes if k != "fused"], "ll" + "r" * (2 * len(modes) - 1), rows)
+
+
+def bench_malloc_thresholds(directory, modes):
+    """directory/{default,tuned}-N (scripts/bench_env.sh over horovodrun --mpi, VAR=TF_FUSEDREC_MALLOC at the commit
+    that had tf_fusedrec/malloc.py): glibc's own malloc thresholds against fixed high ones."""
+    return _value_ab(directory, ("default", "tuned"), "malloc thresholds",
+                     lambda v: "glibc's own" if v == "default" else "mmap 32 MiB, trim 256 MiB", modes)
 
 
 def bench_steps_per_call():
     """docs/bench/steps_per_call/{1,4}-N (python -m tf_fusedrec.bench --steps-per-call K over horovodrun --mpi,
-    alternating): samples/s and CPU per step of fused and tfra_hand_fused at K = 1 and 4, with K = 4's ratio to K = 1
-    of the same run number, and fused against tfra_hand_fused."""
-    runs = _value_runs("docs/bench/steps_per_call")
-    modes = ("fused", "tfra_hand_fused")
-    rows = []
-    for n in sorted(runs):
-        base = runs[n].get("1")
-        for k in ("1", "4"):
-            if k not in runs[n]:
-                continue
-            m = runs[n][k]
-            cells = []
-            for mode in modes:
-                ratio = f" ({m[mode]['samples_per_s'] / base[mode]['samples_per_s']:.2f}x)" if base and k != "1" else ""
-                cells.append(f"{m[mode]['samples_per_s']:,.0f}{ratio}, {1e3 * m[mode]['cpu_seconds_per_step']:.1f} ms")
-            rows.append([n, k] + cells + [f"{m['fused']['samples_per_s'] / m['tfra_hand_fused']['samples_per_s']:.2f}x"])
-    return _table(["run", "steps per call"] + [f"{k} samples/s, CPU / step (rank 0)" for k in modes]
-                  + ["fused vs tfra_hand_fused"], "lrrrr", rows)
+    alternating): fused and tfra_hand_fused at K = 1 and 4."""
+    return _value_ab("docs/bench/steps_per_call", ("1", "4"), "steps per call", str, ("fused", "tfra_hand_fused"))
 
 
 PIPELINE_MODES = ("fused", "fused_dbp", "fused_fwp", "fused_hot", "fused_hot_dbp")
