@@ -181,14 +181,7 @@ void Backward(const float* grad, const float* x, int64_t f, int64_t d, const int
 // Runs examples(begin, end) over [0, batch), split into tasks of at least kMinWorkPerTask multiply-adds.
 void OverExamples(OpKernelContext* ctx, int64_t batch, int64_t work_per_example,
                   const std::function<void(int64_t, int64_t)>& examples) {
-  const int64_t min_examples = std::max<int64_t>(1, kMinWorkPerTask / std::max<int64_t>(1, work_per_example));
-  const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(NumCpuThreads(ctx), batch / min_examples));
-  if (tasks == 1) {
-    examples(0, batch);
-    return;
-  }
-  const int64_t len = (batch + tasks - 1) / tasks;
-  CpuRunner(ctx)(tasks, [&](int64_t t) { examples(t * len, std::min(batch, (t + 1) * len)); });
+  ParallelRanges(ctx, batch, std::max<int64_t>(1, kMinWorkPerTask / std::max<int64_t>(1, work_per_example)), examples);
 }
 
 }  // namespace

@@ -99,16 +99,9 @@ struct FusedSenderFunctor<CPUDevice, K> {
     // Pass 3: recover_index[i] = send-buffer position of fused position i's pair.
     int32* recover = ctx->mutable_output(2)->flat<int32>().data();
     const int64_t n = ctx->mutable_output(2)->NumElements();
-    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(NumCpuThreads(ctx), n / kMinShard));
-    const int64_t len = (n + tasks - 1) / tasks;
-    auto remap = [&](int64_t t) {
-      for (int64_t i = t * len, end = std::min(n, (t + 1) * len); i < end; ++i) recover[i] = pos[recover[i]];
-    };
-    if (tasks == 1) {
-      remap(0);
-    } else {
-      CpuRunner(ctx)(tasks, remap);
-    }
+    ParallelRanges(ctx, n, kMinShard, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) recover[i] = pos[recover[i]];
+    });
     return OkStatus();
   }
 };

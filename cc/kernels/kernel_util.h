@@ -4,6 +4,7 @@
 #define CC_KERNELS_KERNEL_UTIL_H_
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 
 #include "cc/kernels/impl/pair_dedup.h"
@@ -76,6 +77,20 @@ inline impl::ParallelRunner CpuRunner(OpKernelContext* ctx) {
                         for (int64_t i = begin; i < end; ++i) task(i);
                       });
   };
+}
+
+// Runs range(begin, end) over [0, n) split into contiguous ranges of at least min_per_task items, at most one per
+// intra-op thread; a single range runs inline on the calling thread.
+inline void ParallelRanges(OpKernelContext* ctx, int64_t n, int64_t min_per_task,
+                           const std::function<void(int64_t, int64_t)>& range) {
+  const int64_t tasks =
+      std::max<int64_t>(1, std::min<int64_t>(NumCpuThreads(ctx), n / std::max<int64_t>(1, min_per_task)));
+  if (tasks == 1) {
+    range(0, n);
+    return;
+  }
+  const int64_t len = (n + tasks - 1) / tasks;
+  CpuRunner(ctx)(tasks, [&](int64_t t) { range(t * len, std::min(n, (t + 1) * len)); });
 }
 
 // Deduplicates the (segment_ids[i], keys[i]) pairs, writes the inverse into output `inverse_index`, and hands the

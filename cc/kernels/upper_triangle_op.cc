@@ -46,14 +46,7 @@ struct UpperTriangleFunctor<CPUDevice, T> {
         }
       }
     };
-    const int64_t tasks =
-        std::max<int64_t>(1, std::min<int64_t>(NumCpuThreads(ctx), batch / kMinExamplesPerTask));
-    if (tasks == 1) {
-      examples(0, batch);
-      return;
-    }
-    const int64_t len = (batch + tasks - 1) / tasks;
-    CpuRunner(ctx)(tasks, [&](int64_t t) { examples(t * len, std::min(batch, (t + 1) * len)); });
+    ParallelRanges(ctx, batch, kMinExamplesPerTask, examples);
   }
 };
 
