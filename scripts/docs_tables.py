@@ -299,29 +299,12 @@ def bench_mpi_yield():
                      "fused vs the spinning run"], "ll" + "r" * 7, rows)
 
 
-def bench_malloc():
-    """docs/bench/malloc/{default,libtcmalloc_minimal.so.4}-N (scripts/bench_env.sh over horovodrun --mpi, VAR=LD_PRELOAD):
-    glibc's malloc against tcmalloc, per run: samples/s and CPU per step of each mode, and tcmalloc's ratio."""
-    runs = _value_runs("docs/bench/malloc")
-    rows = []
-    for n in sorted(runs):
-        base = runs[n].get("default")
-        for value in sorted(runs[n], key=lambda v: v != "default"):
-            m = runs[n][value]
-            cells = []
-            for k in TRANSPORT_MODES:
-                ratio = f" ({m[k]['samples_per_s'] / base[k]['samples_per_s']:.2f}x)" if base and value != "default" else ""
-                cells.append(f"{m[k]['samples_per_s']:,.0f}{ratio}, {1e3 * m[k]['cpu_seconds_per_step']:.1f} ms")
-            rows.append([n, "glibc (default)" if value == "default" else f"tcmalloc (`LD_PRELOAD={value}`)"] + cells)
-    return _table(["run", "malloc"] + [f"{k} samples/s, CPU / step (rank 0)" for k in TRANSPORT_MODES], "ll" + "r" * 3,
-                  rows)
-
-
-def _value_ab(directory, values, header, label, modes):
+def _value_ab(directory, values, header, label, modes, versus=True):
     """directory/VALUE-N (scripts/bench_env.sh's or a loop's run directories): per run and value (values[0] is the
     baseline), each mode's samples/s (other values with their ratio to the baseline of the same run) and rank 0's CPU
-    per step, and fused against the other modes of the same run and value. `label(value)`: the value's cell."""
+    per step, and (versus) fused against the other modes of the same run and value. `label(value)`: its cell."""
     runs = _value_runs(directory)
+    others = [k for k in modes if k != "fused"] if versus else []
     rows = []
     for n in sorted(runs):
         base = runs[n].get(values[0])
@@ -333,10 +316,18 @@ def _value_ab(directory, values, header, label, modes):
             for k in modes:
                 ratio = f" ({m[k]['samples_per_s'] / base[k]['samples_per_s']:.2f}x)" if base and value != values[0] else ""
                 cells.append(f"{m[k]['samples_per_s']:,.0f}{ratio}, {1e3 * m[k]['cpu_seconds_per_step']:.1f} ms")
-            rows.append([n, label(value)] + cells + [f"{m['fused']['samples_per_s'] / m[k]['samples_per_s']:.2f}x"
-                                                     for k in modes if k != "fused"])
+            rows.append([n, label(value)] + cells
+                        + [f"{m['fused']['samples_per_s'] / m[k]['samples_per_s']:.2f}x" for k in others])
     return _table(["run", header] + [f"{k} samples/s, CPU / step (rank 0)" for k in modes]
-                  + [f"fused vs {k}" for k in modes if k != "fused"], "ll" + "r" * (2 * len(modes) - 1), rows)
+                  + [f"fused vs {k}" for k in others], "ll" + "r" * (len(modes) + len(others)), rows)
+
+
+def bench_malloc():
+    """docs/bench/malloc/{default,libtcmalloc_minimal.so.4}-N (scripts/bench_env.sh over horovodrun --mpi, VAR=LD_PRELOAD):
+    glibc's malloc against tcmalloc, per run: samples/s and CPU per step of each mode, and tcmalloc's ratio."""
+    return _value_ab("docs/bench/malloc", ("default", "libtcmalloc_minimal.so.4"), "malloc",
+                     lambda v: "glibc (default)" if v == "default" else f"tcmalloc (`LD_PRELOAD={v}`)", TRANSPORT_MODES,
+                     versus=False)
 
 
 def bench_malloc_thresholds(directory, modes):
