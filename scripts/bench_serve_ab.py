@@ -11,7 +11,7 @@ machine's load hits both alike) runs one open-loop test of --duration s, 64 inst
 requests/s, p50/p99 and the CPU seconds per second of the ranker, the servers and this process (the load generator).
 --ranker-variant (repeatable) starts one ranker per variant with FLAGS added (e.g. wait0="--batch-wait-ms 0"), all
 on the same servers, and alternates between them run by run as well. --server-variant (repeatable) starts 2 embedding
-servers per variant with FLAGS added (e.g. nocache="--initializer-cache-mb 0") and the rankers once per variant on
+servers per variant with FLAGS added (e.g. threads2="--threads 2") and the rankers once per variant on
 its servers; every (server variant, ranker variant) pair alternates run by run.
 EXPORT: an export of configs/criteo_serve.yaml (the bench trains one with --work-dir; or run
 `python -c "from tf_fusedrec.serve import bench; bench.train_and_export('configs/criteo_serve.yaml', DIR, 30, 512, 600)"`).

@@ -584,9 +584,9 @@ def counting_lookups(server):
     """Wraps every group's GroupRows.lookup of an in-process server; -> {group: number of calls}."""
     calls = {name: 0 for name in server.groups}
     for name, rows_of in server.groups.items():
-        def counted(ids, categories, initial=None, name=name, lookup=rows_of.lookup):
+        def counted(ids, categories, name=name, lookup=rows_of.lookup):
             calls[name] += 1
-            return lookup(ids, categories, initial)
+            return lookup(ids, categories)
         rows_of.lookup = counted
     return calls
 

@@ -28,7 +28,6 @@ training process, so they give zeros (the manifest's initializer says which).
 import hashlib
 import json
 import os
-import threading
 
 import numpy as np
 
@@ -126,64 +125,6 @@ def initial_rows(initializer, salts, ids, categories, dim):
     if name == "Constant":
         return np.full((n, dim), config.get("value", 0.0), np.float32)
     return np.zeros((n, dim), np.float32)  # Zeros, and random initializers (documented above)
-
-
-class InitialRowCache:
-    """A bounded cache of a group's initializer rows, keyed on (id, category) pairs; it answers as initial_rows does.
-
-    A Hashed row costs about 40 ns per element to compute in NumPy (a log and a cos in float64 each), and on an
-    embedding server most of the rows asked can be ids never trained, asked again and again (new or rare items),
-    so their rows are kept: direct-mapped (each pair has one slot, chosen by a hash of the pair; a new pair evicts
-    the slot's old one), so a probe is a few vectorised array operations and memory stays at the bound given. Keyed
-    on the pair, not the table key: two pairs may share a hashed key yet differ in their initializer row. Only Hashed
-    initializers are cached (Constant and Zeros rows cost nothing to make). Safe to call from several threads.
-
-    Args:
-      group: the manifest's group dict (dim, initializer, salts).
-      max_bytes: the most memory the cache holds (its ids, categories and rows); slots are a power of two.
-    """
-
-    def __init__(self, group, max_bytes):
-        self.group, self.dim = group["name"], int(group["dim"])
-        self._initializer, self._salts = group["initializer"], group["salts"]
-        slot_bytes = 16 + 4 * self.dim
-        slots = 0
-        if self._initializer.get("class_name") == "Hashed" and max_bytes >= slot_bytes:
-            slots = 1 << ((int(max_bytes) // slot_bytes).bit_length() - 1)
-        self.slots = slots
-        self._ids = np.zeros(slots, np.int64)
-        self._categories = np.full(slots, -1, np.int64)  # -1: an empty slot (categories are >= 0)
-        self._rows = np.zeros((slots, self.dim), np.float32)
-        self._lock = threading.Lock()
-        self.hits = self.misses = 0
-
-    @property
-    def nbytes(self):
-        return self._ids.nbytes + self._categories.nbytes + self._rows.nbytes
-
-    def rows(self, ids, categories):
-        """float32 [n, dim]: initial_rows(group's initializer, salts, ids, categories, dim)."""
-        ids = np.asarray(ids, np.int64)
-        categories = np.asarray(categories, np.int64)
-        if not self.slots:
-            return initial_rows(self._initializer, self._salts, ids, categories, self.dim)
-        with np.errstate(over="ignore"):
-            slot = (hashing.mix64(ids.view(np.uint64) ^ (categories.view(np.uint64) * _GOLDEN))
-                    & np.uint64(self.slots - 1)).astype(np.intp)
-        with self._lock:  # a slot's id, category and row are read (and written) together
-            hit = (self._ids[slot] == ids) & (self._categories[slot] == categories)
-            out = self._rows[slot]  # a copy; the misses' rows are overwritten below
-            missed = len(ids) - int(hit.sum())
-            self.hits += len(ids) - missed
-            self.misses += missed
-        if missed:
-            miss = ~hit
-            fresh = initial_rows(self._initializer, self._salts, ids[miss], categories[miss], self.dim)
-            out[miss] = fresh
-            at = slot[miss]
-            with self._lock:  # a pair asked twice in one call takes one slot twice: the same id, category and row
-                self._ids[at], self._categories[at], self._rows[at] = ids[miss], categories[miss], fresh
-        return out
 
 
 # --- files -----------------------------------------------------------------------------------------------------------
@@ -324,9 +265,9 @@ class GroupRows:
     def keys_of(self, ids, categories):
         return table_keys(ids, categories, len(self.group["features"]), self.group["encoding"])
 
-    def lookup(self, ids, categories, initial=None):
-        """float32 [n, dim] rows of (id, category) pairs: the trained row, or the initializer's for ids never trained
-        (from `initial`, an InitialRowCache of this group, when given). Returns (rows, number of pairs not held)."""
+    def lookup(self, ids, categories):
+        """float32 [n, dim] rows of (id, category) pairs: the trained row, or the initializer's for ids never trained.
+        Returns (rows, number of pairs not held)."""
         ids = np.asarray(ids, np.int64)
         keys = self.keys_of(ids, categories)
         position = np.searchsorted(self.keys, keys)
@@ -336,11 +277,8 @@ class GroupRows:
         rows[found] = self.rows[position[found]]
         missing = ~found
         if missing.any():
-            if initial is not None:
-                rows[missing] = initial.rows(ids[missing], np.asarray(categories)[missing])
-            else:
-                rows[missing] = initial_rows(self.group["initializer"], self.group["salts"], ids[missing],
-                                             np.asarray(categories)[missing], self.dim)
+            rows[missing] = initial_rows(self.group["initializer"], self.group["salts"], ids[missing],
+                                         np.asarray(categories)[missing], self.dim)
         return rows, int(missing.sum())
 
 

@@ -175,13 +175,11 @@ class EmbeddingServer:
       max_staged_mb: most MiB of rows and keys staged for a version before it is committed.
       catch_up: a publish log directory (publish.replay_log), or None: its newest version, if any, is the version
         served (the only one held) instead of the export's rows.
-      initializer_cache_mb: most MiB of initializer rows (of ids the export does not hold) kept for the next
-        lookups, split evenly among the groups (fmt.InitialRowCache; 0: none, every such row is computed).
     """
 
     def __init__(self, export_dir, start=0, end=fmt.HASH_SPACE, max_inflight=32, threads=4, max_request_mb=64,
                  max_response_mb=512, host="127.0.0.1", max_clients=64, accept_publish=False, max_staged_mb=1024,
-                 catch_up=None, initializer_cache_mb=16):
+                 catch_up=None):
         if not 0 <= start < end <= fmt.HASH_SPACE:
             raise ValueError(f"the range [{start:#x}, {end:#x}) must be non-empty and within [0, 2**64)")
         for name, value in (("max_inflight", max_inflight), ("threads", threads), ("max_request_mb", max_request_mb),
@@ -189,8 +187,6 @@ class EmbeddingServer:
                             ("max_staged_mb", max_staged_mb)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if not isinstance(initializer_cache_mb, (int, float)) or not 0 <= initializer_cache_mb <= 1 << 20:
-            raise ValueError(f"initializer_cache_mb must be a number in [0, 2**20], got {initializer_cache_mb!r}")
         self.export_dir = os.path.abspath(export_dir)
         self.range_start, self.range_end = start, end
         self.max_inflight, self.threads, self.host, self.max_clients = max_inflight, threads, host, max_clients
@@ -200,9 +196,6 @@ class EmbeddingServer:
         self.fingerprint = export_fingerprint(self.manifest)
         groups = {g["name"]: fmt.GroupRows(self.export_dir, self.manifest, g, start, end)
                   for g in self.manifest["groups"]}
-        # One per group for every version: a group's initializer rows do not change when a publish changes its rows.
-        per_group = initializer_cache_mb * MB / max(1, len(groups))
-        self._initial = {name: fmt.InitialRowCache(g.group, per_group) for name, g in groups.items()}
         source_step = self.manifest.get("source", {}).get("step")
         # (version, step, {group: GroupRows}) of every version held, oldest first; never changed in place, so a
         # Lookup that took one reads it whole while a commit replaces the list.
@@ -304,13 +297,7 @@ class EmbeddingServer:
         return (f"embedding server {self.export_dir}: range [{self.range_start:#018x}, {self.range_end:#x}) "
                 f"groups {groups}; {self.rows_held} rows, {self.bytes_held} bytes; {self.host}:{self._port}; "
                 f"max_inflight {self.max_inflight}, threads {self.threads}, "
-                f"max request {self.max_request_bytes // MB} MiB, "
-                f"initializer cache {sum(c.slots for c in self._initial.values())} rows "
-                f"({sum(c.nbytes for c in self._initial.values()) / MB:.1f} MiB)")
-
-    def initializer_cache_stats(self):
-        """{group: {"slots", "hits", "misses"}} of the initializer-row caches (hits and misses count pairs)."""
-        return {name: {"slots": c.slots, "hits": c.hits, "misses": c.misses} for name, c in self._initial.items()}
+                f"max request {self.max_request_bytes // MB} MiB")
 
     # --- state ---------------------------------------------------------------------------------------------------
 
@@ -548,16 +535,16 @@ class EmbeddingServer:
         return pb.LookupResponse(groups=[self._answer_group(part) for part in decoded],
                                  version=version).SerializeToString()
 
-    def _answer_group(self, part):
+    @staticmethod
+    def _answer_group(part):
         rows_of, ids, categories, dim = part.rows_of, part.ids, part.categories, part.rows_of.dim
-        initial = self._initial.get(part.group)
         if part.segments is None:
-            rows, not_trained = rows_of.lookup(ids, categories, initial)
+            rows, not_trained = rows_of.lookup(ids, categories)
             return pb.GroupResult(group=part.group, dim=dim, rows=rows.astype("<f4").tobytes(),
                                   not_trained=not_trained)
         # Each distinct pair once: bags repeat ids, and an untrained id's initializer row costs a hash per element.
         first, inverse = unique_pairs(ids, categories)
-        distinct_rows, not_trained = rows_of.lookup(ids[first], categories[first], initial)
+        distinct_rows, not_trained = rows_of.lookup(ids[first], categories[first])
         present, slot = part.present, part.slot
         sums = np.zeros((len(present), dim), np.float32)
         # In the order of the ids, as LocalBackend's pool (and training's unsorted_segment_sum) adds them.
@@ -666,9 +653,6 @@ def parse_args(argv=None):
                              "tf_fusedrec.train --publish-to): anyone who reaches the port can then replace rows")
     parser.add_argument("--max-staged-mb", type=int, default=1024,
                         help="most MiB staged for one version before its commit (default 1024)")
-    parser.add_argument("--initializer-cache-mb", type=float, default=16,
-                        help="most MiB of initializer rows (of ids the export does not hold) kept for the next "
-                             "lookups, split among the groups (default 16; 0: compute every one)")
     parser.add_argument("--catch-up", metavar="LOG",
                         help="a trainer's publish log (--publish-log): serve its newest version rather than the "
                              "export's rows")
@@ -698,7 +682,7 @@ def main(argv=None):
                                  threads=args.threads, max_request_mb=args.max_request_mb,
                                  max_response_mb=args.max_response_mb, host=args.host, max_clients=args.max_clients,
                                  accept_publish=args.accept_publish, max_staged_mb=args.max_staged_mb,
-                                 catch_up=args.catch_up, initializer_cache_mb=args.initializer_cache_mb)
+                                 catch_up=args.catch_up)
         server.start(args.port)
     except (fmt.ExportError, ValueError, RuntimeError, OSError) as e:
         print(f"embedding_server: {e}", file=sys.stderr, flush=True)
@@ -709,9 +693,7 @@ def main(argv=None):
         stop.wait()
     finally:
         server.stop(grace=2.0)
-    caches = "; ".join(f"{name} {c['hits']} hits, {c['misses']} misses"
-                       for name, c in server.initializer_cache_stats().items())
-    print(f"embedding_server: stopped (initializer cache: {caches})", file=sys.stderr, flush=True)
+    print("embedding_server: stopped", file=sys.stderr, flush=True)
     return 0
 
 
