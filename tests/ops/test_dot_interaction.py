@@ -12,7 +12,10 @@ import tensorflow as tf
 
 # (B, F, D): empty batch, no pair, one pair, D below, at and above the 8-float vectors, D with a tail, F not a
 # multiple of 4 (the forward's blocks of four), and 3000 examples (several tasks).
-SIZES = [(0, 4, 8), (3, 1, 8), (3, 2, 8), (4, 5, 3), (2, 9, 13), (5, 27, 16), (2, 6, 45), (3, 4, 0), (3000, 27, 16)]
+# (B, F, D). The AVX2 gradient works in blocks of R = 8 / N rows of N vectors of 8 columns (N = 4, 2, 1 as D allows),
+# the rows left over as one smaller block: D = 8, 16, 24, 32, 40, 45 with F leaving every remainder of its R.
+SIZES = [(0, 4, 8), (3, 1, 8), (3, 2, 8), (4, 5, 3), (2, 9, 13), (5, 27, 16), (2, 6, 45), (3, 4, 0), (3000, 27, 16),
+         (3, 7, 32), (2, 10, 16), (2, 13, 24), (2, 15, 8), (2, 4, 8), (2, 12, 40), (2, 3, 16), (2, 5, 16)]
 
 
 def numpy_pairs(x):
