@@ -17,7 +17,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 TYPES = ("Assert", "If", "GatherV2", "UnsortedSegmentSum", "Where", "FusedRec>GatherSegmentSum",
-         "FusedRec>UpperTriangle")
+         "FusedRec>UpperTriangle", "FusedRec>DotInteraction", "FusedRec>DotInteractionGrad")
 
 
 def step_ops(concrete):
