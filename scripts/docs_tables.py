@@ -859,6 +859,8 @@ TABLES = {
     "perf-op-profile-runs": (("docs/perf/op_profile/runs/*.json",), perf_op_profile_runs),
     "bench-dot-interaction-head": (("docs/bench/dot_interaction_head/*/bench.json",), lambda: bench_head_runs(
         "docs/bench/dot_interaction_head", ("fused", "tfra_hand_fused", "per_feature"))),
+    "bench-grad-blocks-head": (("docs/bench/grad_blocks_head/*/bench.json",), lambda: bench_head_runs(
+        "docs/bench/grad_blocks_head", ("fused", "tfra_hand_fused", "per_feature"))),
     "bench-graph-ops": (("docs/bench/graph_ops/*/bench.json",), lambda: bench_step_cost("docs/bench/graph_ops")),
     "bench-trace-tfra": (("docs/bench/trace_tfra/*/bench.json",),
                          lambda: bench_step_cost("docs/bench/trace_tfra", ("per_feature", "fused_tfra"))),
