@@ -114,21 +114,22 @@ __attribute__((target("avx2,fma"))) void ForwardAvx2(const float* x, int64_t f, 
   }
 }
 
-// The pair gradients of one example as a symmetric F x F matrix (its diagonal is never read): row j holds the
-// gradients of the pairs of j, so the R rows of a block find theirs side by side, without PairGrad's branch.
-void SymmetricGrad(const float* grad, int64_t f, float* gm) {
+// Where the R rows of a block find their pair gradients side by side, without PairGrad's branch: the rows below j
+// (i > j) in grad itself (pairs (j, i) are contiguous in i: row j of the triangle), the rows above j (i < j) in the
+// mirror gm[j * F + i] = grad of pair (i, j), written once per example (MirrorGrad).
+void MirrorGrad(const float* grad, int64_t f, float* gm) {
   for (int64_t i = 0, p = 0; i < f; ++i) {
-    for (int64_t j = i + 1; j < f; ++j, ++p) gm[i * f + j] = gm[j * f + i] = grad[p];
+    for (int64_t j = i + 1; j < f; ++j, ++p) gm[j * f + i] = grad[p];
   }
 }
 
-// One j outside the block [i0, i0 + R): every row of the block takes x_j times its pair gradient.
+// One j outside the block [i0, i0 + R): every row of the block takes x_j times its pair gradient (gj[r]: row
+// i0 + r's).
 template <int N, int R>
-__attribute__((target("avx2,fma"), always_inline)) inline void AllRowsStep(const float* gm, const float* x, int64_t f,
-                                                                           int64_t d, int64_t i0, int64_t k0,
-                                                                           int64_t j, __m256 (&acc)[R][N]) {
+__attribute__((target("avx2,fma"), always_inline)) inline void AllRowsStep(const float* gj, const float* x, int64_t d,
+                                                                           int64_t k0, int64_t j,
+                                                                           __m256 (&acc)[R][N]) {
   const float* xj = x + j * d + k0;
-  const float* gj = gm + j * f + i0;
   __m256 xv[N];
 #pragma GCC unroll 4
   for (int v = 0; v < N; ++v) xv[v] = _mm256_loadu_ps(xj + 8 * v);
@@ -146,7 +147,8 @@ __attribute__((target("avx2,fma"), always_inline)) inline void AllRowsStep(const
 // element is the same sum of fused multiply-adds in the same order (j = 0 .. F - 1, j != i) as one row at a time, so
 // the results are bit for bit those of that kernel (801cd3f).
 template <int N, int R>
-__attribute__((target("avx2,fma"))) inline void BackwardRowsAvx2(const float* gm, const float* x, int64_t f,
+__attribute__((target("avx2,fma"))) inline void BackwardRowsAvx2(const float* grad, const int64_t* row_start,
+                                                                 const float* gm, const float* x, int64_t f,
                                                                  int64_t d, int64_t i0, int64_t k0, float* dx) {
   __m256 acc[R][N];
 #pragma GCC unroll 8
@@ -154,25 +156,26 @@ __attribute__((target("avx2,fma"))) inline void BackwardRowsAvx2(const float* gm
 #pragma GCC unroll 4
     for (int v = 0; v < N; ++v) acc[r][v] = _mm256_setzero_ps();
   }
-  for (int64_t j = 0; j < i0; ++j) AllRowsStep<N, R>(gm, x, f, d, i0, k0, j, acc);
+  for (int64_t j = 0; j < i0; ++j) AllRowsStep<N, R>(grad + row_start[j] + (i0 - j - 1), x, d, k0, j, acc);
   // j inside the block: row i0 + jj skips itself (constants once unrolled: no branch is left).
 #pragma GCC unroll 8
   for (int jj = 0; jj < R; ++jj) {
     const int64_t j = i0 + jj;
     const float* xj = x + j * d + k0;
-    const float* gj = gm + j * f + i0;
+    const float* above = gm + j * f + i0;                // rows r < jj
+    const float* below = grad + row_start[j] - (jj + 1);  // rows r > jj: pair (j, i0 + r)
     __m256 xv[N];
 #pragma GCC unroll 4
     for (int v = 0; v < N; ++v) xv[v] = _mm256_loadu_ps(xj + 8 * v);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       if (r == jj) continue;
-      const __m256 g = _mm256_broadcast_ss(gj + r);
+      const __m256 g = _mm256_broadcast_ss(r < jj ? above + r : below + r);
 #pragma GCC unroll 4
       for (int v = 0; v < N; ++v) acc[r][v] = _mm256_fmadd_ps(g, xv[v], acc[r][v]);
     }
   }
-  for (int64_t j = i0 + R; j < f; ++j) AllRowsStep<N, R>(gm, x, f, d, i0, k0, j, acc);
+  for (int64_t j = i0 + R; j < f; ++j) AllRowsStep<N, R>(gm + j * f + i0, x, d, k0, j, acc);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
@@ -182,36 +185,37 @@ __attribute__((target("avx2,fma"))) inline void BackwardRowsAvx2(const float* gm
 
 // Columns [k0, k0 + 8 N) of every row: blocks of R = 8 / N rows (8 accumulators), then the rows left as one block.
 template <int N>
-__attribute__((target("avx2,fma"))) inline void BackwardColumnsAvx2(const float* gm, const float* x, int64_t f,
+__attribute__((target("avx2,fma"))) inline void BackwardColumnsAvx2(const float* grad, const int64_t* row_start,
+                                                                    const float* gm, const float* x, int64_t f,
                                                                     int64_t d, int64_t k0, float* dx) {
   constexpr int R = 8 / N;
   int64_t i = 0;
-  for (; i + R <= f; i += R) BackwardRowsAvx2<N, R>(gm, x, f, d, i, k0, dx);
+  for (; i + R <= f; i += R) BackwardRowsAvx2<N, R>(grad, row_start, gm, x, f, d, i, k0, dx);
   switch (f - i) {  // 0 .. R - 1 rows left
-    case 7: return BackwardRowsAvx2<N, (R > 7 ? 7 : 1)>(gm, x, f, d, i, k0, dx);
-    case 6: return BackwardRowsAvx2<N, (R > 6 ? 6 : 1)>(gm, x, f, d, i, k0, dx);
-    case 5: return BackwardRowsAvx2<N, (R > 5 ? 5 : 1)>(gm, x, f, d, i, k0, dx);
-    case 4: return BackwardRowsAvx2<N, (R > 4 ? 4 : 1)>(gm, x, f, d, i, k0, dx);
-    case 3: return BackwardRowsAvx2<N, (R > 3 ? 3 : 1)>(gm, x, f, d, i, k0, dx);
-    case 2: return BackwardRowsAvx2<N, (R > 2 ? 2 : 1)>(gm, x, f, d, i, k0, dx);
-    case 1: return BackwardRowsAvx2<N, 1>(gm, x, f, d, i, k0, dx);
+    case 7: return BackwardRowsAvx2<N, (R > 7 ? 7 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx);
+    case 6: return BackwardRowsAvx2<N, (R > 6 ? 6 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx);
+    case 5: return BackwardRowsAvx2<N, (R > 5 ? 5 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx);
+    case 4: return BackwardRowsAvx2<N, (R > 4 ? 4 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx);
+    case 3: return BackwardRowsAvx2<N, (R > 3 ? 3 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx);
+    case 2: return BackwardRowsAvx2<N, (R > 2 ? 2 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx);
+    case 1: return BackwardRowsAvx2<N, 1>(grad, row_start, gm, x, f, d, i, k0, dx);
     default: return;
   }
 }
 
-// gm: F x F floats of scratch for the symmetric gradient.
+// gm: F x F floats of scratch for the mirrored pair gradients.
 __attribute__((target("avx2,fma"))) void BackwardAvx2(const float* grad, const float* x, int64_t f, int64_t d,
                                                       const int64_t* row_start, float* dx, float* gm) {
-  SymmetricGrad(grad, f, gm);
+  MirrorGrad(grad, f, gm);
   const int64_t d8 = d & ~int64_t{7};
   int64_t k0 = 0;
-  for (; k0 + 32 <= d8; k0 += 32) BackwardColumnsAvx2<4>(gm, x, f, d, k0, dx);
+  for (; k0 + 32 <= d8; k0 += 32) BackwardColumnsAvx2<4>(grad, row_start, gm, x, f, d, k0, dx);
   if (k0 + 16 <= d8) {
-    BackwardColumnsAvx2<2>(gm, x, f, d, k0, dx);
+    BackwardColumnsAvx2<2>(grad, row_start, gm, x, f, d, k0, dx);
     k0 += 16;
   }
   if (k0 + 8 <= d8) {
-    BackwardColumnsAvx2<1>(gm, x, f, d, k0, dx);
+    BackwardColumnsAvx2<1>(grad, row_start, gm, x, f, d, k0, dx);
     k0 += 8;
   }
   for (int64_t i = 0; i < f; ++i) {
