@@ -162,15 +162,14 @@ __attribute__((target("avx2,fma"))) inline void BackwardRowsAvx2(const float* gr
   for (int jj = 0; jj < R; ++jj) {
     const int64_t j = i0 + jj;
     const float* xj = x + j * d + k0;
-    const float* above = gm + j * f + i0;                // rows r < jj
-    const float* below = grad + row_start[j] - (jj + 1);  // rows r > jj: pair (j, i0 + r)
+    const float* above = gm + j * f + i0;  // rows r < jj; rows r > jj: pair (j, i0 + r), row j of grad
     __m256 xv[N];
 #pragma GCC unroll 4
     for (int v = 0; v < N; ++v) xv[v] = _mm256_loadu_ps(xj + 8 * v);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       if (r == jj) continue;
-      const __m256 g = _mm256_broadcast_ss(r < jj ? above + r : below + r);
+      const __m256 g = _mm256_broadcast_ss(r < jj ? above + r : grad + (row_start[j] + (r - jj - 1)));
 #pragma GCC unroll 4
       for (int v = 0; v < N; ++v) acc[r][v] = _mm256_fmadd_ps(g, xv[v], acc[r][v]);
     }
