@@ -299,6 +299,18 @@ def bench_mpi_yield():
                      "fused vs the spinning run"], "ll" + "r" * 7, rows)
 
 
+def _rate_cpu_cell(result, base=None):
+    """A mode's cell: samples/s (with its ratio to `base`'s, the same mode's baseline run, when given) and rank 0's CPU
+    per step."""
+    ratio = f" ({result['samples_per_s'] / base['samples_per_s']:.2f}x)" if base is not None else ""
+    return f"{result['samples_per_s']:,.0f}{ratio}, {1e3 * result['cpu_seconds_per_step']:.1f} ms"
+
+
+def _fused_versus(modes_result, others):
+    """fused's samples/s against each of `others` in the same run."""
+    return [f"{modes_result['fused']['samples_per_s'] / modes_result[k]['samples_per_s']:.2f}x" for k in others]
+
+
 def _value_ab(directory, values, header, label, modes, versus=True):
     """directory/VALUE-N (scripts/bench_env.sh's or a loop's run directories): per run and value (values[0] is the
     baseline), each mode's samples/s (other values with their ratio to the baseline of the same run) and rank 0's CPU
@@ -312,12 +324,8 @@ def _value_ab(directory, values, header, label, modes, versus=True):
             if value not in runs[n]:
                 continue
             m = runs[n][value]
-            cells = []
-            for k in modes:
-                ratio = f" ({m[k]['samples_per_s'] / base[k]['samples_per_s']:.2f}x)" if base and value != values[0] else ""
-                cells.append(f"{m[k]['samples_per_s']:,.0f}{ratio}, {1e3 * m[k]['cpu_seconds_per_step']:.1f} ms")
-            rows.append([n, label(value)] + cells
-                        + [f"{m['fused']['samples_per_s'] / m[k]['samples_per_s']:.2f}x" for k in others])
+            cells = [_rate_cpu_cell(m[k], base[k] if base and value != values[0] else None) for k in modes]
+            rows.append([n, label(value)] + cells + _fused_versus(m, others))
     return _table(["run", header] + [f"{k} samples/s, CPU / step (rank 0)" for k in modes]
                   + [f"fused vs {k}" for k in others], "ll" + "r" * (len(modes) + len(others)), rows)
 
@@ -435,13 +443,9 @@ def bench_commit_modes(directory, modes):
     for run, placement, pair in _commit_runs(f"{directory}/*/bench.json"):
         for tree in ("base", "head"):
             m = pair[tree]["modes"]
-            cells = []
-            for mode in modes:
-                ratio = (f" ({m[mode]['samples_per_s'] / pair['base']['modes'][mode]['samples_per_s']:.2f}x)"
-                         if tree == "head" else "")
-                cells.append(f"{m[mode]['samples_per_s']:,.0f}{ratio}, {1e3 * m[mode]['cpu_seconds_per_step']:.1f} ms")
-            rows.append([run, placement, tree] + cells + [
-                f"{m['fused']['samples_per_s'] / m[k]['samples_per_s']:.2f}x" for k in modes if k != "fused"])
+            cells = [_rate_cpu_cell(m[mode], pair["base"]["modes"][mode] if tree == "head" else None)
+                     for mode in modes]
+            rows.append([run, placement, tree] + cells + _fused_versus(m, [k for k in modes if k != "fused"]))
     return _table(["run", "placement", "tree"] + [f"{k} samples/s, CPU / step (rank 0)" for k in modes]
                   + [f"fused vs {k}" for k in modes if k != "fused"], "lll" + "r" * (2 * len(modes) - 1), rows)
 
@@ -491,8 +495,7 @@ def bench_head_runs(directory, modes):
     rows = []
     for n in sorted(runs):
         m = runs[n]["head"]
-        rows.append([n] + [f"{m[k]['samples_per_s']:,.0f}, {1e3 * m[k]['cpu_seconds_per_step']:.1f} ms" for k in modes]
-                    + [f"{m['fused']['samples_per_s'] / m[k]['samples_per_s']:.2f}x" for k in modes if k != "fused"])
+        rows.append([n] + [_rate_cpu_cell(m[k]) for k in modes] + _fused_versus(m, [k for k in modes if k != "fused"]))
     return _table(["run"] + [f"{k} samples/s, CPU / step (rank 0)" for k in modes]
                   + [f"fused vs {k}" for k in modes if k != "fused"], "l" + "r" * (2 * len(modes) - 1), rows)
 
