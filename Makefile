@@ -146,10 +146,13 @@ cuda-check: $(CUDA_HARNESS)
 	elif [ $$rc -ne 0 ]; then echo "cuda-check: FAILED (exit $$rc)" >&2; exit $$rc; \
 	else echo "cuda-check: kernels ran and equal the oracle"; fi
 
-# Correctness cases plus the 26 x 4096 and 26 x 65536 Zipf groups, timed against sort + unique_by_key. Needs a GPU.
+# Correctness cases plus the 26 x 4096 Zipf group of bench.ops, and 26 x 4096 / 65536 / 393216 (10.2M keys) groups
+# the harness generates, timed against sort + unique_by_key. Needs a GPU (tests/cuda/device_check.sh: a GPU machine
+# without TensorFlow).
+CUDA_BENCH_SYNTHETIC ?= 4096,65536,393216
 cuda-bench: $(CUDA_HARNESS)
 	PYTHONPATH=$(CURDIR) $(PY) tests/cuda/write_cases.py build/cuda/bench_cases --bench
-	$(CUDA_HARNESS) build/cuda/bench_cases --bench
+	$(CUDA_HARNESS) build/cuda/bench_cases --bench --bench-synthetic $(CUDA_BENCH_SYNTHETIC)
 
 clean:
 	rm -rf build tf_fusedrec/ops/_fusedrec_ops.so

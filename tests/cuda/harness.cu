@@ -2,7 +2,7 @@
 // Standalone check of the FusedRec CUDA kernels (cc/kernels/impl/fusedrec_gpu.cu.cc) against the NumPy oracle,
 // without TensorFlow. Cases come from tests/cuda/write_cases.py (format in tests/cuda/README.md).
 //
-//   harness CASES_DIR [--compile-only] [--bench] [--repeat N]
+//   harness CASES_DIR [--compile-only] [--bench] [--bench-synthetic PER,...] [--bench-repeats N] [--repeat N]
 //
 // Without a device it runs only the host checks (the shared hashes against the oracle) and exits 3 saying
 // "no CUDA device: compiled only"; --compile-only asks for exactly that and exits 0. With a device it runs every
@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +25,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "cc/kernels/impl/fusedrec_gpu.h"
@@ -39,6 +41,7 @@ constexpr int kExitUsage = 2;
 constexpr int kExitNoDevice = 3;
 
 int failures = 0;
+int bench_repeats = 31;  // --bench-repeats: timed runs per variant and round (1 under compute-sanitizer)
 
 [[noreturn]] void Die(const std::string& message, int code = kExitUsage) {
   std::fprintf(stderr, "harness: %s\n", message.c_str());
@@ -365,15 +368,38 @@ struct SortBaseline {
   }
 };
 
-// The baseline's unique pairs, sorted, must be the oracle's sorted; its inverse must rebuild the input.
-void CheckBaseline(const Case& c, SortBaseline& b, const std::vector<int64_t>& keys,
-                   const std::vector<int32_t>& segments) {
+// The expected segment unique of a bench input: the oracle's files, or the host reference for synthetic inputs.
+struct Expected {
+  std::vector<int64_t> unique_keys;
+  std::vector<int32_t> unique_segments, inverse, counts;
+};
+
+// First-occurrence segment unique on the host (the oracle's semantics), for inputs too large to carry as files.
+Expected HostSegmentUnique(const std::vector<int64_t>& keys, const std::vector<int32_t>& segments) {
+  Expected e;
+  std::unordered_map<uint64_t, int32_t> uid;  // keys < 2^40 and segments < 2^23 here: (segment << 40 | key)
+  uid.reserve(keys.size());
+  e.inverse.resize(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const uint64_t pair = (static_cast<uint64_t>(segments[i]) << 40) | static_cast<uint64_t>(keys[i]);
+    auto inserted = uid.emplace(pair, static_cast<int32_t>(e.unique_keys.size()));
+    if (inserted.second) {
+      e.unique_keys.push_back(keys[i]);
+      e.unique_segments.push_back(segments[i]);
+      e.counts.push_back(0);
+    }
+    e.inverse[i] = inserted.first->second;
+    ++e.counts[inserted.first->second];
+  }
+  return e;
+}
+
+// The baseline's unique pairs, sorted, must be the expected ones sorted; its inverse must rebuild the input.
+void CheckBaseline(const std::string& name, SortBaseline& b, const std::vector<int64_t>& keys,
+                   const std::vector<int32_t>& segments, const Expected& e) {
   Check(cudaDeviceSynchronize(), "baseline");
-  const auto want_keys = ReadArray<int64_t>(c, "segment_unique.unique_keys");
-  const auto want_segments = ReadArray<int32_t>(c, "segment_unique.unique_segment_ids");
-  const auto want_counts = ReadArray<int32_t>(c, "segment_unique.counts");
   std::vector<std::tuple<int32_t, int64_t, int32_t>> want;
-  for (size_t j = 0; j < want_keys.size(); ++j) want.emplace_back(want_segments[j], want_keys[j], want_counts[j]);
+  for (size_t j = 0; j < e.unique_keys.size(); ++j) want.emplace_back(e.unique_segments[j], e.unique_keys[j], e.counts[j]);
   std::sort(want.begin(), want.end());
   const auto got_keys = b.unique_keys.Download(b.num_unique);
   const auto got_segments = b.unique_segments.Download(b.num_unique);
@@ -381,10 +407,10 @@ void CheckBaseline(const Case& c, SortBaseline& b, const std::vector<int64_t>& k
   const auto inverse = b.inverse.Download(b.n);
   std::vector<std::tuple<int32_t, int64_t, int32_t>> got;
   for (int32_t j = 0; j < b.num_unique; ++j) got.emplace_back(got_segments[j], got_keys[j], got_counts[j]);
-  if (got != want) Fail(c.name + " baseline", "unique pairs or counts differ from the oracle's");
+  if (got != want) Fail(name + " baseline", "unique pairs or counts differ from the expected ones");
   for (int64_t i = 0; i < b.n; ++i) {
     if (got_keys[inverse[i]] != keys[i] || got_segments[inverse[i]] != segments[i]) {
-      Fail(c.name + " baseline", "inverse does not rebuild position " + std::to_string(i));
+      Fail(name + " baseline", "inverse does not rebuild position " + std::to_string(i));
       break;
     }
   }
@@ -410,28 +436,29 @@ double MedianMs(F run, int warmup, int repeats) {
   return ms[repeats / 2];
 }
 
-void Bench(const Case& c) {
-  if (c.Attr("dtype") != "int64") Die("bench case " + c.name + " must have int64 keys");
-  const auto host_keys = ReadArray<int64_t>(c, "keys");
-  const auto host_segments = ReadArray<int32_t>(c, "segment_ids");
+// Times segment unique against the sort baseline on one input (keys >= 0), after checking both outputs: segment
+// unique exactly against `e`, the baseline as sets. Also times category unique (packed) and the partition over 8
+// ranks on the same keys, which have no baseline of their own (the partition is a CUB sort by owner).
+void BenchArrays(const std::string& name, const std::vector<int64_t>& host_keys,
+                 const std::vector<int32_t>& host_segments, int64_t num_segments, const Expected& e) {
   const int64_t n = static_cast<int64_t>(host_keys.size());
   int64_t max_key = 0;
   for (int64_t k : host_keys) {
-    if (k < 0) Die("bench case " + c.name + " has a negative key; the packed sort baseline needs keys >= 0");
+    if (k < 0) Die("bench case " + name + " has a negative key; the packed sort baseline needs keys >= 0");
     max_key = std::max(max_key, k);
   }
   int key_bits = 1, segment_bits = 1;
   while (key_bits < 63 && (max_key >> key_bits) != 0) ++key_bits;
-  while ((int64_t{1} << segment_bits) < c.Int("num_segments")) ++segment_bits;
-  if (key_bits + segment_bits > 64) Die("bench case " + c.name + ": keys and segments do not fit in 64 bits");
+  while ((int64_t{1} << segment_bits) < num_segments) ++segment_bits;
+  if (key_bits + segment_bits > 64) Die("bench case " + name + ": keys and segments do not fit in 64 bits");
   DeviceArray<int64_t> keys(host_keys);
   DeviceArray<int32_t> segments(host_segments);
 
   size_t bytes = 0;
   Check(gpu::PairDedupScratchBytes(n, &bytes), "PairDedupScratchBytes");
   DeviceArray<char> scratch(bytes);
-  DeviceArray<int64_t> unique_keys(n);
-  DeviceArray<int32_t> unique_segments(n), inverse(n), counts(n);
+  DeviceArray<int64_t> unique_keys(n), unified(n);
+  DeviceArray<int32_t> unique_segments(n), inverse(n), counts(n), segment_counts(num_segments);
   gpu::DedupResult r;
   auto fused = [&] {
     Check(gpu::PairDedupFind<int64_t>(keys.ptr, segments.ptr, n, INT64_MAX, 0, scratch.ptr, nullptr, &r), "find");
@@ -439,26 +466,109 @@ void Bench(const Case& c) {
                                           unique_segments.ptr, inverse.ptr, counts.ptr, nullptr),
           "emit");
   };
+  const int packed_key_bits = 63 - impl::PackedSegmentBits(num_segments);
+  auto category = [&] {
+    Check(gpu::PairDedupFind<int64_t>(keys.ptr, segments.ptr, n, num_segments, int64_t{1} << packed_key_bits,
+                                      scratch.ptr, nullptr, &r),
+          "category find");
+    Check(gpu::CategoryUniqueEmit<int64_t>(keys.ptr, segments.ptr, n, scratch.ptr, /*hashed=*/false, packed_key_bits,
+                                           unified.ptr, inverse.ptr, unique_segments.ptr, segment_counts.ptr,
+                                           num_segments, nullptr),
+          "category emit");
+  };
+  constexpr int64_t kRanks = 8;
+  size_t partition_bytes = 0;
+  Check(gpu::PartitionScratchBytes(n, kRanks, &partition_bytes), "PartitionScratchBytes");
+  DeviceArray<char> partition_scratch(partition_bytes);
+  DeviceArray<int64_t> out_keys(n);
+  DeviceArray<int32_t> out_segments(n), splits(kRanks), order(n);
+  auto partition = [&] {
+    Check(gpu::PartitionByOwner<int64_t>(keys.ptr, segments.ptr, n, kRanks, partition_scratch.ptr, out_keys.ptr,
+                                         out_segments.ptr, splits.ptr, order.ptr, nullptr),
+          "partition");
+  };
   SortBaseline baseline(n, key_bits, key_bits + segment_bits);
   auto sorted = [&] { baseline.Run(keys.ptr, segments.ptr); };
 
   fused();
   Check(cudaDeviceSynchronize(), "segment_unique");
-  CompareArray(c, "segment_unique.unique_keys", unique_keys.Download(r.num_unique));
-  CompareArray(c, "segment_unique.inverse", inverse.Download(n));
+  const int before = failures;
+  const Case as_case{name, "", {}};
+  Compare(as_case, "segment_unique.unique_keys", unique_keys.Download(r.num_unique), e.unique_keys);
+  Compare(as_case, "segment_unique.unique_segment_ids", unique_segments.Download(r.num_unique), e.unique_segments);
+  Compare(as_case, "segment_unique.counts", counts.Download(r.num_unique), e.counts);
+  Compare(as_case, "segment_unique.inverse", inverse.Download(n), e.inverse);
   sorted();
-  CheckBaseline(c, baseline, host_keys, host_segments);
+  CheckBaseline(name, baseline, host_keys, host_segments, e);
+  std::printf("  %-24s outputs: %s\n", name.c_str(), failures == before ? "segment unique equal, baseline equal as sets"
+                                                                         : "MISMATCH");
 
-  constexpr int kWarmup = 5, kRepeats = 31;
-  double t_fused = 0, t_sorted = 0;
+  const int kWarmup = bench_repeats > 1 ? 5 : 0, kRepeats = bench_repeats;
+  double t_fused = 0, t_sorted = 0, t_category = 0, t_partition = 0;
   for (int round = 0; round < 2; ++round) {  // alternate, keep the second round: clocks and caches settled
     t_fused = MedianMs(fused, kWarmup, kRepeats);
     t_sorted = MedianMs(sorted, kWarmup, kRepeats);
+    t_category = MedianMs(category, kWarmup, kRepeats);
+    t_partition = MedianMs(partition, kWarmup, kRepeats);
   }
   std::printf("  %-24s n=%9" PRId64 " unique=%8" PRId64 "  segment_unique %8.3f ms %9.1f Mkeys/s | sort+unique_by_key"
-              " %8.3f ms %9.1f Mkeys/s | speedup %.2fx\n",
-              c.name.c_str(), n, r.num_unique, t_fused, n / t_fused / 1e3, t_sorted, n / t_sorted / 1e3,
-              t_sorted / t_fused);
+              " %8.3f ms %9.1f Mkeys/s | speedup %.2fx | category_unique(packed) %8.3f ms | partition(8 ranks) %8.3f ms\n",
+              name.c_str(), n, r.num_unique, t_fused, n / t_fused / 1e3, t_sorted, n / t_sorted / 1e3,
+              t_sorted / t_fused, t_category, t_partition);
+}
+
+void Bench(const Case& c) {
+  if (c.Attr("dtype") != "int64") Die("bench case " + c.name + " must have int64 keys");
+  Expected e;
+  e.unique_keys = ReadArray<int64_t>(c, "segment_unique.unique_keys");
+  e.unique_segments = ReadArray<int32_t>(c, "segment_unique.unique_segment_ids");
+  e.inverse = ReadArray<int32_t>(c, "segment_unique.inverse");
+  e.counts = ReadArray<int32_t>(c, "segment_unique.counts");
+  BenchArrays(c.name, ReadArray<int64_t>(c, "keys"), ReadArray<int32_t>(c, "segment_ids"), c.Int("num_segments"), e);
+}
+
+// A fused group like tf_fusedrec.bench.ops.make_group's (not bit-identical: another generator): per category,
+// ranks Zipf(1.1) clipped at the 10^6-id vocabulary (the clipped tail, about a quarter of the mass, lands on the last
+// rank, as np.minimum(rng.zipf(...), vocab) does), spread over [0, 2^40) by rank * 2654435761 + a per-category salt.
+void SyntheticGroup(int num_categories, int64_t per_category, uint64_t seed, std::vector<int64_t>* keys,
+                    std::vector<int32_t>* segments) {
+  constexpr int64_t kVocab = 1000000;
+  constexpr double kExponent = 1.1;
+  std::vector<double> cdf(kVocab);
+  double total = 0;
+  for (int64_t k = 1; k < kVocab; ++k) cdf[k - 1] = (total += std::pow(static_cast<double>(k), -kExponent));
+  // sum over k >= vocab of k^-a, by Euler-Maclaurin: V^(1-a) / (a - 1) + V^-a / 2.
+  const double v = static_cast<double>(kVocab);
+  total += std::pow(v, 1 - kExponent) / (kExponent - 1) + std::pow(v, -kExponent) / 2;
+  cdf[kVocab - 1] = total;
+  uint64_t state = seed;
+  auto next = [&state] {  // splitmix64
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  keys->clear();
+  segments->clear();
+  for (int c = 0; c < num_categories; ++c) {
+    const uint64_t salt = 1 + next() % ((uint64_t{1} << 40) - 1);
+    for (int64_t i = 0; i < per_category; ++i) {
+      const double u = (next() >> 11) * 0x1.0p-53 * total;
+      const int64_t rank = std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin();  // 0-based, <= vocab - 1
+      const int64_t r = std::min(rank, kVocab - 1);
+      keys->push_back(static_cast<int64_t>((static_cast<uint64_t>(r) * 2654435761ull + salt) % (uint64_t{1} << 40)));
+      segments->push_back(c);
+    }
+  }
+}
+
+void BenchSynthetic(int64_t per_category) {
+  constexpr int kCategories = 26;
+  std::vector<int64_t> keys;
+  std::vector<int32_t> segments;
+  SyntheticGroup(kCategories, per_category, /*seed=*/per_category, &keys, &segments);
+  BenchArrays("synthetic_26x" + std::to_string(per_category), keys, segments, kCategories,
+              HostSegmentUnique(keys, segments));
 }
 
 bool HasDevice() {
@@ -477,21 +587,32 @@ int main(int argc, char** argv) {
   std::string dir;
   bool compile_only = false, bench = false;
   int repeat = 2;
+  std::vector<int64_t> synthetic;  // --bench-synthetic PER[,PER...]: 26 x PER generated keys (sizes too big to carry)
   for (int a = 1; a < argc; ++a) {
     const std::string arg = argv[a];
     if (arg == "--compile-only") {
       compile_only = true;
     } else if (arg == "--bench") {
       bench = true;
+    } else if (arg == "--bench-synthetic" && a + 1 < argc) {
+      std::stringstream list(argv[++a]);
+      std::string item;
+      while (std::getline(list, item, ',')) {
+        const int64_t per = std::atoll(item.c_str());
+        if (per <= 0 || per * 26 >= (int64_t{1} << 31) - 1) Die("--bench-synthetic: bad size '" + item + "'");
+        synthetic.push_back(per);
+      }
+    } else if (arg == "--bench-repeats" && a + 1 < argc) {
+      bench_repeats = std::max(1, std::atoi(argv[++a]));
     } else if (arg == "--repeat" && a + 1 < argc) {
       repeat = std::atoi(argv[++a]);
     } else if (!arg.empty() && arg[0] != '-' && dir.empty()) {
       dir = arg;
     } else {
-      Die("usage: harness CASES_DIR [--compile-only] [--bench] [--repeat N]");
+      Die("usage: harness CASES_DIR [--compile-only] [--bench] [--bench-synthetic PER,...] [--bench-repeats N] [--repeat N]");
     }
   }
-  if (dir.empty()) Die("usage: harness CASES_DIR [--compile-only] [--bench] [--repeat N]");
+  if (dir.empty()) Die("usage: harness CASES_DIR [--compile-only] [--bench] [--bench-synthetic PER,...] [--bench-repeats N] [--repeat N]");
   const std::vector<Case> cases = ReadManifest(dir);
 
   for (const Case& c : cases) {
@@ -527,10 +648,14 @@ int main(int argc, char** argv) {
   std::printf("kernels vs oracle: %zu cases x %d runs, %s\n", cases.size(), repeat,
               failures ? "MISMATCH" : "all equal");
   if (bench) {
-    std::printf("benchmark (median of %d, after warm-up):\n", 31);
+    std::printf("benchmark (median of %d, after warm-up):\n", bench_repeats);
     for (const Case& c : cases) {
       if (c.Attr("bench") == "1") Bench(c);
     }
+  }
+  if (!synthetic.empty()) {
+    std::printf("benchmark, generated 26-category Zipf groups (median of %d, after warm-up):\n", bench_repeats);
+    for (int64_t per : synthetic) BenchSynthetic(per);
   }
   return failures ? kExitMismatch : 0;
 }
