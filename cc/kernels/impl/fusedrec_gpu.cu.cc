@@ -30,6 +30,19 @@ size_t AlignUp(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 unsigned NumTiles(int64_t n) { return static_cast<unsigned>((n + kBlock - 1) / kBlock); }
 
+// Positions a thread of pass 1 takes: more on larger inputs, where the grid is large anyway and each tile's shared
+// dedup saves global probes; 1 below 2^19 positions, so that a step's batch (26 x 4096) still fills the device.
+int InsertItems(int64_t n) { return n < (int64_t{1} << 19) ? 1 : n < (int64_t{1} << 21) ? 2 : 4; }
+
+// Whether passes 3-4 read first-occurrence flags (pass 2) rather than the table: from 2^20 positions, where the
+// table (>= 16 MiB of 8-byte slots) leaves L2 and a random read per position costs more than a pass over the table.
+bool UseFirstFlags(int64_t n) { return n >= (int64_t{1} << 20); }
+
+// Blocks of a grid-stride pass over the table: enough to fill the device a few times over, no more.
+unsigned TableBlocks(uint64_t capacity) {
+  return static_cast<unsigned>(std::min<uint64_t>((capacity + kBlock - 1) / kBlock, 4096));
+}
+
 cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
 // Carves consecutive aligned arrays out of one scratch allocation; with base == nullptr it only adds up the sizes.
@@ -55,6 +68,7 @@ struct DedupScratch {
   uint64_t capacity;
   unsigned num_tiles;
   uint32_t* slot_of;
+  uint8_t* first;         // n: whether each position is its pair's first occurrence (pass 2)
   int32_t* tile_counts;   // num_tiles + 1; the extra zero makes the exclusive scan end with the total
   int32_t* tile_offsets;  // num_tiles + 1
   DeviceStatus* status;
@@ -64,8 +78,9 @@ struct DedupScratch {
 };
 
 cudaError_t LayOutDedup(int64_t n, void* base, DedupScratch* s) {
-  int log2 = 6;  // at least 64 slots
-  while ((uint64_t{1} << log2) < 2 * static_cast<uint64_t>(n)) ++log2;
+  // At least 1.5 slots a position (load <= 2/3 when every pair is distinct; far less on skewed keys), at least 64.
+  int log2 = 6;
+  while ((uint64_t{1} << log2) < static_cast<uint64_t>(n) + static_cast<uint64_t>(n) / 2) ++log2;
   s->capacity = uint64_t{1} << log2;
   s->table.mask = s->capacity - 1;
   s->table.shift = 64 - log2;
@@ -75,10 +90,9 @@ cudaError_t LayOutDedup(int64_t n, void* base, DedupScratch* s) {
                                                               static_cast<int32_t*>(nullptr),
                                                               static_cast<int>(s->num_tiles) + 1));
   Carver carve(base);
-  s->table.pos = carve.Take<uint32_t>(s->capacity);
-  s->table.count = carve.Take<int32_t>(s->capacity);
-  s->table.uid = carve.Take<int32_t>(s->capacity);
+  s->table.slots = carve.Take<Slot>(s->capacity);
   s->slot_of = carve.Take<uint32_t>(std::max<int64_t>(n, 1));
+  s->first = carve.Take<uint8_t>(std::max<int64_t>(n, 1));
   s->tile_counts = carve.Take<int32_t>(s->num_tiles + 1);
   s->tile_offsets = carve.Take<int32_t>(s->num_tiles + 1);
   s->status = carve.Take<DeviceStatus>(1);
@@ -111,14 +125,30 @@ int PairDedupFind(const K* keys, const int32_t* segments, int64_t n, int64_t seg
   const cudaStream_t s = AsStream(stream);
   DedupScratch d;
   FUSEDREC_CUDA_RETURN_IF_ERROR(LayOutDedup(n, scratch, &d));
-  FUSEDREC_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(d.table.pos, 0xff, d.capacity * sizeof(uint32_t), s));
-  FUSEDREC_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(d.table.count, 0, d.capacity * sizeof(int32_t), s));
+  InitSlots<<<TableBlocks(d.capacity), kBlock, 0, s>>>(d.table.slots, d.capacity);
+  FUSEDREC_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  const bool flags = UseFirstFlags(n);
+  if (flags) FUSEDREC_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(d.first, 0, n, s));
   FUSEDREC_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(d.tile_counts, 0, (d.num_tiles + 1) * sizeof(int32_t), s));
   FUSEDREC_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(d.status, 0xff, sizeof(DeviceStatus), s));
-  InsertPairs<K><<<d.num_tiles, kBlock, 0, s>>>(keys, segments, n, segment_limit, packed_key_limit, d.table,
-                                                 d.slot_of, d.status);
+  const int items = InsertItems(n);
+  const unsigned insert_blocks = static_cast<unsigned>((n + kBlock * items - 1) / (kBlock * items));
+  if (items == 1) {
+    InsertPairs<K, 1><<<insert_blocks, kBlock, 0, s>>>(keys, segments, n, segment_limit, packed_key_limit, d.table,
+                                                        d.slot_of, d.status);
+  } else if (items == 2) {
+    InsertPairs<K, 2><<<insert_blocks, kBlock, 0, s>>>(keys, segments, n, segment_limit, packed_key_limit, d.table,
+                                                        d.slot_of, d.status);
+  } else {
+    InsertPairs<K, 4><<<insert_blocks, kBlock, 0, s>>>(keys, segments, n, segment_limit, packed_key_limit, d.table,
+                                                        d.slot_of, d.status);
+  }
   FUSEDREC_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  CountFirsts<<<d.num_tiles, kBlock, 0, s>>>(d.table, d.slot_of, n, d.tile_counts);
+  if (flags) {
+    MarkFirsts<<<TableBlocks(d.capacity), kBlock, 0, s>>>(d.table.slots, d.capacity, d.first);
+    FUSEDREC_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  }
+  CountFirsts<<<d.num_tiles, kBlock, 0, s>>>(flags ? d.first : nullptr, d.table, d.slot_of, n, d.tile_counts);
   FUSEDREC_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   FUSEDREC_CUDA_RETURN_IF_ERROR(cub::DeviceScan::ExclusiveSum(d.scan_temp, d.scan_temp_bytes, d.tile_counts,
                                                               d.tile_offsets, static_cast<int>(d.num_tiles) + 1, s));
@@ -142,6 +172,7 @@ cudaError_t Emit(const K* keys, const int32_t* segments, int64_t n, void* scratc
   DedupScratch d;
   FUSEDREC_CUDA_RETURN_IF_ERROR(LayOutDedup(n, scratch, &d));
   EmitUnique<K, OutKey, kEncoding><<<d.num_tiles, kBlock, 0, s>>>(keys, segments, n, d.table, d.slot_of,
+                                                                   UseFirstFlags(n) ? d.first : nullptr,
                                                                    d.tile_offsets, key_bits, unique_keys,
                                                                    unique_segments, counts, segment_counts);
   FUSEDREC_CUDA_RETURN_IF_ERROR(cudaGetLastError());
