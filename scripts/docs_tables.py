@@ -822,7 +822,56 @@ def publish_auc():
                   "l" + "r" * (len(intervals) + 1), rows)
 
 
+_CUDA_LINE = re.compile(r"^\s*(?P<case>\S+)\s+n=\s*(?P<n>\d+) unique=\s*(?P<unique>\d+)\s+segment_unique\s+(?P<ms>[\d.]+) ms.*?"
+                        r"sort\+unique_by_key\s+(?P<sort_ms>[\d.]+) ms.*?speedup (?P<speedup>[\d.]+)x")
+
+
+def _cuda_runs(path):
+    """{harness basename: [{case: (n, unique, ms, sort_ms, speedup)} per round]} from a tests/cuda/bench_ab.sh log."""
+    runs, current = {}, None
+    with open(_path(path)) as f:
+        for line in f:
+            head = re.match(r"^== (\S+) round \d+", line)
+            if head:
+                current = {}
+                runs.setdefault(os.path.basename(head.group(1)), []).append(current)
+                continue
+            m = _CUDA_LINE.match(line)
+            if m and current is not None:
+                current[m.group("case")] = (int(m.group("n")), int(m.group("unique")), float(m.group("ms")),
+                                            float(m.group("sort_ms")), float(m.group("speedup")))
+    return runs
+
+
+def _span(values, fmt):
+    lo, hi = min(values), max(values)
+    return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else fmt.format(lo) + "-" + fmt.format(hi)
+
+
+def cuda_bench():
+    """The CUDA segment unique against CUB sort + unique, first kernels (harness_v1) and now (harness), per GPU."""
+    rows = []
+    for directory in sorted(glob.glob(_path("docs/cuda/final_*"))):
+        rel = os.path.relpath(directory, ROOT)
+        with open(os.path.join(directory, "device.txt")) as f:
+            gpu = f.read().splitlines()[1].split(",")[0].replace("NVIDIA ", "")
+        runs = _cuda_runs(os.path.join(rel, "ab.log"))
+        first, now = runs["harness_v1"], runs["harness"]
+        for case in now[0]:
+            n, unique = now[0][case][:2]
+            old_ms = [r[case][2] for r in first]
+            new_ms = [r[case][2] for r in now]
+            sort_ms = [r[case][3] for r in first + now]
+            rows.append([gpu, case, f"{n:,}", f"{unique:,}", _span(old_ms, "{:.3f}"), _span(new_ms, "{:.3f}"),
+                         _span(sort_ms, "{:.3f}"),
+                         _span([r[case][4] for r in first], "{:.2f}x"), _span([r[case][4] for r in now], "{:.2f}x"),
+                         len(now)])
+    return _table(["GPU", "keys", "n", "unique", "first kernels, ms", "now, ms", "sort + unique, ms",
+                   "first vs sort", "now vs sort", "rounds"], "llrrrrrrrr", rows)
+
+
 TABLES = {
+    "cuda-bench": (("docs/cuda/final_*/ab.log", "docs/cuda/final_*/device.txt"), cuda_bench),
     "grm-storage": (("docs/grm/storage_bench.json",), grm_storage),
     "grm-storage-seeds": (("docs/grm/storage_bench_float16_seeds.json",), grm_storage_seeds),
     "grm-storage-stochastic": (("docs/grm/stochastic/storage_bench_float16_stochastic_seeds.json",),
