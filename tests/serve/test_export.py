@@ -5,7 +5,9 @@
   training=False scores on held-out batches (ids never trained included) of each rank to 1e-6, with pooling on and
   off; packed and hashed groups, int32 ids, a ragged bag with mean, a padded bag with sum, a padded sequence.
 * The export of the 2-worker run holds the 1-worker run's rows (2 workers == 1), every key once.
-* The dense part is a plain SavedModel (tf.saved_model.load, signature serving_default).
+* The dense part is a plain SavedModel (tf.saved_model.load, signature serving_default); its packed signature
+  (serving_packed: every float32 [B, d] input in one) gives the same scores bit for bit, and an export without one
+  (written before it) is served input by input.
 * python -m tf_fusedrec.export on a 2-worker criteo_synthetic checkpoint; corrupt and missing files; bad requests.
 """
 
@@ -134,6 +136,43 @@ def test_dense_part_is_a_plain_saved_model(exports):
         else:
             feeds[f["inputs"]["rows"]] = tf.zeros([batch, f["dim"]])
     assert signature(**feeds)["scores"].shape == [batch]
+
+
+def test_packed_signature_lists_every_float_matrix_input_once(exports):
+    export_dir, _ = exports[("fused", 2)]
+    manifest = fmt.read_manifest(str(export_dir))
+    packed = manifest["dense"]["packed"]
+    assert packed["signature"] == "serving_packed" and packed["input"] == "packed"
+    dims = {f["inputs"]["rows"]: f["dim"] for f in manifest["features"] if f["layout"] != "sequence"}
+    assert packed["members"] == [["dense", 3]] + [[name, dims[name]] for name in sorted(dims, key=lambda n:
+                                                                                         int(n.split("_")[1]))]
+    signature = tf.saved_model.load(str(export_dir / "dense")).signatures["serving_packed"]
+    history = next(f["inputs"] for f in manifest["features"] if f["layout"] == "sequence")
+    assert set(signature.structured_input_signature[1]) == {"packed", history["values"], history["row_lengths"]}
+
+
+@pytest.mark.parametrize("run_key", RUNS, ids=[f"{layer}-{n}workers" for layer, n in RUNS])
+def test_packed_signature_scores_equal_the_per_input_signature(exports, run_key):
+    export_dir, ranks = exports[run_key]
+    packed = fr.export.load_model(str(export_dir))
+    flat = fr.export.load_model(str(export_dir), packed=False)
+    for inputs, _ in eval_batches(ranks[0]):
+        np.testing.assert_array_equal(packed.predict(inputs), flat.predict(inputs), err_msg=str(run_key))
+
+
+def test_an_export_without_the_packed_signature_is_served_input_by_input(exports, tmp_path):
+    """Exports written before the packed signature have no manifest entry for it (their SavedModel has no such
+    signature either): the model calls serving_default."""
+    import shutil  # noqa: PLC0415
+
+    export_dir, ranks = exports[("fused", 2)]
+    old = tmp_path / "old"
+    shutil.copytree(export_dir, old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    del manifest["dense"]["packed"]
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    inputs, want = eval_batches(ranks[0])[0]
+    np.testing.assert_allclose(fr.export.load_model(str(old)).predict(inputs), want, rtol=1e-6, atol=1e-7)
 
 
 def test_corrupt_or_missing_files_are_named(exports, tmp_path):

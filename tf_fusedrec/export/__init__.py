@@ -23,12 +23,12 @@ def __getattr__(name):  # PEP 562: the writer needs TensorFlow, the format (what
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def load_model(export_dir, backend=None, pooling=True):
+def load_model(export_dir, backend=None, pooling=True, packed=True):
     """A model rebuilt from an export in this process (see tf_fusedrec.serve.model.ServingModel): predict(batch)
     equals the training model's call with training=False on the same batch."""
     from tf_fusedrec.serve.model import load_model as load  # noqa: PLC0415  (serve imports export)
 
-    return load(export_dir, backend=backend, pooling=pooling)
+    return load(export_dir, backend=backend, pooling=pooling, packed=packed)
 
 
 __all__ = ["ExportError", "export_model", "load_model"]

@@ -5,7 +5,9 @@ An export directory (written by fr.export.export_model) holds:
     EXPORT/manifest.json                          what is below, with a sha256 and a size for every file
     EXPORT/dense/                                 a TensorFlow SavedModel of the dense part (signature
                                                   "serving_default": dense inputs + one embedding input per feature
-                                                  -> {"scores": float32 [B]})
+                                                  -> {"scores": float32 [B]}; "serving_packed", the same function
+                                                  with the float32 [B, d] inputs side by side in one input "packed",
+                                                  columns as the manifest's dense "packed" "members" list them)
     EXPORT/tables/{group}/part-{i}-of-{P}.npz     keys int64 [K] (sorted), rows float32 [K, dim]
 
 A group's rows are keyed by its table key (the training table's unified key): for a feature of category c (its

@@ -764,6 +764,8 @@ def parse_args(argv=None):
     p.add_argument("--name", default="model", help="the model's name in /v1/models/NAME")
     p.add_argument("--no-pooling", action="store_true", help="fetch multi-hot rows instead of pooling on the servers")
     p.add_argument("--cache-mb", type=float, default=64.0, help="the row cache's budget (0: no cache)")
+    p.add_argument("--no-packed-signature", action="store_true",
+                   help="call the dense SavedModel input by input, not through its packed signature (same scores)")
     p.add_argument("--cache-policy", choices=["lru", "lfu"], default="lru")
     p.add_argument("--cache-high-load", type=float, default=256.0,
                    help="mean instances per request (over the last 64) above which the cache shrinks")
@@ -831,7 +833,7 @@ def build(args):
         cache = cache_lib.AdaptiveCache(int(args.cache_mb * MB), policy=args.cache_policy,
                                         high_load=args.cache_high_load, low_load=args.cache_low_load)
         backend = cache_lib.CachedBackend(backend, cache)
-    model = ServingModel(args.export, backend=backend, pooling=pooling)
+    model = ServingModel(args.export, backend=backend, pooling=pooling, packed=not args.no_packed_signature)
     if getattr(args, "catch_up", None):
         newest = publish.log_dense(args.catch_up)
         if newest is not None:
