@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Alternates `harness --bench` between builds of the harness on one GPU (timings compare only within one run):
 #
-#   tests/cuda/bench_ab.sh CASES_DIR ROUNDS HARNESS...      e.g. build/cuda/bench_cases 3 build/cuda/old build/cuda/harness
+#   tests/cuda/bench_ab.sh CASES_DIR ROUNDS HARNESS...
+#   e.g. tests/cuda/bench_ab.sh build/cuda/bench_cases 3 build/cuda/old build/cuda/harness
 #
 # Prints each build's bench lines per round; CUDA_BENCH_SYNTHETIC as in device_check.sh.
 set -u

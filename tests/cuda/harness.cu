@@ -39,6 +39,8 @@ namespace gpu = tensorflow::fusedrec::impl::gpu;
 constexpr int kExitMismatch = 1;
 constexpr int kExitUsage = 2;
 constexpr int kExitNoDevice = 3;
+constexpr const char* kUsage =
+    "usage: harness CASES_DIR [--compile-only] [--bench] [--bench-synthetic PER,...] [--bench-repeats N] [--repeat N]";
 
 int failures = 0;
 int bench_repeats = 31;  // --bench-repeats: timed runs per variant and round (1 under compute-sanitizer)
@@ -399,7 +401,9 @@ void CheckBaseline(const std::string& name, SortBaseline& b, const std::vector<i
                    const std::vector<int32_t>& segments, const Expected& e) {
   Check(cudaDeviceSynchronize(), "baseline");
   std::vector<std::tuple<int32_t, int64_t, int32_t>> want;
-  for (size_t j = 0; j < e.unique_keys.size(); ++j) want.emplace_back(e.unique_segments[j], e.unique_keys[j], e.counts[j]);
+  for (size_t j = 0; j < e.unique_keys.size(); ++j) {
+    want.emplace_back(e.unique_segments[j], e.unique_keys[j], e.counts[j]);
+  }
   std::sort(want.begin(), want.end());
   const auto got_keys = b.unique_keys.Download(b.num_unique);
   const auto got_segments = b.unique_segments.Download(b.num_unique);
@@ -512,7 +516,8 @@ void BenchArrays(const std::string& name, const std::vector<int64_t>& host_keys,
     t_partition = MedianMs(partition, kWarmup, kRepeats);
   }
   std::printf("  %-24s n=%9" PRId64 " unique=%8" PRId64 "  segment_unique %8.3f ms %9.1f Mkeys/s | sort+unique_by_key"
-              " %8.3f ms %9.1f Mkeys/s | speedup %.2fx | category_unique(packed) %8.3f ms | partition(8 ranks) %8.3f ms\n",
+              " %8.3f ms %9.1f Mkeys/s | speedup %.2fx | category_unique(packed) %8.3f ms"
+              " | partition(8 ranks) %8.3f ms\n",
               name.c_str(), n, r.num_unique, t_fused, n / t_fused / 1e3, t_sorted, n / t_sorted / 1e3,
               t_sorted / t_fused, t_category, t_partition);
 }
@@ -609,10 +614,10 @@ int main(int argc, char** argv) {
     } else if (!arg.empty() && arg[0] != '-' && dir.empty()) {
       dir = arg;
     } else {
-      Die("usage: harness CASES_DIR [--compile-only] [--bench] [--bench-synthetic PER,...] [--bench-repeats N] [--repeat N]");
+      Die(kUsage);
     }
   }
-  if (dir.empty()) Die("usage: harness CASES_DIR [--compile-only] [--bench] [--bench-synthetic PER,...] [--bench-repeats N] [--repeat N]");
+  if (dir.empty()) Die(kUsage);
   const std::vector<Case> cases = ReadManifest(dir);
 
   for (const Case& c : cases) {

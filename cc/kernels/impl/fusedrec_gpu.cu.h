@@ -7,10 +7,10 @@
 //     (shared atomics). Then one thread per distinct pair of the tile probes the global table of 2^k >= 1.5n slots
 //     and adds the tile's count: a hot (Zipf) key costs one global atomic per tile, not one per occurrence. (The
 //     first version elected one lane per pair and warp with __match_any_sync and probed the global table from
-//     there: one global atomic per warp, 2x slower on 10M keys; docs/cuda.) A slot holds a *position* of its pair (the input arrays are the
-//     table's key store), claimed by atomicCAS from kEmpty and lowered by atomicMin, in shared memory and in the
-//     global table alike, so once the pass ends every slot holds the first position of its pair: the min-position
-//     pass that makes the output order independent of thread timing.
+//     there: one global atomic per warp, 2x slower on 10M keys; docs/cuda.) A slot holds a *position* of its pair
+//     (the input arrays are the table's key store), claimed by atomicCAS from kEmpty and lowered by atomicMin, in
+//     shared memory and in the global table alike, so once the pass ends every slot holds the first position of its
+//     pair: the min-position pass that makes the output order independent of thread timing.
 //  2. MarkFirsts (inputs of 2^20 positions and more): one thread per slot sets first[pos] for each claimed slot, so
 //     later passes learn whether a position is a first occurrence from a sequential byte array instead of a random
 //     read of a table too large for L2. Smaller inputs skip it and read the table (first iff its slot holds it).
