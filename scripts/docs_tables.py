@@ -829,7 +829,7 @@ _CUDA_LINE = re.compile(r"^\s*(?P<case>\S+)\s+n=\s*(?P<n>\d+) unique=\s*(?P<uniq
 def _cuda_runs(path):
     """{harness basename: [{case: (n, unique, ms, sort_ms, speedup)} per round]} from a tests/cuda/bench_ab.sh log."""
     runs, current = {}, None
-    with open(_path(path)) as f:
+    with open(path) as f:
         for line in f:
             head = re.match(r"^== (\S+) round \d+", line)
             if head:
@@ -852,10 +852,9 @@ def cuda_bench():
     """The CUDA segment unique against CUB sort + unique, first kernels (harness_v1) and now (harness), per GPU."""
     rows = []
     for directory in sorted(glob.glob(_path("docs/cuda/final_*"))):
-        rel = os.path.relpath(directory, ROOT)
         with open(os.path.join(directory, "device.txt")) as f:
             gpu = f.read().splitlines()[1].split(",")[0].replace("NVIDIA ", "")
-        runs = _cuda_runs(os.path.join(rel, "ab.log"))
+        runs = _cuda_runs(os.path.join(directory, "ab.log"))
         first, now = runs["harness_v1"], runs["harness"]
         for case in now[0]:
             n, unique = now[0][case][:2]
