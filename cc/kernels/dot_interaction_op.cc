@@ -319,8 +319,112 @@ class DotInteractionGradOp : public OpKernel {
   }
 };
 
+// DotInteraction and its gradient on the F vectors as F inputs [B, D] (the model's per-feature embeddings), for the
+// stacked [B, F, D] that tf.stack would build: each example's F rows are copied into a per-task [F, D] scratch (in
+// L1) and run through the same loops, so every value is bit for bit DotInteraction's on tf.stack(xs, axis=1); what
+// goes is the stack (TF's Pack: a 64-byte copy per example and feature) and, in the backward, its Unpack.
+
+// Checks that the N inputs are [B, D] of one shape; -> B and D.
+static Status CheckVectors(const OpInputList& xs, int64_t* batch, int64_t* d) {
+  if (xs.size() == 0) return errors::InvalidArgument("xs must hold at least one tensor");
+  for (int i = 0; i < xs.size(); ++i) {
+    if (xs[i].dims() != 2) {
+      return errors::InvalidArgument("xs[", i, "] must have shape [B, D], got ", xs[i].shape().DebugString());
+    }
+    if (xs[i].shape() != xs[0].shape()) {
+      return errors::InvalidArgument("xs[", i, "] must have the shape of xs[0], ", xs[0].shape().DebugString(),
+                                     ", got ", xs[i].shape().DebugString());
+    }
+  }
+  *batch = xs[0].dim_size(0);
+  *d = xs[0].dim_size(1);
+  return OkStatus();
+}
+
+// Copies example b's F rows into x [F, D].
+inline void GatherExample(const std::vector<const float*>& xs, int64_t b, int64_t d, float* x) {
+  for (size_t i = 0; i < xs.size(); ++i) std::copy_n(xs[i] + b * d, d, x + i * d);
+}
+
+class DotInteractionNOp : public OpKernel {
+ public:
+  explicit DotInteractionNOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList xs;
+    OP_REQUIRES_OK(ctx, ctx->input_list("xs", &xs));
+    int64_t batch = 0, d = 0;
+    OP_REQUIRES_OK(ctx, CheckVectors(xs, &batch, &d));
+    const int64_t f = xs.size();
+    const int64_t pairs = f * (f - 1) / 2;
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, pairs}), &out));
+    if (batch == 0 || pairs == 0) return;
+    float* ys = out->flat<float>().data();
+    if (d == 0) {
+      std::fill(ys, ys + batch * pairs, 0.f);
+      return;
+    }
+    std::vector<const float*> in(f);
+    for (int64_t i = 0; i < f; ++i) in[i] = xs[i].flat<float>().data();
+    OverExamples(ctx, batch, pairs * d, [&](int64_t begin, int64_t end) {
+      std::vector<float> x(f * d);  // one task's scratch
+      for (int64_t b = begin; b < end; ++b) {
+        GatherExample(in, b, d, x.data());
+        Forward(x.data(), f, d, ys + b * pairs);
+      }
+    });
+  }
+};
+
+class DotInteractionNGradOp : public OpKernel {
+ public:
+  explicit DotInteractionNGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& grad = ctx->input(0);
+    OpInputList xs;
+    OP_REQUIRES_OK(ctx, ctx->input_list("xs", &xs));
+    int64_t batch = 0, d = 0;
+    OP_REQUIRES_OK(ctx, CheckVectors(xs, &batch, &d));
+    const int64_t f = xs.size();
+    const int64_t pairs = f * (f - 1) / 2;
+    OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == batch && grad.dim_size(1) == pairs,
+                errors::InvalidArgument("grad must have shape [", batch, ", ", pairs, "] (", f, " inputs of shape ",
+                                        xs[0].shape().DebugString(), "), got ", grad.shape().DebugString()));
+    OpOutputList dxs;
+    OP_REQUIRES_OK(ctx, ctx->output_list("xs_grad", &dxs));
+    std::vector<float*> out(f);
+    for (int64_t i = 0; i < f; ++i) {
+      Tensor* t = nullptr;
+      OP_REQUIRES_OK(ctx, dxs.allocate(i, xs[0].shape(), &t));
+      out[i] = t->flat<float>().data();
+    }
+    if (batch == 0 || d == 0) return;
+    if (pairs == 0) {
+      for (int64_t i = 0; i < f; ++i) std::fill(out[i], out[i] + batch * d, 0.f);
+      return;
+    }
+    std::vector<const float*> in(f);
+    for (int64_t i = 0; i < f; ++i) in[i] = xs[i].flat<float>().data();
+    const float* gs = grad.flat<float>().data();
+    std::vector<int64_t> row_start(f);
+    for (int64_t i = 0, p = 0; i < f; p += f - 1 - i, ++i) row_start[i] = p;
+    OverExamples(ctx, batch, 2 * pairs * d, [&](int64_t begin, int64_t end) {
+      std::vector<float> x(f * d), dx(f * d), gm(f * f);  // one task's scratch
+      for (int64_t b = begin; b < end; ++b) {
+        GatherExample(in, b, d, x.data());
+        Backward(gs + b * pairs, x.data(), f, d, row_start.data(), dx.data(), gm.data());
+        for (int64_t i = 0; i < f; ++i) std::copy_n(dx.data() + i * d, d, out[i] + b * d);
+      }
+    });
+  }
+};
+
 REGISTER_KERNEL_BUILDER(Name("FusedRec>DotInteraction").Device(DEVICE_CPU), DotInteractionOp);
 REGISTER_KERNEL_BUILDER(Name("FusedRec>DotInteractionGrad").Device(DEVICE_CPU), DotInteractionGradOp);
+REGISTER_KERNEL_BUILDER(Name("FusedRec>DotInteractionN").Device(DEVICE_CPU), DotInteractionNOp);
+REGISTER_KERNEL_BUILDER(Name("FusedRec>DotInteractionNGrad").Device(DEVICE_CPU), DotInteractionNGradOp);
 
 }  // namespace fusedrec
 }  // namespace tensorflow
