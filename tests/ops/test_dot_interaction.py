@@ -142,7 +142,8 @@ def test_errors(fro, run_all, check):
 
 def test_portable_loops(fro, tmp_path):
     """The loops for CPUs without AVX2 and FMA, forced by TF_FUSEDREC_PORTABLE_KERNELS=1 in a fresh process (the
-    choice is made once per process), against NumPy: forward and gradient, D with and without a tail."""
+    choice is made once per process), against NumPy: forward and gradient, D with and without a tail; the list form
+    bit for bit the stacked op there too."""
     import os  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
@@ -162,6 +163,11 @@ def test_portable_loops(fro, tmp_path):
         "        y = ops.dot_interaction(x)\n"
         "        loss = tf.reduce_sum(y * tf.range(1, y.shape[1] + 1, dtype=tf.float32))\n"
         "    out[k + '_y'], out[k + '_g'] = y.numpy(), tape.gradient(loss, x).numpy()\n"
+        "    with tf.GradientTape() as tape:\n"  # the list form, in the same process: the same portable loops
+        "        tape.watch(x)\n"
+        "        y = ops.dot_interaction(tf.unstack(x, axis=1))\n"
+        "        loss = tf.reduce_sum(y * tf.range(1, y.shape[1] + 1, dtype=tf.float32))\n"
+        "    out[k + '_yl'], out[k + '_gl'] = y.numpy(), tape.gradient(loss, x).numpy()\n"
         "np.savez(sys.argv[2], **out)\n")
     env = {**os.environ, "TF_FUSEDREC_PORTABLE_KERNELS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
@@ -173,6 +179,8 @@ def test_portable_loops(fro, tmp_path):
         w = np.broadcast_to(np.arange(1, pairs + 1, dtype=np.float32), (x.shape[0], pairs))
         np.testing.assert_allclose(out[k + "_y"], numpy_pairs(x), rtol=1e-5, atol=tolerance(x))
         np.testing.assert_allclose(out[k + "_g"], numpy_grad(w, x), rtol=1e-5, atol=tolerance(x) * pairs * x.shape[1])
+        np.testing.assert_array_equal(out[k + "_yl"], out[k + "_y"])
+        np.testing.assert_array_equal(out[k + "_gl"], out[k + "_g"])
         # Another rounding than the AVX2 loops, the same values to float32's precision.
         np.testing.assert_allclose(out[k + "_y"], fro.dot_interaction(x).numpy(), rtol=1e-5, atol=tolerance(x))
 
