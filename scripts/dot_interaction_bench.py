@@ -8,11 +8,6 @@ libraries alternating round by round, so drift in the machine's load reaches bot
 100 calls of FusedRec>DotInteraction and FusedRec>DotInteractionGrad on fixed random inputs (DLRM's shapes by default:
 the bottom MLP and 26 features, dim 16, a worker's batch of 2048) with --threads intra-op threads, and reports the
 fastest and the median of 5 blocks in ms per call, and a sha256 of each output (equal digests: bit-equal results).
-
-Where the library has the list form (FusedRec>DotInteractionN), four more calls time what a model's step runs either
-way: `stack_forward` (tf.stack of the F vectors, then the op), `list_forward` (the list op on the F vectors),
-`gradient_unstack` (the gradient op, then the unstack that hands each vector its gradient) and `list_gradient`; their
-outputs are hashed as [B, F, D] / [B, P], so equal digests across the four and the two above mean bit-equal results.
 """
 
 import argparse
@@ -46,22 +41,9 @@ def measure(args):
     g = tf.constant(rng.normal(size=(args.batch, pairs)).astype(np.float32))
     calls = {"forward": tf.function(lambda: lib.fused_rec_dot_interaction(x)),
              "gradient": tf.function(lambda: lib.fused_rec_dot_interaction_grad(g, x))}
-    if hasattr(lib, "fused_rec_dot_interaction_n"):
-        xs = [tf.constant(x[:, i].numpy()) for i in range(args.features)]  # F tensors of their own, as a model's
-        calls.update({
-            "stack_forward": tf.function(lambda: lib.fused_rec_dot_interaction(tf.stack(xs, axis=1))),
-            "list_forward": tf.function(lambda: lib.fused_rec_dot_interaction_n(xs)),
-            "gradient_unstack": tf.function(
-                lambda: tf.unstack(lib.fused_rec_dot_interaction_grad(g, x), num=args.features, axis=1)),
-            "list_gradient": tf.function(lambda: lib.fused_rec_dot_interaction_n_grad(g, xs)),
-        })
-
-    def value(out):
-        return np.stack([t.numpy() for t in out], axis=1) if isinstance(out, (list, tuple)) else out.numpy()
-
     result = {}
     for name, call in calls.items():
-        digest = hashlib.sha256(value(call()).tobytes()).hexdigest()
+        digest = hashlib.sha256(call().numpy().tobytes()).hexdigest()
         for _ in range(20):
             call()
         blocks = []

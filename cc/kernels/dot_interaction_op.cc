@@ -30,22 +30,11 @@ namespace {
 // Multiply-adds per task below which one thread does the whole batch.
 constexpr int64_t kMinWorkPerTask = int64_t{1} << 18;
 
-// The loops read an example's rows as x[i] (D floats) and write its gradient rows as dx[i]: X is a StridedRows (the
-// rows of [B, F, D], adjacent) or an array of row pointers (DotInteractionN's rows, where its F inputs hold them).
-// Templates, so the strided case compiles to the address arithmetic of adjacent rows.
-template <typename T>
-struct StridedRows {
-  T* first;
-  int64_t d;
-  T* operator[](int64_t i) const { return first + i * d; }
-};
-
-template <typename X>
-void ForwardPortable(const X& x, int64_t f, int64_t d, float* out) {
+void ForwardPortable(const float* x, int64_t f, int64_t d, float* out) {
   for (int64_t i = 0; i + 1 < f; ++i) {
-    const float* xi = x[i];
+    const float* xi = x + i * d;
     for (int64_t j = i + 1; j < f; ++j) {
-      const float* xj = x[j];
+      const float* xj = x + j * d;
       float sum = 0.f;
       for (int64_t k = 0; k < d; ++k) sum += xi[k] * xj[k];
       *out++ = sum;
@@ -59,15 +48,14 @@ inline float PairGrad(const float* grad, const int64_t* row_start, int64_t i, in
   return j < i ? grad[row_start[j] + (i - j - 1)] : grad[row_start[i] + (j - i - 1)];
 }
 
-template <typename X, typename DX>
-void BackwardPortable(const float* grad, const X& x, int64_t f, int64_t d, const int64_t* row_start, const DX& dx) {
+void BackwardPortable(const float* grad, const float* x, int64_t f, int64_t d, const int64_t* row_start, float* dx) {
   for (int64_t i = 0; i < f; ++i) {
-    float* dxi = dx[i];
+    float* dxi = dx + i * d;
     std::fill(dxi, dxi + d, 0.f);
     for (int64_t j = 0; j < f; ++j) {
       if (j == i) continue;
       const float g = PairGrad(grad, row_start, i, j);
-      const float* xj = x[j];
+      const float* xj = x + j * d;
       for (int64_t k = 0; k < d; ++k) dxi[k] += g * xj[k];
     }
   }
@@ -82,17 +70,16 @@ __attribute__((target("avx2,fma"))) inline float Sum8(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-template <typename X>
-__attribute__((target("avx2,fma"))) void ForwardAvx2(const X& x, int64_t f, int64_t d, float* out) {
+__attribute__((target("avx2,fma"))) void ForwardAvx2(const float* x, int64_t f, int64_t d, float* out) {
   const int64_t d8 = d & ~int64_t{7};
   for (int64_t i = 0; i + 1 < f; ++i) {
-    const float* xi = x[i];
+    const float* xi = x + i * d;
     int64_t j = i + 1;
     for (; j + 4 <= f; j += 4) {  // four dot products at once, summed across lanes together
-      const float* x0 = x[j];
-      const float* x1 = x[j + 1];
-      const float* x2 = x[j + 2];
-      const float* x3 = x[j + 3];
+      const float* x0 = x + j * d;
+      const float* x1 = x0 + d;
+      const float* x2 = x1 + d;
+      const float* x3 = x2 + d;
       __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
       for (int64_t k = 0; k < d8; k += 8) {
         const __m256 v = _mm256_loadu_ps(xi + k);
@@ -117,7 +104,7 @@ __attribute__((target("avx2,fma"))) void ForwardAvx2(const X& x, int64_t f, int6
       out += 4;
     }
     for (; j < f; ++j) {
-      const float* xj = x[j];
+      const float* xj = x + j * d;
       __m256 a = _mm256_setzero_ps();
       for (int64_t k = 0; k < d8; k += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(xi + k), _mm256_loadu_ps(xj + k), a);
       float sum = Sum8(a);
@@ -138,11 +125,11 @@ void MirrorGrad(const float* grad, int64_t f, float* gm) {
 
 // One j outside the block [i0, i0 + R): every row of the block takes x_j times its pair gradient (gj[r]: row
 // i0 + r's).
-template <int N, int R, typename X>
-__attribute__((target("avx2,fma"), always_inline)) inline void AllRowsStep(const float* gj, const X& x,
+template <int N, int R>
+__attribute__((target("avx2,fma"), always_inline)) inline void AllRowsStep(const float* gj, const float* x, int64_t d,
                                                                            int64_t k0, int64_t j,
                                                                            __m256 (&acc)[R][N]) {
-  const float* xj = x[j] + k0;
+  const float* xj = x + j * d + k0;
   __m256 xv[N];
 #pragma GCC unroll 4
   for (int v = 0; v < N; ++v) xv[v] = _mm256_loadu_ps(xj + 8 * v);
@@ -159,22 +146,22 @@ __attribute__((target("avx2,fma"), always_inline)) inline void AllRowsStep(const
 // once for R rows (one row at a time left 2 chains at D = 16: the op ran at the FMA latency, 1.5x slower). Every
 // element is the same sum of fused multiply-adds in the same order (j = 0 .. F - 1, j != i) as one row at a time, so
 // the results are bit for bit those of that kernel (801cd3f).
-template <int N, int R, typename X, typename DX>
+template <int N, int R>
 __attribute__((target("avx2,fma"))) inline void BackwardRowsAvx2(const float* grad, const int64_t* row_start,
-                                                                 const float* gm, const X& x, int64_t f,
-                                                                 int64_t i0, int64_t k0, const DX& dx) {
+                                                                 const float* gm, const float* x, int64_t f,
+                                                                 int64_t d, int64_t i0, int64_t k0, float* dx) {
   __m256 acc[R][N];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
     for (int v = 0; v < N; ++v) acc[r][v] = _mm256_setzero_ps();
   }
-  for (int64_t j = 0; j < i0; ++j) AllRowsStep<N, R>(grad + row_start[j] + (i0 - j - 1), x, k0, j, acc);
+  for (int64_t j = 0; j < i0; ++j) AllRowsStep<N, R>(grad + row_start[j] + (i0 - j - 1), x, d, k0, j, acc);
   // j inside the block: row i0 + jj skips itself (constants once unrolled: no branch is left).
 #pragma GCC unroll 8
   for (int jj = 0; jj < R; ++jj) {
     const int64_t j = i0 + jj;
-    const float* xj = x[j] + k0;
+    const float* xj = x + j * d + k0;
     const float* above = gm + j * f + i0;  // rows r < jj; rows r > jj: pair (j, i0 + r), row j of grad
     __m256 xv[N];
 #pragma GCC unroll 4
@@ -187,56 +174,55 @@ __attribute__((target("avx2,fma"))) inline void BackwardRowsAvx2(const float* gr
       for (int v = 0; v < N; ++v) acc[r][v] = _mm256_fmadd_ps(g, xv[v], acc[r][v]);
     }
   }
-  for (int64_t j = i0 + R; j < f; ++j) AllRowsStep<N, R>(gm + j * f + i0, x, k0, j, acc);
+  for (int64_t j = i0 + R; j < f; ++j) AllRowsStep<N, R>(gm + j * f + i0, x, d, k0, j, acc);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < N; ++v) _mm256_storeu_ps(dx[i0 + r] + k0 + 8 * v, acc[r][v]);
+    for (int v = 0; v < N; ++v) _mm256_storeu_ps(dx + (i0 + r) * d + k0 + 8 * v, acc[r][v]);
   }
 }
 
 // Columns [k0, k0 + 8 N) of every row: blocks of R = 8 / N rows (8 accumulators), then the rows left as one block.
-template <int N, typename X, typename DX>
+template <int N>
 __attribute__((target("avx2,fma"))) inline void BackwardColumnsAvx2(const float* grad, const int64_t* row_start,
-                                                                    const float* gm, const X& x, int64_t f,
-                                                                    int64_t k0, const DX& dx) {
+                                                                    const float* gm, const float* x, int64_t f,
+                                                                    int64_t d, int64_t k0, float* dx) {
   constexpr int R = 8 / N;
   int64_t i = 0;
-  for (; i + R <= f; i += R) BackwardRowsAvx2<N, R>(grad, row_start, gm, x, f, i, k0, dx);
+  for (; i + R <= f; i += R) BackwardRowsAvx2<N, R>(grad, row_start, gm, x, f, d, i, k0, dx);
   switch (f - i) {  // 0 .. R - 1 rows left
-    case 7: return BackwardRowsAvx2<N, (R > 7 ? 7 : 1)>(grad, row_start, gm, x, f, i, k0, dx);
-    case 6: return BackwardRowsAvx2<N, (R > 6 ? 6 : 1)>(grad, row_start, gm, x, f, i, k0, dx);
-    case 5: return BackwardRowsAvx2<N, (R > 5 ? 5 : 1)>(grad, row_start, gm, x, f, i, k0, dx);
-    case 4: return BackwardRowsAvx2<N, (R > 4 ? 4 : 1)>(grad, row_start, gm, x, f, i, k0, dx);
-    case 3: return BackwardRowsAvx2<N, (R > 3 ? 3 : 1)>(grad, row_start, gm, x, f, i, k0, dx);
-    case 2: return BackwardRowsAvx2<N, (R > 2 ? 2 : 1)>(grad, row_start, gm, x, f, i, k0, dx);
-    case 1: return BackwardRowsAvx2<N, 1>(grad, row_start, gm, x, f, i, k0, dx);
+    case 7: return BackwardRowsAvx2<N, (R > 7 ? 7 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx);
+    case 6: return BackwardRowsAvx2<N, (R > 6 ? 6 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx);
+    case 5: return BackwardRowsAvx2<N, (R > 5 ? 5 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx);
+    case 4: return BackwardRowsAvx2<N, (R > 4 ? 4 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx);
+    case 3: return BackwardRowsAvx2<N, (R > 3 ? 3 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx);
+    case 2: return BackwardRowsAvx2<N, (R > 2 ? 2 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx);
+    case 1: return BackwardRowsAvx2<N, 1>(grad, row_start, gm, x, f, d, i, k0, dx);
     default: return;
   }
 }
 
 // gm: F x F floats of scratch for the mirrored pair gradients.
-template <typename X, typename DX>
-__attribute__((target("avx2,fma"))) void BackwardAvx2(const float* grad, const X& x, int64_t f, int64_t d,
-                                                      const int64_t* row_start, const DX& dx, float* gm) {
+__attribute__((target("avx2,fma"))) void BackwardAvx2(const float* grad, const float* x, int64_t f, int64_t d,
+                                                      const int64_t* row_start, float* dx, float* gm) {
   MirrorGrad(grad, f, gm);
   const int64_t d8 = d & ~int64_t{7};
   int64_t k0 = 0;
-  for (; k0 + 32 <= d8; k0 += 32) BackwardColumnsAvx2<4>(grad, row_start, gm, x, f, k0, dx);
+  for (; k0 + 32 <= d8; k0 += 32) BackwardColumnsAvx2<4>(grad, row_start, gm, x, f, d, k0, dx);
   if (k0 + 16 <= d8) {
-    BackwardColumnsAvx2<2>(grad, row_start, gm, x, f, k0, dx);
+    BackwardColumnsAvx2<2>(grad, row_start, gm, x, f, d, k0, dx);
     k0 += 16;
   }
   if (k0 + 8 <= d8) {
-    BackwardColumnsAvx2<1>(grad, row_start, gm, x, f, k0, dx);
+    BackwardColumnsAvx2<1>(grad, row_start, gm, x, f, d, k0, dx);
     k0 += 8;
   }
   for (int64_t i = 0; i < f; ++i) {
-    float* dxi = dx[i];
+    float* dxi = dx + i * d;
     for (int64_t k = k0; k < d; ++k) {
       float sum = 0.f;
       for (int64_t j = 0; j < f; ++j) {
-        if (j != i) sum += PairGrad(grad, row_start, i, j) * x[j][k];
+        if (j != i) sum += PairGrad(grad, row_start, i, j) * x[j * d + k];
       }
       dxi[k] = sum;
     }
@@ -252,8 +238,7 @@ bool HaveAvx2() {
 
 #endif  // FUSEDREC_DOT_AVX2
 
-template <typename X>
-void Forward(const X& x, int64_t f, int64_t d, float* out) {
+void Forward(const float* x, int64_t f, int64_t d, float* out) {
 #ifdef FUSEDREC_DOT_AVX2
   if (HaveAvx2()) return ForwardAvx2(x, f, d, out);
 #endif
@@ -261,8 +246,7 @@ void Forward(const X& x, int64_t f, int64_t d, float* out) {
 }
 
 // gm: F x F floats of scratch (used by the AVX2 loops).
-template <typename X, typename DX>
-void Backward(const float* grad, const X& x, int64_t f, int64_t d, const int64_t* row_start, const DX& dx, float* gm) {
+void Backward(const float* grad, const float* x, int64_t f, int64_t d, const int64_t* row_start, float* dx, float* gm) {
 #ifdef FUSEDREC_DOT_AVX2
   if (HaveAvx2()) return BackwardAvx2(grad, x, f, d, row_start, dx, gm);
 #endif
@@ -296,12 +280,7 @@ class DotInteractionOp : public OpKernel {
       return;
     }
     OverExamples(ctx, batch, pairs * d, [&](int64_t begin, int64_t end) {
-      // Row pointers: measured a little faster than StridedRows here (and the forward's loads are all it does).
-      std::vector<const float*> rows(f);  // one task's
-      for (int64_t b = begin; b < end; ++b) {
-        for (int64_t i = 0; i < f; ++i) rows[i] = xs + (b * f + i) * d;
-        Forward(rows.data(), f, d, ys + b * pairs);
-      }
+      for (int64_t b = begin; b < end; ++b) Forward(xs + b * f * d, f, d, ys + b * pairs);
     });
   }
 };
@@ -334,114 +313,7 @@ class DotInteractionGradOp : public OpKernel {
     OverExamples(ctx, batch, 2 * pairs * d, [&](int64_t begin, int64_t end) {
       std::vector<float> gm(f * f);  // one task's scratch
       for (int64_t b = begin; b < end; ++b) {
-        Backward(gs + b * pairs, StridedRows<const float>{xs + b * f * d, d}, f, d, row_start.data(),
-                 StridedRows<float>{dxs + b * f * d, d}, gm.data());
-      }
-    });
-  }
-};
-
-// DotInteraction and its gradient on the F vectors as F inputs [B, D] (the model's per-feature embeddings), for the
-// stacked [B, F, D] that tf.stack would build: the loops read each example's F rows where they are (and write its
-// gradient rows into the F outputs), so every value is bit for bit DotInteraction's on tf.stack(xs, axis=1); what
-// goes is the stack (TF's Pack: a 64-byte copy per example and feature) and, in the backward, its Unpack. (Copying
-// each example's rows into a scratch first, with a memmove per row, cost more than the Pack and Unpack it saved.)
-
-// Checks that the N inputs are [B, D] of one shape; -> B and D.
-static Status CheckVectors(const OpInputList& xs, int64_t* batch, int64_t* d) {
-  if (xs.size() == 0) return errors::InvalidArgument("xs must hold at least one tensor");
-  for (int i = 0; i < xs.size(); ++i) {
-    if (xs[i].dims() != 2) {
-      return errors::InvalidArgument("xs[", i, "] must have shape [B, D], got ", xs[i].shape().DebugString());
-    }
-    if (xs[i].shape() != xs[0].shape()) {
-      return errors::InvalidArgument("xs[", i, "] must have the shape of xs[0], ", xs[0].shape().DebugString(),
-                                     ", got ", xs[i].shape().DebugString());
-    }
-  }
-  *batch = xs[0].dim_size(0);
-  *d = xs[0].dim_size(1);
-  return OkStatus();
-}
-
-// Example b's F rows in the F tensors xs[i] [B, D].
-template <typename T>
-inline void ListRows(const std::vector<T*>& xs, int64_t b, int64_t d, T** rows) {
-  for (size_t i = 0; i < xs.size(); ++i) rows[i] = xs[i] + b * d;
-}
-
-class DotInteractionNOp : public OpKernel {
- public:
-  explicit DotInteractionNOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
-
-  void Compute(OpKernelContext* ctx) override {
-    OpInputList xs;
-    OP_REQUIRES_OK(ctx, ctx->input_list("xs", &xs));
-    int64_t batch = 0, d = 0;
-    OP_REQUIRES_OK(ctx, CheckVectors(xs, &batch, &d));
-    const int64_t f = xs.size();
-    const int64_t pairs = f * (f - 1) / 2;
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, pairs}), &out));
-    if (batch == 0 || pairs == 0) return;
-    float* ys = out->flat<float>().data();
-    if (d == 0) {
-      std::fill(ys, ys + batch * pairs, 0.f);
-      return;
-    }
-    std::vector<const float*> in(f);
-    for (int64_t i = 0; i < f; ++i) in[i] = xs[i].flat<float>().data();
-    OverExamples(ctx, batch, pairs * d, [&](int64_t begin, int64_t end) {
-      std::vector<const float*> rows(f);  // one task's
-      for (int64_t b = begin; b < end; ++b) {
-        ListRows(in, b, d, rows.data());
-        Forward(rows.data(), f, d, ys + b * pairs);
-      }
-    });
-  }
-};
-
-class DotInteractionNGradOp : public OpKernel {
- public:
-  explicit DotInteractionNGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& grad = ctx->input(0);
-    OpInputList xs;
-    OP_REQUIRES_OK(ctx, ctx->input_list("xs", &xs));
-    int64_t batch = 0, d = 0;
-    OP_REQUIRES_OK(ctx, CheckVectors(xs, &batch, &d));
-    const int64_t f = xs.size();
-    const int64_t pairs = f * (f - 1) / 2;
-    OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == batch && grad.dim_size(1) == pairs,
-                errors::InvalidArgument("grad must have shape [", batch, ", ", pairs, "] (", f, " inputs of shape ",
-                                        xs[0].shape().DebugString(), "), got ", grad.shape().DebugString()));
-    OpOutputList dxs;
-    OP_REQUIRES_OK(ctx, ctx->output_list("xs_grad", &dxs));
-    std::vector<float*> out(f);
-    for (int64_t i = 0; i < f; ++i) {
-      Tensor* t = nullptr;
-      OP_REQUIRES_OK(ctx, dxs.allocate(i, xs[0].shape(), &t));
-      out[i] = t->flat<float>().data();
-    }
-    if (batch == 0 || d == 0) return;
-    if (pairs == 0) {
-      for (int64_t i = 0; i < f; ++i) std::fill(out[i], out[i] + batch * d, 0.f);
-      return;
-    }
-    std::vector<const float*> in(f);
-    for (int64_t i = 0; i < f; ++i) in[i] = xs[i].flat<float>().data();
-    const float* gs = grad.flat<float>().data();
-    std::vector<int64_t> row_start(f);
-    for (int64_t i = 0, p = 0; i < f; p += f - 1 - i, ++i) row_start[i] = p;
-    OverExamples(ctx, batch, 2 * pairs * d, [&](int64_t begin, int64_t end) {
-      std::vector<float> gm(f * f);  // one task's scratch
-      std::vector<const float*> rows(f);
-      std::vector<float*> dx_rows(f);
-      for (int64_t b = begin; b < end; ++b) {
-        ListRows(in, b, d, rows.data());
-        ListRows(out, b, d, dx_rows.data());
-        Backward(gs + b * pairs, rows.data(), f, d, row_start.data(), dx_rows.data(), gm.data());
+        Backward(gs + b * pairs, xs + b * f * d, f, d, row_start.data(), dxs + b * f * d, gm.data());
       }
     });
   }
@@ -449,8 +321,6 @@ class DotInteractionNGradOp : public OpKernel {
 
 REGISTER_KERNEL_BUILDER(Name("FusedRec>DotInteraction").Device(DEVICE_CPU), DotInteractionOp);
 REGISTER_KERNEL_BUILDER(Name("FusedRec>DotInteractionGrad").Device(DEVICE_CPU), DotInteractionGradOp);
-REGISTER_KERNEL_BUILDER(Name("FusedRec>DotInteractionN").Device(DEVICE_CPU), DotInteractionNOp);
-REGISTER_KERNEL_BUILDER(Name("FusedRec>DotInteractionNGrad").Device(DEVICE_CPU), DotInteractionNGradOp);
 
 }  // namespace fusedrec
 }  // namespace tensorflow

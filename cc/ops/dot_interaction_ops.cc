@@ -31,34 +31,6 @@ Status DotInteractionGradShape(InferenceContext* c) {
   return OkStatus();
 }
 
-// xs: N x [B, D] -> [B, N (N - 1) / 2].
-Status DotInteractionNShape(InferenceContext* c) {
-  ShapeHandle x;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &x));
-  for (int i = 1; i < c->num_inputs(); ++i) {
-    ShapeHandle xi;
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 2, &xi));
-    TF_RETURN_IF_ERROR(c->Merge(x, xi, &x));
-  }
-  const int64_t f = c->num_inputs();
-  c->set_output(0, c->Matrix(c->Dim(x, 0), f * (f - 1) / 2));
-  return OkStatus();
-}
-
-// grad [B, P], xs: N x [B, D] -> N x [B, D].
-Status DotInteractionNGradShape(InferenceContext* c) {
-  ShapeHandle grad, x;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &grad));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &x));
-  for (int i = 2; i < c->num_inputs(); ++i) {
-    ShapeHandle xi;
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 2, &xi));
-    TF_RETURN_IF_ERROR(c->Merge(x, xi, &x));
-  }
-  for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, x);
-  return OkStatus();
-}
-
 }  // namespace
 
 REGISTER_OP("FusedRec>DotInteraction")
@@ -78,26 +50,6 @@ REGISTER_OP("FusedRec>DotInteractionGrad")
     .SetShapeFn(DotInteractionGradShape)
     .Doc(R"doc(
 The gradient of DotInteraction: x_grad[b, i] = sum over j != i of grad[b, pair(min(i, j), max(i, j))] * x[b, j].
-)doc");
-
-REGISTER_OP("FusedRec>DotInteractionN")
-    .Input("xs: N * float")
-    .Attr("N: int >= 1")
-    .Output("pairs: float")
-    .SetShapeFn(DotInteractionNShape)
-    .Doc(R"doc(
-DotInteraction of the N vectors of each example given as N inputs [B, D] (x[b, i] = xs[i][b]): bit for bit
-DotInteraction(stack(xs, axis=1)), without building the stack.
-)doc");
-
-REGISTER_OP("FusedRec>DotInteractionNGrad")
-    .Input("grad: float")
-    .Input("xs: N * float")
-    .Attr("N: int >= 1")
-    .Output("xs_grad: N * float")
-    .SetShapeFn(DotInteractionNGradShape)
-    .Doc(R"doc(
-The gradient of DotInteractionN: xs_grad[i] = DotInteractionGrad(grad, stack(xs, axis=1))[:, i], bit for bit.
 )doc");
 
 }  // namespace fusedrec

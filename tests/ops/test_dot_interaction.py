@@ -3,8 +3,7 @@ batch matmul + upper_triangle it replaces.
 
 The op sums each dot product in its own order (8 floats at a time where the CPU has AVX2 and FMA), so values are
 compared to a float64 reference with a float32 tolerance, never bit for bit; the gradient is checked against the
-reference's and numerically, in eager and graph mode; bad shapes and dtypes are clear errors. The list form (F
-tensors [B, D], no stack) must equal tf.stack + the op bit for bit: the same loops on the same values.
+reference's and numerically, in eager and graph mode; bad shapes and dtypes are clear errors.
 """
 
 import numpy as np
@@ -142,8 +141,7 @@ def test_errors(fro, run_all, check):
 
 def test_portable_loops(fro, tmp_path):
     """The loops for CPUs without AVX2 and FMA, forced by TF_FUSEDREC_PORTABLE_KERNELS=1 in a fresh process (the
-    choice is made once per process), against NumPy: forward and gradient, D with and without a tail; the list form
-    bit for bit the stacked op there too."""
+    choice is made once per process), against NumPy: forward and gradient, D with and without a tail."""
     import os  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
@@ -163,11 +161,6 @@ def test_portable_loops(fro, tmp_path):
         "        y = ops.dot_interaction(x)\n"
         "        loss = tf.reduce_sum(y * tf.range(1, y.shape[1] + 1, dtype=tf.float32))\n"
         "    out[k + '_y'], out[k + '_g'] = y.numpy(), tape.gradient(loss, x).numpy()\n"
-        "    with tf.GradientTape() as tape:\n"  # the list form, in the same process: the same portable loops
-        "        tape.watch(x)\n"
-        "        y = ops.dot_interaction(tf.unstack(x, axis=1))\n"
-        "        loss = tf.reduce_sum(y * tf.range(1, y.shape[1] + 1, dtype=tf.float32))\n"
-        "    out[k + '_yl'], out[k + '_gl'] = y.numpy(), tape.gradient(loss, x).numpy()\n"
         "np.savez(sys.argv[2], **out)\n")
     env = {**os.environ, "TF_FUSEDREC_PORTABLE_KERNELS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
@@ -179,117 +172,5 @@ def test_portable_loops(fro, tmp_path):
         w = np.broadcast_to(np.arange(1, pairs + 1, dtype=np.float32), (x.shape[0], pairs))
         np.testing.assert_allclose(out[k + "_y"], numpy_pairs(x), rtol=1e-5, atol=tolerance(x))
         np.testing.assert_allclose(out[k + "_g"], numpy_grad(w, x), rtol=1e-5, atol=tolerance(x) * pairs * x.shape[1])
-        np.testing.assert_array_equal(out[k + "_yl"], out[k + "_y"])
-        np.testing.assert_array_equal(out[k + "_gl"], out[k + "_g"])
         # Another rounding than the AVX2 loops, the same values to float32's precision.
         np.testing.assert_allclose(out[k + "_y"], fro.dot_interaction(x).numpy(), rtol=1e-5, atol=tolerance(x))
-
-
-# --- the list form: x as F tensors [B, D] (the model's per-feature embeddings), without the stack ---------------
-
-def _listed(fn):
-    """fn on F tensors [B, D] -> fn taking x [B, F, D] (so Runner's one input drives it) and unstacking it first."""
-    return lambda x: fn(tf.unstack(x, num=x.shape[1], axis=1))
-
-
-@pytest.mark.parametrize("size", [s for s in SIZES if s[1] >= 1])
-def test_list_form_is_bit_equal_to_the_stacked_op(fro, run, size):
-    """The same loops on the same values: the pairs and the gradient bit for bit those of tf.stack + the op, and
-    within float32 rounding of the float64 NumPy reference."""
-    rng = np.random.default_rng(sum(size) + 7)
-    x = rng.normal(size=size).astype(np.float32)
-    w = rng.normal(size=(size[0], size[1] * (size[1] - 1) // 2)).astype(np.float32)
-
-    def forward_and_grad(listed):
-        def fn(x, w):
-            with tf.GradientTape() as tape:
-                tape.watch(x)
-                vectors = tf.unstack(x, num=size[1], axis=1)
-                pairs = fro.dot_interaction(vectors if listed else tf.stack(vectors, axis=1))
-                loss = tf.reduce_sum(pairs * w)
-            return pairs, tf.convert_to_tensor(tape.gradient(loss, x))
-        return fn
-
-    pairs, grad = run(forward_and_grad(True), x, w)
-    want_pairs, want_grad = run(forward_and_grad(False), x, w)
-    assert pairs.dtype == np.float32 and pairs.shape == want_pairs.shape
-    np.testing.assert_array_equal(pairs, want_pairs)
-    np.testing.assert_array_equal(grad, want_grad)
-    np.testing.assert_allclose(pairs, numpy_pairs(x), rtol=1e-5, atol=tolerance(x))
-
-
-def test_list_form_gradient_per_input(fro):
-    """Each input's gradient is its own slice of the stacked gradient (an input used twice gets both parts summed by
-    TensorFlow), and an input left out of the loss still gets its gradient through the pairs."""
-    rng = np.random.default_rng(21)
-    a, b, c = (tf.constant(rng.normal(size=(6, 8)).astype(np.float32)) for _ in range(3))
-    w = tf.constant(rng.normal(size=(6, 6)).astype(np.float32))
-    with tf.GradientTape() as tape:
-        tape.watch([a, b, c])
-        loss = tf.reduce_sum(fro.dot_interaction([a, b, c, a]) * w)
-    got = tape.gradient(loss, [a, b, c])
-    x = np.stack([a.numpy(), b.numpy(), c.numpy(), a.numpy()], axis=1)
-    want = numpy_grad(w.numpy(), x)
-    np.testing.assert_allclose(got[0].numpy(), want[:, 0] + want[:, 3], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(got[1].numpy(), want[:, 1], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(got[2].numpy(), want[:, 2], rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("function", [False, True])
-def test_list_form_gradient_numerically(fro, function):
-    x = [tf.constant(np.random.default_rng(5 + i).normal(size=(3, 9)).astype(np.float32)) for i in range(4)]
-    fn = (lambda *xs: fro.dot_interaction(list(xs)))
-    fn = tf.function(fn) if function else fn
-    theoretical, numerical = tf.test.compute_gradient(fn, x, delta=1e-2)
-    for t, n in zip(theoretical, numerical):
-        np.testing.assert_allclose(t, n, atol=2e-3)
-
-
-def test_list_form_second_order_equals_the_stacked_op(fro):
-    """The gradient of the list form's gradient op, with respect to the pair gradients and to each input, equals the
-    stacked op's (which test_second_order_equals_the_matmul checks against the matmul)."""
-    rng = np.random.default_rng(6)
-    x = tf.constant(rng.normal(size=(2, 5, 11)).astype(np.float32))
-    upstream = tf.constant(rng.normal(size=(2, 10)).astype(np.float32))
-    w = tf.constant(rng.normal(size=(2, 5, 11)).astype(np.float32))
-    results = []
-    for fn in (_listed(fro.dot_interaction), fro.dot_interaction):
-        with tf.GradientTape(persistent=True) as outer:
-            outer.watch([x, upstream])
-            with tf.GradientTape() as inner:
-                inner.watch(x)
-                y = tf.reduce_sum(fn(x) * upstream)
-            z = tf.reduce_sum(inner.gradient(y, x) * w)
-        results.append([outer.gradient(z, upstream).numpy(), outer.gradient(z, x).numpy()])
-    for got, want in zip(*results):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
-
-
-def test_list_form_static_shape(fro):
-    @tf.function(input_signature=[tf.TensorSpec([None, 7], tf.float32)] * 5)
-    def fn(*xs):
-        out = fro.dot_interaction(list(xs))
-        assert out.shape.as_list() == [None, 10], out.shape
-        return out
-
-    assert fn(*[tf.zeros([2, 7])] * 5).shape == (2, 10)
-
-
-def test_list_form_errors(fro, run_all, check):
-    with pytest.raises(ValueError, match="at least one tensor"):
-        fro.dot_interaction([])
-    with pytest.raises(TypeError, match=r"x\[1\] must be float32, got float64"):
-        fro.dot_interaction([tf.zeros([2, 3]), tf.zeros([2, 3], tf.float64)])
-    # A vector of another width, another batch, another rank: named by its position in the list.
-    check.expect_error(lambda: run_all(lambda a, b: fro.dot_interaction([a, a, b]), np.zeros((2, 3), np.float32),
-                                       np.zeros((2, 4), np.float32)),
-                       r"xs\[2\] must have the shape of xs\[0\], \[2,3\], got \[2,4\]|must be equal, but are 3 and 4")
-    check.expect_error(lambda: run_all(lambda a, b: fro.dot_interaction([a, b]), np.zeros((2, 3), np.float32),
-                                       np.zeros((5, 3), np.float32)),
-                       r"xs\[1\] must have the shape of xs\[0\], \[2,3\], got \[5,3\]|must be equal, but are 2 and 5")
-    check.expect_error(lambda: run_all(lambda a, b: fro.dot_interaction([a, b]), np.zeros((2, 3), np.float32),
-                                       np.zeros((2, 3, 1), np.float32)),
-                       r"xs\[1\] must have shape \[B, D\], got \[2,3,1\]|must be rank 2 but is rank 3")
-    grad_op = fro.load_ops().fused_rec_dot_interaction_n_grad
-    check.expect_error(lambda: run_all(lambda g, a: grad_op(g, [a, a, a]), np.zeros((2, 4), np.float32),
-                                       np.zeros((2, 5), np.float32)), r"grad must have shape \[2, 3\]", 4)

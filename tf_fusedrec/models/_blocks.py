@@ -33,14 +33,12 @@ def upper_pairs(x):
     return tf.reshape(tf.boolean_mask(x, tf.broadcast_to(upper, tf.shape(x))), [-1, f * (f - 1) // 2])
 
 
-def pairwise_dots(vectors):
-    """vectors: F tensors [B, d] (each example's F vectors) -> [B, F (F - 1) / 2]: the dot products of the pairs
-    i < j, row by row (DLRM's interactions). ops.dot_interaction on the list for float32 (one op each way, half the
-    multiply-adds, no stack of the F vectors nor its unstack in the backward); tf.stack, the batch matmul and
-    upper_pairs otherwise and under standard_ops (what the exported SavedModel holds)."""
-    if not getattr(_TRACING, "standard_ops", False) and all(v.dtype == tf.float32 for v in vectors):
-        return ops.dot_interaction(list(vectors))
-    stacked = tf.stack(vectors, axis=1)  # [B, F, d]
+def pairwise_dots(stacked):
+    """stacked [B, F, d] -> [B, F (F - 1) / 2]: the dot products of the pairs i < j, row by row (DLRM's
+    interactions). ops.dot_interaction for float32 (one op each way, half the multiply-adds); the batch matmul
+    and upper_pairs otherwise and under standard_ops (what the exported SavedModel holds)."""
+    if not getattr(_TRACING, "standard_ops", False) and stacked.dtype == tf.float32:
+        return ops.dot_interaction(stacked)
     return upper_pairs(tf.matmul(stacked, stacked, transpose_b=True))
 
 

@@ -19,9 +19,7 @@ def dot_interaction(x, name=None):
     """The dot products of every pair of vectors of each example.
 
     Args:
-      x: float32 [B, F, D]; or a list of F float32 [B, D] (example b's vectors: x[0][b], ..., x[F - 1][b]), the
-        values then bit for bit those of tf.stack(x, axis=1), without building the stack (a model's per-feature
-        embeddings go in as they are; the gradient comes back per tensor, without the stack's unstack).
+      x: float32 [B, F, D].
       name: optional op name.
 
     Returns:
@@ -30,18 +28,9 @@ def dot_interaction(x, name=None):
 
     Raises:
       TypeError: another dtype than float32 (the models keep matmul and upper_triangle for the others).
-      ValueError / InvalidArgumentError: x not of rank 3; a list that is empty or of tensors not all [B, D] of one
-        shape.
+      ValueError / InvalidArgumentError: x not of rank 3.
     """
     with tf.name_scope(name or "dot_interaction"):
-        if isinstance(x, (list, tuple)):
-            if not x:
-                raise ValueError("x must hold at least one tensor, got an empty list")
-            xs = [tf.convert_to_tensor(t) for t in x]
-            for i, t in enumerate(xs):
-                if t.dtype != tf.float32:
-                    raise TypeError(f"x[{i}] must be float32, got {t.dtype.name}")
-            return load_ops().fused_rec_dot_interaction_n(xs)
         x = tf.convert_to_tensor(x)
         if x.dtype != tf.float32:
             raise TypeError(f"x must be float32, got {x.dtype.name}")
@@ -63,20 +52,3 @@ def _dot_interaction_grad_grad(op, upstream):
     cross = tf.matmul(upstream, x, transpose_b=True)  # [B, F, F]: dot(u_i, x_j)
     return (upper_triangle(cross + tf.transpose(cross, [0, 2, 1])),
             load_ops().fused_rec_dot_interaction_grad(grad, upstream))
-
-
-@tf.RegisterGradient("FusedRec>DotInteractionN")
-def _dot_interaction_n_grad(op, grad):
-    return load_ops().fused_rec_dot_interaction_n_grad(grad, list(op.inputs))
-
-
-@tf.RegisterGradient("FusedRec>DotInteractionNGrad")
-def _dot_interaction_n_grad_grad(op, *upstream):
-    """As _dot_interaction_grad_grad, x = stack(xs) and u = stack(upstream) (an unused output's upstream: zeros)."""
-    from tf_fusedrec.ops.upper_triangle_ops import upper_triangle  # noqa: PLC0415
-
-    grad, xs = op.inputs[0], list(op.inputs[1:])
-    us = [tf.zeros_like(x) if u is None else u for u, x in zip(upstream, xs)]
-    cross = tf.matmul(tf.stack(us, axis=1), tf.stack(xs, axis=1), transpose_b=True)  # [B, F, F]: dot(u_i, x_j)
-    return [upper_triangle(cross + tf.transpose(cross, [0, 2, 1]))] + list(
-        load_ops().fused_rec_dot_interaction_n_grad(grad, us))
