@@ -5,7 +5,8 @@
 Starts 2 embedding servers of EXPORT (an export of configs/criteo_serve.yaml, see scripts/bench_serve_ab.py), builds
 the ranker's model as `python -m tf_fusedrec.serve.ranker` would, and sends it the bench's synthetic requests one at
 a time: parse (body -> columns), prepare (columns -> checked FlatIds, per request in the server), embed (rows from
-the cache and the servers) and the dense call. parse and prepare are timed with the calling thread's CPU clock; embed
+the cache and the servers) and the dense call (with the packing of its input, for an export with the packed
+signature, as the ranker calls it). parse and prepare are timed with the calling thread's CPU clock; embed
 and the dense call with the process's (the gRPC client's threads work for them). The first third of the requests
 warms up. Prints one JSON line: ms per request by stage. Run it from two trees to compare them.
 """
@@ -63,6 +64,8 @@ def main():
             d = time.process_time()
             values = {**model.embed(flats, batch), **dense}
             e = time.process_time()
+            if model._packed:  # noqa: SLF001  (the packed signature's one input, as predict_versioned builds it)
+                values[model._packed["input"]] = model._pack(values, batch)  # noqa: SLF001
             flat = [model._tf.constant(values[name], dtype) for name, dtype in model._flat_inputs]  # noqa: SLF001
             signature = model._signatures[model._current]  # noqa: SLF001
             signature._call_flat(flat, signature.captured_inputs)  # noqa: SLF001
