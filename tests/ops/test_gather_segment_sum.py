@@ -173,3 +173,40 @@ def test_errors(fro, run_all, check):
         fro.gather_segment_sum(params, [0], [[0], []], [1])
     with pytest.raises(ValueError, match="non-empty lists of one length, got 0 and 0"):
         fro.gather_segment_sum(params, [], [], [])
+
+
+# --- group_lookup._gather_rows: its gradient through this op, bit for bit the segment sum it replaced -------------
+
+@pytest.mark.parametrize("case", ["random", "zipf", "empty", "one_row_for_all", "unused_rows", "float64"])
+def test_gather_rows_gradient_is_bit_equal_to_unsorted_segment_sum(run, case):
+    """The lookup's rows gathered to their positions: forward tf.gather, backward the upstream rows summed per row
+    with gather_segment_sum, which must equal tf.math.unsorted_segment_sum(upstream, index, U) bit for bit (each row
+    summed from zero in position order), duplicates, unused rows (zero) and an empty index included."""
+    from tf_fusedrec.distributed import group_lookup as gl  # noqa: PLC0415
+
+    rng = np.random.default_rng(len(case))
+    dtype = np.float64 if case == "float64" else np.float32
+    u, m, dim = {"random": (50, 400, 16), "zipf": (300, 5000, 8), "empty": (7, 0, 4), "one_row_for_all": (3, 200, 5),
+                 "unused_rows": (100, 30, 3), "float64": (20, 90, 6)}[case]
+    if case == "zipf":
+        index = np.minimum(rng.zipf(1.2, m) - 1, u - 1)
+    elif case == "one_row_for_all":
+        index = np.full(m, 1)
+    else:
+        index = rng.integers(0, u, m)
+    rows = rng.normal(size=(u, dim)).astype(dtype)
+    # Magnitudes apart, so that another order of the additions would show in the last bits.
+    upstream = (rng.normal(size=(m, dim)) * 10.0 ** rng.integers(-6, 6, size=(m, 1))).astype(dtype)
+    index = index.astype(np.int32)
+
+    def grads(rows, index, upstream):
+        with tf.GradientTape() as tape:
+            tape.watch(rows)
+            out = gl._gather_rows(rows, index)  # noqa: SLF001
+        return out, tape.gradient(out, rows, output_gradients=upstream)
+
+    out, grad = run(grads, rows, index, upstream)
+    np.testing.assert_array_equal(out, rows[index])
+    want = run(lambda i, g: tf.math.unsorted_segment_sum(g, i, u), index, upstream)
+    assert grad.dtype == dtype and grad.shape == (u, dim)
+    np.testing.assert_array_equal(grad, want)
