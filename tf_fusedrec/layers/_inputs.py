@@ -10,7 +10,7 @@ import collections
 
 import tensorflow as tf
 
-from tf_fusedrec.ops import indexing
+from tf_fusedrec import ops
 
 FlatFeature = collections.namedtuple("FlatFeature", ["ids", "layout"])
 _Layout = collections.namedtuple(
@@ -119,7 +119,7 @@ def flatten_feature(feature, ids):
     positions = tf.reshape(tf.where(values >= 0), [-1])
     # The row of each valid id, computed from its position only (not a row id per value, then gathered).
     if kind == "ragged":
-        rows_of = indexing.rows_of(ids.row_splits, positions)  # in the row splits' dtype, as value_rowids()
+        rows_of = ops.row_ids(ids.row_splits, positions)  # in the row splits' dtype, as value_rowids()
     elif kind == "dense1":
         rows_of = positions
     else:
