@@ -497,6 +497,24 @@ def perf_op_profile_list_form():
                   rows)
 
 
+def perf_op_ab(directory, modes, op_names):
+    """`directory`/{base,head}-N.json (scripts/op_profile.py, the two trees alternating): per mode, run and tree, the
+    step and CPU per step, each of `op_names`' time per step (- where the tree has no such op) and their sum."""
+    paths = sorted(glob.glob(_path(f"{directory}/*.json")),
+                   key=lambda q: (int(os.path.basename(q)[:-len(".json")].split("-")[1]), q))
+    rows = []
+    for mode in modes:
+        for path in paths:
+            tree, n = os.path.basename(path)[:-len(".json")].split("-")
+            m = _json(os.path.relpath(path, _path(".")))["modes"][mode]
+            times = [m["ops"][k]["ms_per_step"] if k in m["ops"] else None for k in op_names]
+            rows.append([mode, n, tree, f"{m['step_ms']:.1f} / {m['cpu_ms_per_step']:.1f}"]
+                        + ["-" if t is None else f"{t:.3f}" for t in times]
+                        + [f"{sum(t for t in times if t is not None):.3f}"])
+    return _table(["mode", "run", "tree", "step / CPU ms"] + [f"{k.replace('FusedRec>', '')} ms" for k in op_names]
+                  + ["sum ms"], "lll" + "r" * (len(op_names) + 2), rows)
+
+
 def perf_op_profile_runs():
     """docs/perf/op_profile/runs/{base,head}-N.json (scripts/op_profile.py --modes fused,dense_only --steps 60, the
     trees alternating): one worker's fused and dense_only steps, unprofiled, and their ratio."""
@@ -932,6 +950,11 @@ TABLES = {
     "perf-op-profile": (("docs/perf/op_profile/*.json",), perf_op_profile),
     "perf-op-profile-runs": (("docs/perf/op_profile/runs/*.json",), perf_op_profile_runs),
     "perf-op-profile-list-form": (("docs/perf/op_profile/list_form/*.json",), perf_op_profile_list_form),
+    "perf-op-profile-rows-grad": (("docs/perf/op_profile/rows_grad/*.json",), lambda: perf_op_ab(
+        "docs/perf/op_profile/rows_grad", ("fused",),
+        ("UnsortedSegmentSum", "FusedRec>GatherSegmentSum", "Cast", "Range"))),
+    "perf-op-profile-row-ids": (("docs/perf/op_profile/row_ids/*.json",), lambda: perf_op_ab(
+        "docs/perf/op_profile/row_ids", ("fused", "tfra_hand_fused"), ("UpperBound", "FusedRec>RowIds"))),
     "bench-dot-interaction-head": (("docs/bench/dot_interaction_head/*/bench.json",), lambda: bench_head_runs(
         "docs/bench/dot_interaction_head", ("fused", "tfra_hand_fused", "per_feature"))),
     "bench-grad-blocks-head": (("docs/bench/grad_blocks_head/*/bench.json",), lambda: bench_head_runs(
