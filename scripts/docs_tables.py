@@ -953,6 +953,8 @@ TABLES = {
     "perf-op-profile-rows-grad": (("docs/perf/op_profile/rows_grad/*.json",), lambda: perf_op_ab(
         "docs/perf/op_profile/rows_grad", ("fused",),
         ("UnsortedSegmentSum", "FusedRec>GatherSegmentSum", "Cast", "Range"))),
+    "bench-glue-ops": (("docs/bench/glue_ops/*/bench.json",), lambda: bench_commit_modes(
+        "docs/bench/glue_ops", ("fused", "tfra_hand_fused", "per_feature"))),
     "perf-op-profile-row-ids": (("docs/perf/op_profile/row_ids/*.json",), lambda: perf_op_ab(
         "docs/perf/op_profile/row_ids", ("fused", "tfra_hand_fused"), ("UpperBound", "FusedRec>RowIds"))),
     "bench-dot-interaction-head": (("docs/bench/dot_interaction_head/*/bench.json",), lambda: bench_head_runs(

@@ -1,5 +1,5 @@
 """Tests of fro.row_ids (a ragged layout's row of each flat position, one pass for ordered positions) against NumPy's
-searchsorted and against indexing.rows_of (TensorFlow's UpperBound), which it replaces in the layer's input
+searchsorted, the reference's position loop (small cases) and indexing.rows_of (TensorFlow's UpperBound), which it replaces in the layer's input
 preparation: sorted, unsorted, repeated, negative and past-the-end positions, empty rows first, last and in runs,
 no rows, both dtypes, eagerly and in a tf.function of unknown lengths; bad arguments are clear errors.
 """
@@ -41,7 +41,7 @@ def positions_of(total, kind, rng):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_equals_numpy_and_the_reference(fro, run, dtype):
+def test_equals_numpy_and_the_reference(fro, ref, run, dtype):
     rng = np.random.default_rng(11)
     for lengths, kind in cases():
         splits = np.concatenate([[0], np.cumsum(lengths)]).astype(dtype)
@@ -51,6 +51,8 @@ def test_equals_numpy_and_the_reference(fro, run, dtype):
         want = numpy_rows(splits, positions)
         np.testing.assert_array_equal(got, want, err_msg=f"{lengths} {kind}")
         np.testing.assert_array_equal(got, run(indexing.rows_of, splits, positions), err_msg=f"{lengths} {kind}")
+        if len(lengths) < 100:
+            np.testing.assert_array_equal(got, ref.row_ids(splits, positions), err_msg=f"{lengths} {kind}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

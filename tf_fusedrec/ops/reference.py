@@ -502,3 +502,13 @@ def gather_segment_sum_grad(grads, index, segment_ids, num_segments, num_params)
         for i, s in zip(part.tolist(), seg.tolist()):
             out[i] = out[i] + g[s]
     return out
+
+
+def row_ids(row_splits, positions=None):
+    """The row of each flat position: the number of row ends row_splits[1:] <= it (a position loop, no search)."""
+    splits = np.asarray(row_splits)
+    ends = splits[1:].tolist()
+    if positions is None:
+        positions = range(int(splits[-1]))
+    rows = [sum(1 for e in ends if e <= int(p)) for p in np.asarray(positions).tolist()]
+    return np.asarray(rows, splits.dtype).reshape(-1)
