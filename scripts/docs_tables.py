@@ -682,10 +682,10 @@ def _num(x, spec):
     return "-" if x is None else format(x, spec)
 
 
-def serve_bench():
+def serve_bench(path="docs/serve/serve_bench.json"):
     """tf_fusedrec/serve/bench.py's table (docs/serve/serve_bench.md shows the same)."""
     rows = []
-    for r in _json("docs/serve/serve_bench.json")["runs"]:
+    for r in _json(path)["runs"]:
         kb = [_num(None if r[k] is None else r[k] / 1e3, ".1f")
               for k in ("bytes_from_servers_per_request", "bytes_to_servers_per_request")]
         rows.append(["on" if r["pooling"] else "off", f"{r['cache_mb']:g} MiB" if r["cache_mb"] else "off", r["load"],
@@ -969,6 +969,10 @@ TABLES = {
     "hot-sweep-1gbit": (("docs/hot/1gbit-n2/hot_sweep.json",), hot_sweep_1gbit),
     "serve-bench": (("docs/serve/serve_bench.json",), serve_bench),
     "serve-curve": (("docs/serve/serve_curve.json",), serve_curve),
+    "serve-bench-1127": (("docs/serve/plain_1127/serve_bench.json",),
+                         lambda: serve_bench("docs/serve/plain_1127/serve_bench.json")),
+    "serve-curve-plain-1127": (("docs/serve/plain_1127/serve_curve.json",),
+                               lambda: serve_curve("docs/serve/plain_1127/serve_curve.json")),
     "serve-curve-plain": (("docs/serve/plain/serve_curve.json",),
                           lambda: serve_curve("docs/serve/plain/serve_curve.json")),
     "publish-training": (("docs/publish/publish_bench.json",), publish_training),
