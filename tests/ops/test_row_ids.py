@@ -106,3 +106,22 @@ def test_errors(fro, run_all, check):
                        r"row_splits must be a vector|must be rank 1")
     check.expect_error(lambda: run_all(fro.row_ids, np.zeros(2, np.int64), np.zeros((3, 1), np.int64)),
                        r"positions must be a vector|must be rank 1")
+
+
+@pytest.mark.parametrize("threads", [1, 0])
+def test_session_mode_large(fro, session_run, threads):
+    """A v1 session of unknown lengths, a large ragged layout (a worker's multi-hot feature), sorted positions."""
+    rng = np.random.default_rng(23)
+    lengths = rng.integers(0, 30, size=4096)
+    splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    positions = np.sort(rng.choice(int(splits[-1]), size=int(splits[-1]) * 3 // 4, replace=False)).astype(np.int64)
+    got = session_run(fro.row_ids, splits, positions, intra_op_threads=threads)
+    np.testing.assert_array_equal(got, numpy_rows(splits, positions))
+
+
+def test_no_gradient(fro):
+    splits = tf.constant([0, 2, 5], tf.int64)
+    positions = tf.Variable([0, 3], dtype=tf.int64)
+    with tf.GradientTape() as tape:
+        rows = fro.row_ids(splits, positions)
+    assert tape.gradient(rows, positions) is None

@@ -39,6 +39,9 @@ def row_ids(row_splits, positions=None, name=None):
         return load_ops().fused_rec_row_ids(row_splits, positions)
 
 
+tf.no_gradient("FusedRec>RowIds")
+
+
 def repeat(values, counts):
     """indexing.repeat with row_ids: tf.repeat(values, counts) for 1-D values and counts (counts >= 0)."""
     counts = tf.convert_to_tensor(counts)
