@@ -4,7 +4,8 @@
 # float16 with the 2000 most read rows per group replicated in float32 (--hot 2000: mixed); a fifth run bounds the
 # float32 tables by eviction instead (--evict-capacity EVICT rows per group and worker, LFU, every 50 steps). The
 # control float32tfra trains float32 on the TFRA backend: the same arithmetic as the native default to ~1e-6, other
-# last bits, so its AUC against float32 measures how far a change of last bits alone moves a 300-step run.
+# last bits, so its AUC against float32 was meant to measure how far a change of last bits alone moves a 300-step run
+# (it came out bit-equal); float32dnnoff (float32 with oneDNN off, below) is that control.
 # Each run trains the same batches (--balance none) for STEPS steps and evaluates on EVAL_BATCHES held-out batches per
 # worker; the runs repeat for each data seed in SEEDS (a model trained with other rounding follows another
 # trajectory: the spread over seeds says how much of an AUC difference is that). Table bytes (rows; optimizer slots
@@ -26,7 +27,12 @@ declare -A MODE_ARGS=([float32]="--table-storage float32" [float16]="--table-sto
                       [float16s]="--table-storage float16 --table-rounding stochastic"
                       [float32tfra]="--table-storage float32 --table-backend tfra"
                       [mixed]="--table-storage float16 --hot 2000 --hot-sample-batches 20"
-                      [evict]="--evict-capacity $EVICT --evict-interval 50")
+                      [evict]="--evict-capacity $EVICT --evict-interval 50"
+                      [float32dnnoff]="--table-storage float32")
+# A mode's environment: float32dnnoff runs the float32 model with TensorFlow's oneDNN kernels off (Eigen's matmuls
+# and element-wise ops instead: the same model, other last bits in the dense layers and the attention), a control for
+# how far a change of last bits alone moves a 300-step run's AUC (float32tfra turned out bit-equal to float32).
+declare -A MODE_ENV=([float32dnnoff]="TF_ENABLE_ONEDNN_OPTS=0")
 for seed in $SEEDS; do
   sed -e "s/^  seed: 0$/  seed: $seed/" -e "s/^  eval_batches: 8$/  eval_batches: $EVAL_BATCHES/" \
     configs/grm_synthetic.yaml > "$CONFIGS/grm_seed$seed.yaml"
@@ -39,7 +45,7 @@ for seed in $SEEDS; do
     fi
     echo "[bench-grm-storage] seed $seed, $mode" >&2
     # shellcheck disable=SC2086  (the mode's flags are words)
-    .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python -m tf_fusedrec.train \
+    env ${MODE_ENV[$mode]:-} .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python -m tf_fusedrec.train \
       --config "$CONFIGS/grm_seed$seed.yaml" --steps "$STEPS" --batch-size "$BATCH" --balance none --no-progress \
       ${MODE_ARGS[$mode]} --summary-json "$OUT/runs/storage-$mode-seed$seed.json" >/dev/null
   done
@@ -49,7 +55,7 @@ import json, os, sys
 import numpy as np
 out, seeds = sys.argv[1], sys.argv[2].split()
 steps, batch, eval_batches, evict = map(int, sys.argv[3:7])
-modes = tuple(m for m in ("float32", "float16", "float16s", "mixed", "evict", "float32tfra")
+modes = tuple(m for m in ("float32", "float16", "float16s", "mixed", "evict", "float32tfra", "float32dnnoff")
               if m in sys.argv[7].split())
 runs = []
 for seed in seeds:

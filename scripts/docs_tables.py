@@ -113,14 +113,14 @@ def grm_storage_seeds():
                    "within 0.002"], "llllr", rows)
 
 
-def grm_storage_stochastic():
-    """float16 rounded to nearest and stochastically (float16s) against float32 per data seed, and the control
-    float32tfra (float32 on the TFRA backend: other last bits only), "-" where a mode has no run of the seed
-    (docs/grm/stochastic/storage_bench_float16_stochastic_seeds.json)."""
-    d = _json("docs/grm/stochastic/storage_bench_float16_stochastic_seeds.json")
+def grm_storage_stochastic(path="docs/grm/stochastic/storage_bench_float16_stochastic_seeds.json"):
+    """float16 rounded to nearest and stochastically (float16s) against float32 per data seed, and the controls
+    float32tfra (float32 on the TFRA backend) and float32dnnoff (float32 with oneDNN off: other last bits in the dense
+    model), "-" where a mode has no run of the seed (`path`: scripts/bench_grm_storage.sh's summary)."""
+    d = _json(path)
     base = {r["seed"]: r for r in d["runs"] if r["mode"] == "float32"}
     labels = {"float16": "float16, nearest", "float16s": "float16, stochastic",
-              "float32tfra": "control: float32, TFRA backend"}
+              "float32tfra": "control: float32, TFRA backend", "float32dnnoff": "control: float32, oneDNN off"}
     rows = []
     for task in ("click", "conversion"):
         rows.append([task, "float32 AUC", ", ".join(f"{base[s]['auc'][task]:.4f}" for s in sorted(base)), "", "", ""])
@@ -916,6 +916,8 @@ TABLES = {
     "grm-storage-seeds": (("docs/grm/storage_bench_float16_seeds.json",), grm_storage_seeds),
     "grm-storage-stochastic": (("docs/grm/stochastic/storage_bench_float16_stochastic_seeds.json",),
                                grm_storage_stochastic),
+    "grm-storage-noise": (("docs/grm/noise/storage_bench_float32_noise_seeds.json",),
+                          lambda: grm_storage_stochastic("docs/grm/noise/storage_bench_float32_noise_seeds.json")),
     "bench-modes": (("docs/bench.json",), bench_modes),
     "bench-sweep": (("docs/bench.json",), bench_sweep),
     "pipeline-cpu": (("docs/pipeline/cpu_profile.json",), pipeline_cpu),
