@@ -86,15 +86,15 @@ def test_static_shape(fro):
 
 
 def test_repeat_equals_numpy(fro, run):
-    from tf_fusedrec.ops import row_ids_ops  # noqa: PLC0415
-
+    """indexing.repeat with row_ids=fro.row_ids, as the layer's fuse calls it."""
     rng = np.random.default_rng(3)
     for lengths, kind in cases():
         if kind != "all":
             continue
         counts = np.asarray(lengths, np.int32)
         values = rng.integers(-100, 100, size=len(counts)).astype(np.int32)
-        np.testing.assert_array_equal(run(row_ids_ops.repeat, values, counts), np.repeat(values, counts))
+        np.testing.assert_array_equal(run(lambda v, c: indexing.repeat(v, c, row_ids=fro.row_ids), values, counts),
+                                      np.repeat(values, counts))
 
 
 def test_errors(fro, run_all, check):

@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from tf_fusedrec import initializers
 from tf_fusedrec import ops
-from tf_fusedrec.ops import indexing, row_ids_ops
+from tf_fusedrec.ops import indexing
 from tf_fusedrec.distributed.comm import slot_name
 
 # The default of FusedGroupLookup's `fused_sender`: layers build their lookups without it, so a process that compares
@@ -243,7 +243,7 @@ def fuse(ids_per_feature, categories):
     with tf.name_scope("fuse"):
         keys = tf.concat(ids_per_feature, axis=0)
         feature_sizes = tf.stack([tf.size(ids, out_type=tf.int32) for ids in ids_per_feature])
-        segments = row_ids_ops.repeat(tf.constant(categories, tf.int32), feature_sizes)
+        segments = indexing.repeat(tf.constant(categories, tf.int32), feature_sizes, row_ids=ops.row_ids)
     return keys, segments, feature_sizes
 
 
@@ -377,7 +377,8 @@ class FusedGroupLookup(GroupLookup):
         received segments, received_splits, recover_index into [cold rows received, then the local hot rows], pairs
         sent per category, (hot_keys, hot_index, hot_hits))."""
         num_categories, num_features = self.group.num_categories, len(self.group.feature_names)
-        fused_features = row_ids_ops.repeat(tf.range(num_features, dtype=tf.int32), feature_sizes)
+        fused_features = indexing.repeat(tf.range(num_features, dtype=tf.int32), feature_sizes,
+                                         row_ids=ops.row_ids)
         keys, segments, inverse = self._dedup(keys, segments)
         with tf.name_scope("hot_split"):
             hot_keys = self.hot.hot_set.keys.read_value()  # read once: classify and touched see the same set

@@ -28,11 +28,14 @@ def rows_of(row_splits, positions=None):
     return tf.reshape(found, [-1])
 
 
-def repeat(values, counts):
-    """tf.repeat(values, counts) for 1-D values and counts (counts >= 0, int32/int64): values[i], counts[i] times."""
+def repeat(values, counts, row_ids=None):
+    """tf.repeat(values, counts) for 1-D values and counts (counts >= 0, int32/int64): values[i], counts[i] times.
+
+    row_ids: the function that finds each position's row from the row splits (rows_of's signature); None: rows_of.
+    The layer passes ops.row_ids (one pass, the same answer)."""
     counts = tf.convert_to_tensor(counts)
     splits = tf.concat([tf.zeros([1], counts.dtype), tf.cumsum(counts)], axis=0)
-    return tf.gather(values, rows_of(splits))
+    return tf.gather(values, (row_ids or rows_of)(splits))
 
 
 def true_positions(mask):

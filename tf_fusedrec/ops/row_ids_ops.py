@@ -1,4 +1,4 @@
-"""row_ids: the row of each flat position of a ragged layout, in one op; and repeat() built on it.
+"""row_ids: the row of each flat position of a ragged layout, in one op (indexing.repeat takes it as `row_ids`).
 
 It equals tf_fusedrec.ops.indexing.rows_of (TensorFlow's UpperBound, a binary search per position), which stays as
 its reference and is what the models use (their exported graphs hold TensorFlow's ops only). The layer's input
@@ -40,10 +40,3 @@ def row_ids(row_splits, positions=None, name=None):
 
 
 tf.no_gradient("FusedRec>RowIds")
-
-
-def repeat(values, counts):
-    """indexing.repeat with row_ids: tf.repeat(values, counts) for 1-D values and counts (counts >= 0)."""
-    counts = tf.convert_to_tensor(counts)
-    splits = tf.concat([tf.zeros([1], counts.dtype), tf.cumsum(counts)], axis=0)
-    return tf.gather(values, row_ids(splits))
