@@ -474,27 +474,10 @@ def perf_op_profile():
                   "llrrlr", rows)
 
 
+# The ops of the stack, its unstack and the interaction, with and without the list form of dot_interaction (reverted;
+# its profiles stay under docs/perf/op_profile/list_form).
 LIST_FORM_OPS = ("Pack", "Unpack", "FusedRec>DotInteraction", "FusedRec>DotInteractionGrad", "FusedRec>DotInteractionN",
                  "FusedRec>DotInteractionNGrad")
-
-
-def perf_op_profile_list_form():
-    """docs/perf/op_profile/list_form/{base,head}-N.json (scripts/op_profile.py --modes fused,dense_only --steps 40,
-    the trees before and after ops.dot_interaction's list form alternating): per run, tree and mode, the step and CPU
-    per step, and the op time of the stack, its unstack and the interaction ops (LIST_FORM_OPS present)."""
-    rows = []
-    paths = sorted(glob.glob(_path("docs/perf/op_profile/list_form/*.json")),
-                   key=lambda q: (int(os.path.basename(q)[:-len(".json")].split("-")[1]), q))
-    for mode in ("fused", "dense_only"):
-        for path in paths:
-            tree, n = os.path.basename(path)[:-len(".json")].split("-")
-            m = _json(os.path.relpath(path, _path(".")))["modes"][mode]
-            present = [k for k in LIST_FORM_OPS if k in m["ops"]]
-            total = sum(m["ops"][k]["ms_per_step"] for k in present)
-            names = ", ".join(f"{k.replace('FusedRec>', '')} {m['ops'][k]['ms_per_step']:.2f}" for k in present)
-            rows.append([mode, n, tree, f"{m['step_ms']:.1f} / {m['cpu_ms_per_step']:.1f}", f"{total:.2f} ({names})"])
-    return _table(["mode", "run", "tree", "step / CPU ms", "stack, unstack and interaction ops, ms / step"], "lllrl",
-                  rows)
 
 
 def perf_op_ab(directory, modes, op_names):
@@ -951,7 +934,8 @@ TABLES = {
         "docs/bench/dot_interaction", ("fused", "tfra_hand_fused", "per_feature", "dense_only"))),
     "perf-op-profile": (("docs/perf/op_profile/*.json",), perf_op_profile),
     "perf-op-profile-runs": (("docs/perf/op_profile/runs/*.json",), perf_op_profile_runs),
-    "perf-op-profile-list-form": (("docs/perf/op_profile/list_form/*.json",), perf_op_profile_list_form),
+    "perf-op-profile-list-form": (("docs/perf/op_profile/list_form/*.json",), lambda: perf_op_ab(
+        "docs/perf/op_profile/list_form", ("fused", "dense_only"), LIST_FORM_OPS)),
     "perf-op-profile-rows-grad": (("docs/perf/op_profile/rows_grad/*.json",), lambda: perf_op_ab(
         "docs/perf/op_profile/rows_grad", ("fused",),
         ("UnsortedSegmentSum", "FusedRec>GatherSegmentSum", "Cast", "Range"))),
