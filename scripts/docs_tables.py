@@ -936,6 +936,8 @@ TABLES = {
     "perf-op-profile-runs": (("docs/perf/op_profile/runs/*.json",), perf_op_profile_runs),
     "perf-op-profile-list-form": (("docs/perf/op_profile/list_form/*.json",), lambda: perf_op_ab(
         "docs/perf/op_profile/list_form", ("fused", "dense_only"), LIST_FORM_OPS)),
+    "perf-op-profile-feature-major": (("docs/perf/op_profile/feature_major/*.json",), lambda: perf_op_ab(
+        "docs/perf/op_profile/feature_major", ("fused", "dense_only"), LIST_FORM_OPS[:4])),
     "perf-op-profile-rows-grad": (("docs/perf/op_profile/rows_grad/*.json",), lambda: perf_op_ab(
         "docs/perf/op_profile/rows_grad", ("fused",),
         ("UnsortedSegmentSum", "FusedRec>GatherSegmentSum", "Cast", "Range"))),

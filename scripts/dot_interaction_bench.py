@@ -41,9 +41,19 @@ def measure(args):
     g = tf.constant(rng.normal(size=(args.batch, pairs)).astype(np.float32))
     calls = {"forward": tf.function(lambda: lib.fused_rec_dot_interaction(x)),
              "gradient": tf.function(lambda: lib.fused_rec_dot_interaction_grad(g, x))}
+    # With --feature-major, the same x transposed to [F, B, D]: the values are bit for bit the same (equal sha256 of
+    # the gradient transposed back).
+    if args.feature_major:
+        xf = tf.constant(np.ascontiguousarray(x.numpy().transpose(1, 0, 2)))
+        calls["forward_feature_major"] = tf.function(lambda: lib.fused_rec_dot_interaction(xf, feature_major=True))
+        calls["gradient_feature_major"] = tf.function(
+            lambda: lib.fused_rec_dot_interaction_grad(g, xf, feature_major=True))
     result = {}
     for name, call in calls.items():
-        digest = hashlib.sha256(call().numpy().tobytes()).hexdigest()
+        value = call().numpy()
+        if name == "gradient_feature_major":
+            value = np.ascontiguousarray(value.transpose(1, 0, 2))
+        digest = hashlib.sha256(value.tobytes()).hexdigest()
         for _ in range(20):
             call()
         blocks = []
@@ -66,6 +76,9 @@ def main():
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (0: TensorFlow's default)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--feature-major", action="store_true",
+                   help="also time the ops on x stacked feature-major ([F, B, D]): libraries with the feature_major "
+                        "attribute only")
     p.add_argument("--out", help="also write the results to this JSON file")
     p.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # the subprocess
     args = p.parse_args()
@@ -73,7 +86,7 @@ def main():
         return measure(args)
     libs = args.libs.split(",")
     flags = ["--batch", str(args.batch), "--features", str(args.features), "--dim", str(args.dim), "--threads",
-             str(args.threads), "--seed", str(args.seed), "--measure"]
+             str(args.threads), "--seed", str(args.seed), "--measure"] + (["--feature-major"] if args.feature_major else [])
     report = {"command": "python scripts/dot_interaction_bench.py " + " ".join(sys.argv[1:]),
               "load_average_start": list(os.getloadavg()), "runs": []}
     for round_ in range(args.rounds):

@@ -261,14 +261,42 @@ void OverExamples(OpKernelContext* ctx, int64_t batch, int64_t work_per_example,
 
 }  // namespace
 
+// Feature-major x ([F, B, D], feature_major=true): example b's F rows lie B * D floats apart. Each task copies an
+// example's rows into a contiguous scratch of F x D floats and runs the same loops on it, so every value is bit for
+// bit the example-major op's on the transposed x. The layout is what tf.stack(vectors, axis=0) builds and what
+// tf.unstack(x_grad, axis=0) splits without copying (TensorFlow's Unpack shares the buffer along axis 0), where the
+// example-major stack's unstack copied every row in the backward.
+inline void CopyRows(const float* src, int64_t src_stride, int64_t rows, int64_t d, int64_t dst_stride, float* dst) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* from = src + i * src_stride;
+    float* to = dst + i * dst_stride;
+    for (int64_t k = 0; k < d; ++k) to[k] = from[k];
+  }
+}
+
+// x's batch and F from its shape and the layout; an error names the layout's shape.
+bool Dims(OpKernelContext* ctx, const Tensor& x, bool feature_major, int64_t* batch, int64_t* f, int64_t* d) {
+  if (x.dims() != 3) {
+    ctx->CtxFailure(errors::InvalidArgument("x must have shape ", feature_major ? "[F, B, D]" : "[B, F, D]", ", got ",
+                                            x.shape().DebugString()));
+    return false;
+  }
+  *batch = x.dim_size(feature_major ? 1 : 0);
+  *f = x.dim_size(feature_major ? 0 : 1);
+  *d = x.dim_size(2);
+  return true;
+}
+
 class DotInteractionOp : public OpKernel {
  public:
-  explicit DotInteractionOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit DotInteractionOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("feature_major", &feature_major_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& x = ctx->input(0);
-    OP_REQUIRES(ctx, x.dims() == 3, errors::InvalidArgument("x must have shape [B, F, D], got ", x.shape().DebugString()));
-    const int64_t batch = x.dim_size(0), f = x.dim_size(1), d = x.dim_size(2);
+    int64_t batch, f, d;
+    if (!Dims(ctx, x, feature_major_, &batch, &f, &d)) return;
     const int64_t pairs = f * (f - 1) / 2;
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, pairs}), &out));
@@ -279,21 +307,36 @@ class DotInteractionOp : public OpKernel {
       std::fill(ys, ys + batch * pairs, 0.f);
       return;
     }
+    if (!feature_major_) {
+      OverExamples(ctx, batch, pairs * d, [&](int64_t begin, int64_t end) {
+        for (int64_t b = begin; b < end; ++b) Forward(xs + b * f * d, f, d, ys + b * pairs);
+      });
+      return;
+    }
     OverExamples(ctx, batch, pairs * d, [&](int64_t begin, int64_t end) {
-      for (int64_t b = begin; b < end; ++b) Forward(xs + b * f * d, f, d, ys + b * pairs);
+      std::vector<float> rows(f * d);  // one task's scratch: an example's rows, example-major
+      for (int64_t b = begin; b < end; ++b) {
+        CopyRows(xs + b * d, batch * d, f, d, d, rows.data());
+        Forward(rows.data(), f, d, ys + b * pairs);
+      }
     });
   }
+
+ private:
+  bool feature_major_ = false;
 };
 
 class DotInteractionGradOp : public OpKernel {
  public:
-  explicit DotInteractionGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit DotInteractionGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("feature_major", &feature_major_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& grad = ctx->input(0);
     const Tensor& x = ctx->input(1);
-    OP_REQUIRES(ctx, x.dims() == 3, errors::InvalidArgument("x must have shape [B, F, D], got ", x.shape().DebugString()));
-    const int64_t batch = x.dim_size(0), f = x.dim_size(1), d = x.dim_size(2);
+    int64_t batch, f, d;
+    if (!Dims(ctx, x, feature_major_, &batch, &f, &d)) return;
     const int64_t pairs = f * (f - 1) / 2;
     OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == batch && grad.dim_size(1) == pairs,
                 errors::InvalidArgument("grad must have shape [", batch, ", ", pairs, "] (x ", x.shape().DebugString(),
@@ -310,13 +353,27 @@ class DotInteractionGradOp : public OpKernel {
     const float* xs = x.flat<float>().data();
     std::vector<int64_t> row_start(f);
     for (int64_t i = 0, p = 0; i < f; p += f - 1 - i, ++i) row_start[i] = p;
+    if (!feature_major_) {
+      OverExamples(ctx, batch, 2 * pairs * d, [&](int64_t begin, int64_t end) {
+        std::vector<float> gm(f * f);  // one task's scratch
+        for (int64_t b = begin; b < end; ++b) {
+          Backward(gs + b * pairs, xs + b * f * d, f, d, row_start.data(), dxs + b * f * d, gm.data());
+        }
+      });
+      return;
+    }
     OverExamples(ctx, batch, 2 * pairs * d, [&](int64_t begin, int64_t end) {
-      std::vector<float> gm(f * f);  // one task's scratch
+      std::vector<float> gm(f * f), rows(f * d), rows_grad(f * d);  // one task's scratch
       for (int64_t b = begin; b < end; ++b) {
-        Backward(gs + b * pairs, xs + b * f * d, f, d, row_start.data(), dxs + b * f * d, gm.data());
+        CopyRows(xs + b * d, batch * d, f, d, d, rows.data());
+        Backward(gs + b * pairs, rows.data(), f, d, row_start.data(), rows_grad.data(), gm.data());
+        CopyRows(rows_grad.data(), d, f, d, batch * d, dxs + b * d);
       }
     });
   }
+
+ private:
+  bool feature_major_ = false;
 };
 
 REGISTER_KERNEL_BUILDER(Name("FusedRec>DotInteraction").Device(DEVICE_CPU), DotInteractionOp);

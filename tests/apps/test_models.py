@@ -210,6 +210,32 @@ def test_dlrm_interactions_upper_triangle_path_is_bit_equal_to_the_boolean_mask(
     np.testing.assert_allclose(_blocks.pairwise_dots(x).numpy(), masked, rtol=1e-5, atol=1e-6)
 
 
+def test_pairwise_dots_of_the_vectors_equal_those_of_their_stack(apps):
+    """_blocks.pairwise_dots of DLRM's F vectors (stacked feature-major for ops.dot_interaction) gives the values and
+    per-vector gradients of the example-major stack's op bit for bit, and under standard_ops the boolean mask's."""
+    from tf_fusedrec.models import _blocks  # noqa: PLC0415
+
+    rng = np.random.default_rng(3)
+    vectors = [tf.constant(rng.normal(size=(33, 16)).astype(np.float32)) for _ in range(27)]
+    w = tf.constant(rng.normal(size=(33, 351)).astype(np.float32))
+
+    def run(fn):
+        with tf.GradientTape() as tape:
+            tape.watch(vectors)
+            y = fn()
+            loss = tf.reduce_sum(y * w)
+        return [y.numpy()] + [g.numpy() for g in tape.gradient(loss, vectors)]
+
+    listed = run(lambda: _blocks.pairwise_dots(vectors))
+    stacked = run(lambda: _blocks.pairwise_dots(tf.stack(vectors, axis=1)))
+    for a, b in zip(listed, stacked):
+        np.testing.assert_array_equal(a, b)
+    with _blocks.standard_ops():
+        masked = run(lambda: _blocks.pairwise_dots(vectors))
+    for a, b in zip(listed, masked):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+
+
 def test_dlrm_export_holds_tensorflow_ops_only(apps, tmp_path):
     """fr.export's dense SavedModel of a DLRM trained with tf_fusedrec's ops holds none of them: it loads where the
     op library is not (TensorFlow Serving), and predicts what the model predicts."""

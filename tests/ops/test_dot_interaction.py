@@ -75,6 +75,61 @@ def test_gradient_equals_numpy_and_the_matmul(fro, run, size):
     np.testing.assert_allclose(got, run(grad_of(lambda t: reference(fro, t)), x, w), rtol=1e-5, atol=scale)
 
 
+@pytest.mark.parametrize("size", SIZES)
+def test_feature_major_is_bit_equal_to_the_transposed_example_major(fro, run, size):
+    """feature_major=True takes x as [F, B, D] (what DLRM's tf.stack(vectors, axis=0) builds): its pairs and its
+    gradient (in that layout) are bit for bit the example-major op's on the transposed x, and so equal NumPy's."""
+    rng = np.random.default_rng(sum(size) + 7)
+    x = rng.normal(size=size).astype(np.float32)
+    w = rng.normal(size=(size[0], size[1] * (size[1] - 1) // 2)).astype(np.float32)
+    xf = np.ascontiguousarray(x.transpose(1, 0, 2))
+
+    def pairs_and_grad(feature_major):
+        def g(x, w):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = fro.dot_interaction(x, feature_major=feature_major)
+                loss = tf.reduce_sum(y * w)
+            return y, tf.convert_to_tensor(tape.gradient(loss, x))
+        return g
+
+    y, g = run(pairs_and_grad(False), x, w)
+    yf, gf = run(pairs_and_grad(True), xf, w)
+    assert yf.shape == y.shape and gf.shape == xf.shape, (yf.shape, gf.shape)
+    np.testing.assert_array_equal(yf, y)
+    np.testing.assert_array_equal(gf, g.transpose(1, 0, 2))
+    np.testing.assert_allclose(yf, numpy_pairs(x), rtol=1e-5, atol=tolerance(x))
+
+
+def test_feature_major_second_order_and_static_shape(fro):
+    """The gradient of the feature-major gradient op equals the example-major one's, transposed; the static shape
+    reads B and F from their places."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(3, 6, 10)).astype(np.float32)
+    upstream = tf.constant(rng.normal(size=(3, 15)).astype(np.float32))
+    w = rng.normal(size=x.shape).astype(np.float32)
+    results = []
+    for feature_major, perm in ((False, (0, 1, 2)), (True, (1, 0, 2))):
+        xt = tf.constant(x.transpose(perm))
+        with tf.GradientTape(persistent=True) as outer:
+            outer.watch([xt, upstream])
+            with tf.GradientTape() as inner:
+                inner.watch(xt)
+                y = tf.reduce_sum(fro.dot_interaction(xt, feature_major=feature_major) * upstream)
+            z = tf.reduce_sum(inner.gradient(y, xt) * w.transpose(perm))
+        results.append([outer.gradient(z, upstream).numpy(), outer.gradient(z, xt).numpy().transpose(perm)])
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+    @tf.function(input_signature=[tf.TensorSpec([5, None, 7], tf.float32)])
+    def fn(x):
+        out = fro.dot_interaction(x, feature_major=True)
+        assert out.shape.as_list() == [None, 10], out.shape
+        return out
+
+    assert fn(tf.zeros([5, 2, 7])).shape == (2, 10)
+
+
 def test_large_values_and_zeros(fro, run):
     x = np.zeros((4, 6, 16), np.float32)
     x[1] = 1e3
@@ -132,11 +187,16 @@ def test_static_shape(fro):
 
 def test_errors(fro, run_all, check):
     check.expect_error(lambda: run_all(fro.dot_interaction, np.zeros((2, 3), np.float32)), r"rank|\[B, F, D\]")
+    check.expect_error(lambda: run_all(lambda x: fro.dot_interaction(x, feature_major=True), np.zeros((2, 3), np.float32)),
+                       r"rank|\[F, B, D\]")
     with pytest.raises(TypeError, match="float32, got float64"):
         fro.dot_interaction(tf.zeros([2, 3, 3], tf.float64))
     grad_op = fro.load_ops().fused_rec_dot_interaction_grad
     check.expect_error(lambda: run_all(grad_op, np.zeros((2, 4), np.float32), np.zeros((2, 3, 5), np.float32)),
                        r"grad must have shape \[2, 3\]", 4)
+    # Feature-major x [3, 2, 5]: B = 2 examples of F = 3 vectors, 3 pairs each.
+    check.expect_error(lambda: run_all(lambda g, x: grad_op(g, x, feature_major=True), np.zeros((3, 4), np.float32),
+                                       np.zeros((3, 2, 5), np.float32)), r"grad must have shape \[2, 3\]", 4)
 
 
 def test_portable_loops(fro, tmp_path):
@@ -161,6 +221,12 @@ def test_portable_loops(fro, tmp_path):
         "        y = ops.dot_interaction(x)\n"
         "        loss = tf.reduce_sum(y * tf.range(1, y.shape[1] + 1, dtype=tf.float32))\n"
         "    out[k + '_y'], out[k + '_g'] = y.numpy(), tape.gradient(loss, x).numpy()\n"
+        "    xf = tf.constant(np.ascontiguousarray(cases[k].transpose(1, 0, 2)))\n"
+        "    with tf.GradientTape() as tape:\n"
+        "        tape.watch(xf)\n"
+        "        y = ops.dot_interaction(xf, feature_major=True)\n"
+        "        loss = tf.reduce_sum(y * tf.range(1, y.shape[1] + 1, dtype=tf.float32))\n"
+        "    out[k + '_yf'], out[k + '_gf'] = y.numpy(), tape.gradient(loss, xf).numpy()\n"
         "np.savez(sys.argv[2], **out)\n")
     env = {**os.environ, "TF_FUSEDREC_PORTABLE_KERNELS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
@@ -174,3 +240,5 @@ def test_portable_loops(fro, tmp_path):
         np.testing.assert_allclose(out[k + "_g"], numpy_grad(w, x), rtol=1e-5, atol=tolerance(x) * pairs * x.shape[1])
         # Another rounding than the AVX2 loops, the same values to float32's precision.
         np.testing.assert_allclose(out[k + "_y"], fro.dot_interaction(x).numpy(), rtol=1e-5, atol=tolerance(x))
+        np.testing.assert_array_equal(out[k + "_yf"], out[k + "_y"])  # the portable loops on the scratch rows
+        np.testing.assert_array_equal(out[k + "_gf"], out[k + "_g"].transpose(1, 0, 2))

@@ -33,13 +33,19 @@ def upper_pairs(x):
     return tf.reshape(tf.boolean_mask(x, tf.broadcast_to(upper, tf.shape(x))), [-1, f * (f - 1) // 2])
 
 
-def pairwise_dots(stacked):
-    """stacked [B, F, d] -> [B, F (F - 1) / 2]: the dot products of the pairs i < j, row by row (DLRM's
-    interactions). ops.dot_interaction for float32 (one op each way, half the multiply-adds); the batch matmul
-    and upper_pairs otherwise and under standard_ops (what the exported SavedModel holds)."""
-    if not getattr(_TRACING, "standard_ops", False) and stacked.dtype == tf.float32:
-        return ops.dot_interaction(stacked)
-    return upper_pairs(tf.matmul(stacked, stacked, transpose_b=True))
+def pairwise_dots(vectors):
+    """F tensors [B, d] (or one stacked [B, F, d]) -> [B, F (F - 1) / 2]: the dot products of the pairs i < j, row
+    by row (DLRM's interactions). For float32 ops.dot_interaction (one op each way, half the multiply-adds) on the
+    vectors stacked feature-major, [F, B, d]: TensorFlow's Unpack splits that stack's gradient along axis 0 without
+    copying, where the example-major stack's unstack copied every row in the backward. The batch matmul and
+    upper_pairs on the example-major stack otherwise and under standard_ops (what the exported SavedModel holds)."""
+    if isinstance(vectors, (list, tuple)):
+        if not getattr(_TRACING, "standard_ops", False) and vectors[0].dtype == tf.float32:
+            return ops.dot_interaction(tf.stack(vectors, axis=0), feature_major=True)
+        vectors = tf.stack(vectors, axis=1)
+    if not getattr(_TRACING, "standard_ops", False) and vectors.dtype == tf.float32:
+        return ops.dot_interaction(vectors)
+    return upper_pairs(tf.matmul(vectors, vectors, transpose_b=True))
 
 
 def mlp(units, name, last_activation="relu", seed=0):

@@ -47,7 +47,6 @@ class DLRM(tf.keras.Model):
         if self.bottom is not None:
             dense = self.bottom(inputs["dense"])
             vectors = [dense] + vectors
-        stacked = tf.stack(vectors, axis=1)  # [B, F, d]
-        interactions = _blocks.pairwise_dots(stacked)  # [B, F (F - 1) / 2]: the pairs i < j, row by row
+        interactions = _blocks.pairwise_dots(vectors)  # [B, F (F - 1) / 2]: the pairs i < j, row by row
         parts = [interactions] + ([dense] if self.bottom is not None else [])
         return _blocks.logits(self.top(tf.concat(parts, axis=1))[:, 0])

@@ -15,11 +15,13 @@ import tensorflow as tf
 from tf_fusedrec.ops._loader import load_ops
 
 
-def dot_interaction(x, name=None):
+def dot_interaction(x, feature_major=False, name=None):
     """The dot products of every pair of vectors of each example.
 
     Args:
-      x: float32 [B, F, D].
+      x: float32 [B, F, D], or [F, B, D] with feature_major (x[i, b]: example b's vector i; what
+        tf.stack(vectors, axis=0) builds, and whose gradient tf.unstack(axis=0) splits without copying).
+      feature_major: the layout of x (and of its gradient). The values are bit for bit the same either way.
       name: optional op name.
 
     Returns:
@@ -34,12 +36,12 @@ def dot_interaction(x, name=None):
         x = tf.convert_to_tensor(x)
         if x.dtype != tf.float32:
             raise TypeError(f"x must be float32, got {x.dtype.name}")
-        return load_ops().fused_rec_dot_interaction(x)
+        return load_ops().fused_rec_dot_interaction(x, feature_major=bool(feature_major))
 
 
 @tf.RegisterGradient("FusedRec>DotInteraction")
 def _dot_interaction_grad(op, grad):
-    return load_ops().fused_rec_dot_interaction_grad(grad, op.inputs[0])
+    return load_ops().fused_rec_dot_interaction_grad(grad, op.inputs[0], feature_major=op.get_attr("feature_major"))
 
 
 @tf.RegisterGradient("FusedRec>DotInteractionGrad")
@@ -49,6 +51,8 @@ def _dot_interaction_grad_grad(op, upstream):
     from tf_fusedrec.ops.upper_triangle_ops import upper_triangle  # noqa: PLC0415
 
     grad, x = op.inputs
-    cross = tf.matmul(upstream, x, transpose_b=True)  # [B, F, F]: dot(u_i, x_j)
+    feature_major = op.get_attr("feature_major")
+    u, v = (tf.transpose(upstream, [1, 0, 2]), tf.transpose(x, [1, 0, 2])) if feature_major else (upstream, x)
+    cross = tf.matmul(u, v, transpose_b=True)  # [B, F, F]: dot(u_i, x_j)
     return (upper_triangle(cross + tf.transpose(cross, [0, 2, 1])),
-            load_ops().fused_rec_dot_interaction_grad(grad, upstream))
+            load_ops().fused_rec_dot_interaction_grad(grad, upstream, feature_major=feature_major))
