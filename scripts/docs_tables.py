@@ -943,6 +943,15 @@ TABLES = {
         ("UnsortedSegmentSum", "FusedRec>GatherSegmentSum", "Cast", "Range"))),
     "bench-glue-ops": (("docs/bench/glue_ops/*/bench.json",), lambda: bench_commit_modes(
         "docs/bench/glue_ops", ("fused", "tfra_hand_fused", "per_feature"))),
+    "bench-feature-major": (("docs/bench/feature_major/*/bench.json",), lambda: bench_commit_modes(
+        "docs/bench/feature_major", ("fused", "tfra_hand_fused", "per_feature"))),
+    "bench-interaction-list": (("docs/bench/interaction_list/*/bench.json",), lambda: bench_commit_modes(
+        "docs/bench/interaction_list", ("fused", "tfra_hand_fused", "per_feature"))),
+    "perf-op-profile-interaction-list": (("docs/perf/op_profile/interaction_list/*.json",), lambda: perf_op_ab(
+        "docs/perf/op_profile/interaction_list", ("fused", "dense_only"), LIST_FORM_OPS)),
+    "perf-op-profile-interaction-list-pinned": (("docs/perf/op_profile/interaction_list_pinned/*.json",),
+                                                lambda: perf_op_ab("docs/perf/op_profile/interaction_list_pinned",
+                                                                   ("fused",), LIST_FORM_OPS)),
     "perf-op-profile-row-ids": (("docs/perf/op_profile/row_ids/*.json",), lambda: perf_op_ab(
         "docs/perf/op_profile/row_ids", ("fused", "tfra_hand_fused"), ("UpperBound", "FusedRec>RowIds"))),
     "bench-dot-interaction-head": (("docs/bench/dot_interaction_head/*/bench.json",), lambda: bench_head_runs(

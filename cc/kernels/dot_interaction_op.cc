@@ -48,9 +48,10 @@ inline float PairGrad(const float* grad, const int64_t* row_start, int64_t i, in
   return j < i ? grad[row_start[j] + (i - j - 1)] : grad[row_start[i] + (j - i - 1)];
 }
 
-void BackwardPortable(const float* grad, const float* x, int64_t f, int64_t d, const int64_t* row_start, float* dx) {
+void BackwardPortable(const float* grad, const float* x, int64_t f, int64_t d, const int64_t* row_start, float* dx,
+                      int64_t dx_stride) {
   for (int64_t i = 0; i < f; ++i) {
-    float* dxi = dx + i * d;
+    float* dxi = dx + i * dx_stride;
     std::fill(dxi, dxi + d, 0.f);
     for (int64_t j = 0; j < f; ++j) {
       if (j == i) continue;
@@ -149,7 +150,8 @@ __attribute__((target("avx2,fma"), always_inline)) inline void AllRowsStep(const
 template <int N, int R>
 __attribute__((target("avx2,fma"))) inline void BackwardRowsAvx2(const float* grad, const int64_t* row_start,
                                                                  const float* gm, const float* x, int64_t f,
-                                                                 int64_t d, int64_t i0, int64_t k0, float* dx) {
+                                                                 int64_t d, int64_t i0, int64_t k0, float* dx,
+                                                                 int64_t dx_stride) {
   __m256 acc[R][N];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
@@ -178,7 +180,7 @@ __attribute__((target("avx2,fma"))) inline void BackwardRowsAvx2(const float* gr
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < N; ++v) _mm256_storeu_ps(dx + (i0 + r) * d + k0 + 8 * v, acc[r][v]);
+    for (int v = 0; v < N; ++v) _mm256_storeu_ps(dx + (i0 + r) * dx_stride + k0 + 8 * v, acc[r][v]);
   }
 }
 
@@ -186,39 +188,41 @@ __attribute__((target("avx2,fma"))) inline void BackwardRowsAvx2(const float* gr
 template <int N>
 __attribute__((target("avx2,fma"))) inline void BackwardColumnsAvx2(const float* grad, const int64_t* row_start,
                                                                     const float* gm, const float* x, int64_t f,
-                                                                    int64_t d, int64_t k0, float* dx) {
+                                                                    int64_t d, int64_t k0, float* dx,
+                                                                    int64_t dx_stride) {
   constexpr int R = 8 / N;
   int64_t i = 0;
-  for (; i + R <= f; i += R) BackwardRowsAvx2<N, R>(grad, row_start, gm, x, f, d, i, k0, dx);
+  for (; i + R <= f; i += R) BackwardRowsAvx2<N, R>(grad, row_start, gm, x, f, d, i, k0, dx, dx_stride);
   switch (f - i) {  // 0 .. R - 1 rows left
-    case 7: return BackwardRowsAvx2<N, (R > 7 ? 7 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx);
-    case 6: return BackwardRowsAvx2<N, (R > 6 ? 6 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx);
-    case 5: return BackwardRowsAvx2<N, (R > 5 ? 5 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx);
-    case 4: return BackwardRowsAvx2<N, (R > 4 ? 4 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx);
-    case 3: return BackwardRowsAvx2<N, (R > 3 ? 3 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx);
-    case 2: return BackwardRowsAvx2<N, (R > 2 ? 2 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx);
-    case 1: return BackwardRowsAvx2<N, 1>(grad, row_start, gm, x, f, d, i, k0, dx);
+    case 7: return BackwardRowsAvx2<N, (R > 7 ? 7 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx, dx_stride);
+    case 6: return BackwardRowsAvx2<N, (R > 6 ? 6 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx, dx_stride);
+    case 5: return BackwardRowsAvx2<N, (R > 5 ? 5 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx, dx_stride);
+    case 4: return BackwardRowsAvx2<N, (R > 4 ? 4 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx, dx_stride);
+    case 3: return BackwardRowsAvx2<N, (R > 3 ? 3 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx, dx_stride);
+    case 2: return BackwardRowsAvx2<N, (R > 2 ? 2 : 1)>(grad, row_start, gm, x, f, d, i, k0, dx, dx_stride);
+    case 1: return BackwardRowsAvx2<N, 1>(grad, row_start, gm, x, f, d, i, k0, dx, dx_stride);
     default: return;
   }
 }
 
 // gm: F x F floats of scratch for the mirrored pair gradients.
 __attribute__((target("avx2,fma"))) void BackwardAvx2(const float* grad, const float* x, int64_t f, int64_t d,
-                                                      const int64_t* row_start, float* dx, float* gm) {
+                                                      const int64_t* row_start, float* dx, int64_t dx_stride,
+                                                      float* gm) {
   MirrorGrad(grad, f, gm);
   const int64_t d8 = d & ~int64_t{7};
   int64_t k0 = 0;
-  for (; k0 + 32 <= d8; k0 += 32) BackwardColumnsAvx2<4>(grad, row_start, gm, x, f, d, k0, dx);
+  for (; k0 + 32 <= d8; k0 += 32) BackwardColumnsAvx2<4>(grad, row_start, gm, x, f, d, k0, dx, dx_stride);
   if (k0 + 16 <= d8) {
-    BackwardColumnsAvx2<2>(grad, row_start, gm, x, f, d, k0, dx);
+    BackwardColumnsAvx2<2>(grad, row_start, gm, x, f, d, k0, dx, dx_stride);
     k0 += 16;
   }
   if (k0 + 8 <= d8) {
-    BackwardColumnsAvx2<1>(grad, row_start, gm, x, f, d, k0, dx);
+    BackwardColumnsAvx2<1>(grad, row_start, gm, x, f, d, k0, dx, dx_stride);
     k0 += 8;
   }
   for (int64_t i = 0; i < f; ++i) {
-    float* dxi = dx + i * d;
+    float* dxi = dx + i * dx_stride;
     for (int64_t k = k0; k < d; ++k) {
       float sum = 0.f;
       for (int64_t j = 0; j < f; ++j) {
@@ -246,11 +250,12 @@ void Forward(const float* x, int64_t f, int64_t d, float* out) {
 }
 
 // gm: F x F floats of scratch (used by the AVX2 loops).
-void Backward(const float* grad, const float* x, int64_t f, int64_t d, const int64_t* row_start, float* dx, float* gm) {
+void Backward(const float* grad, const float* x, int64_t f, int64_t d, const int64_t* row_start, float* dx,
+              int64_t dx_stride, float* gm) {
 #ifdef FUSEDREC_DOT_AVX2
-  if (HaveAvx2()) return BackwardAvx2(grad, x, f, d, row_start, dx, gm);
+  if (HaveAvx2()) return BackwardAvx2(grad, x, f, d, row_start, dx, dx_stride, gm);
 #endif
-  BackwardPortable(grad, x, f, d, row_start, dx);
+  BackwardPortable(grad, x, f, d, row_start, dx, dx_stride);
 }
 
 // Runs examples(begin, end) over [0, batch), split into tasks of at least kMinWorkPerTask multiply-adds.
@@ -259,19 +264,51 @@ void OverExamples(OpKernelContext* ctx, int64_t batch, int64_t work_per_example,
   ParallelRanges(ctx, batch, std::max<int64_t>(1, kMinWorkPerTask / std::max<int64_t>(1, work_per_example)), examples);
 }
 
-}  // namespace
-
-// Feature-major x ([F, B, D], feature_major=true): example b's F rows lie B * D floats apart. Each task copies an
-// example's rows into a contiguous scratch of F x D floats and runs the same loops on it, so every value is bit for
-// bit the example-major op's on the transposed x. The layout is what tf.stack(vectors, axis=0) builds and what
-// tf.unstack(x_grad, axis=0) splits without copying (TensorFlow's Unpack shares the buffer along axis 0), where the
-// example-major stack's unstack copied every row in the backward.
-inline void CopyRows(const float* src, int64_t src_stride, int64_t rows, int64_t d, int64_t dst_stride, float* dst) {
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* from = src + i * src_stride;
-    float* to = dst + i * dst_stride;
+// The feature-major layouts: x [F, B, D] (feature_major=true), or the F tensors [B, D] of DotInteractionN. Example b's
+// vector i is at bases[i] + b * D. Each task copies an example's rows into a contiguous scratch of F x D floats and
+// runs the example-major loops on it (reading the rows in place, B * D floats apart, would alias them in the caches:
+// the rows of an example fall in one cache set when B * D * 4 bytes is a multiple of its period); the gradient is
+// written in place, [F, B, D]. So every value is bit for bit the example-major op's on the transposed x. The layout
+// is what tf.stack(vectors, axis=0) builds and what tf.unstack(x_grad, axis=0) splits without copying (TensorFlow's
+// Unpack shares the buffer along axis 0), where the example-major stack's unstack copied every row in the backward.
+inline void GatherRows(const std::vector<const float*>& bases, int64_t b, int64_t d, float* dst) {
+  for (size_t i = 0; i < bases.size(); ++i) {
+    const float* from = bases[i] + b * d;
+    float* to = dst + i * d;
     for (int64_t k = 0; k < d; ++k) to[k] = from[k];
   }
+}
+
+void ForwardGathered(OpKernelContext* ctx, const std::vector<const float*>& bases, int64_t batch, int64_t d,
+                     float* ys) {
+  const int64_t f = static_cast<int64_t>(bases.size()), pairs = f * (f - 1) / 2;
+  OverExamples(ctx, batch, pairs * d, [&](int64_t begin, int64_t end) {
+    std::vector<float> rows(f * d);  // one task's scratch: an example's rows, example-major
+    for (int64_t b = begin; b < end; ++b) {
+      GatherRows(bases, b, d, rows.data());
+      Forward(rows.data(), f, d, ys + b * pairs);
+    }
+  });
+}
+
+// gs: grad [B, P]; dxs: x_grad [F, B, D].
+void BackwardGathered(OpKernelContext* ctx, const float* gs, const std::vector<const float*>& bases, int64_t batch,
+                      int64_t d, const int64_t* row_start, float* dxs) {
+  const int64_t f = static_cast<int64_t>(bases.size()), pairs = f * (f - 1) / 2;
+  OverExamples(ctx, batch, 2 * pairs * d, [&](int64_t begin, int64_t end) {
+    std::vector<float> gm(f * f), rows(f * d);  // one task's scratch
+    for (int64_t b = begin; b < end; ++b) {
+      GatherRows(bases, b, d, rows.data());
+      Backward(gs + b * pairs, rows.data(), f, d, row_start, dxs + b * d, batch * d, gm.data());
+    }
+  });
+}
+
+// The start of each row of the pair triangle: row_start[i] is the index of pair (i, i + 1).
+std::vector<int64_t> RowStarts(int64_t f) {
+  std::vector<int64_t> row_start(f);
+  for (int64_t i = 0, p = 0; i < f; p += f - 1 - i, ++i) row_start[i] = p;
+  return row_start;
 }
 
 // x's batch and F from its shape and the layout; an error names the layout's shape.
@@ -286,6 +323,31 @@ bool Dims(OpKernelContext* ctx, const Tensor& x, bool feature_major, int64_t* ba
   *d = x.dim_size(2);
   return true;
 }
+
+// The rows of each vector of feature-major x [F, B, D].
+std::vector<const float*> FeatureBases(const Tensor& x, int64_t f, int64_t batch, int64_t d) {
+  std::vector<const float*> bases(f);
+  for (int64_t i = 0; i < f; ++i) bases[i] = x.flat<float>().data() + i * batch * d;
+  return bases;
+}
+
+// DotInteractionN's inputs: F tensors [B, D] of one shape, or an error naming the first that differs.
+bool ListDims(OpKernelContext* ctx, OpInputList xs, int64_t* batch, int64_t* d, std::vector<const float*>* bases) {
+  for (int i = 0; i < xs.size(); ++i) {
+    if (xs[i].dims() != 2 || xs[i].shape() != xs[0].shape()) {
+      ctx->CtxFailure(errors::InvalidArgument("xs must be tensors [B, D] of one shape: xs[0] is ",
+                                              xs[0].shape().DebugString(), ", xs[", i, "] ",
+                                              xs[i].shape().DebugString()));
+      return false;
+    }
+    bases->push_back(xs[i].flat<float>().data());
+  }
+  *batch = xs[0].dim_size(0);
+  *d = xs[0].dim_size(1);
+  return true;
+}
+
+}  // namespace
 
 class DotInteractionOp : public OpKernel {
  public:
@@ -307,18 +369,9 @@ class DotInteractionOp : public OpKernel {
       std::fill(ys, ys + batch * pairs, 0.f);
       return;
     }
-    if (!feature_major_) {
-      OverExamples(ctx, batch, pairs * d, [&](int64_t begin, int64_t end) {
-        for (int64_t b = begin; b < end; ++b) Forward(xs + b * f * d, f, d, ys + b * pairs);
-      });
-      return;
-    }
+    if (feature_major_) return ForwardGathered(ctx, FeatureBases(x, f, batch, d), batch, d, ys);
     OverExamples(ctx, batch, pairs * d, [&](int64_t begin, int64_t end) {
-      std::vector<float> rows(f * d);  // one task's scratch: an example's rows, example-major
-      for (int64_t b = begin; b < end; ++b) {
-        CopyRows(xs + b * d, batch * d, f, d, d, rows.data());
-        Forward(rows.data(), f, d, ys + b * pairs);
-      }
+      for (int64_t b = begin; b < end; ++b) Forward(xs + b * f * d, f, d, ys + b * pairs);
     });
   }
 
@@ -351,23 +404,14 @@ class DotInteractionGradOp : public OpKernel {
     }
     const float* gs = grad.flat<float>().data();
     const float* xs = x.flat<float>().data();
-    std::vector<int64_t> row_start(f);
-    for (int64_t i = 0, p = 0; i < f; p += f - 1 - i, ++i) row_start[i] = p;
-    if (!feature_major_) {
-      OverExamples(ctx, batch, 2 * pairs * d, [&](int64_t begin, int64_t end) {
-        std::vector<float> gm(f * f);  // one task's scratch
-        for (int64_t b = begin; b < end; ++b) {
-          Backward(gs + b * pairs, xs + b * f * d, f, d, row_start.data(), dxs + b * f * d, gm.data());
-        }
-      });
-      return;
+    const std::vector<int64_t> row_start = RowStarts(f);
+    if (feature_major_) {
+      return BackwardGathered(ctx, gs, FeatureBases(x, f, batch, d), batch, d, row_start.data(), dxs);
     }
     OverExamples(ctx, batch, 2 * pairs * d, [&](int64_t begin, int64_t end) {
-      std::vector<float> gm(f * f), rows(f * d), rows_grad(f * d);  // one task's scratch
+      std::vector<float> gm(f * f);  // one task's scratch
       for (int64_t b = begin; b < end; ++b) {
-        CopyRows(xs + b * d, batch * d, f, d, d, rows.data());
-        Backward(gs + b * pairs, rows.data(), f, d, row_start.data(), rows_grad.data(), gm.data());
-        CopyRows(rows_grad.data(), d, f, d, batch * d, dxs + b * d);
+        Backward(gs + b * pairs, xs + b * f * d, f, d, row_start.data(), dxs + b * f * d, d, gm.data());
       }
     });
   }
@@ -376,8 +420,63 @@ class DotInteractionGradOp : public OpKernel {
   bool feature_major_ = false;
 };
 
+// The F vectors as F inputs [B, D]: DLRM's embeddings as they come, without a stack before the op.
+class DotInteractionNOp : public OpKernel {
+ public:
+  explicit DotInteractionNOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    OpInputList xs;
+    OP_REQUIRES_OK(ctx, ctx->input_list("xs", &xs));
+    int64_t batch, d;
+    std::vector<const float*> bases;
+    if (!ListDims(ctx, xs, &batch, &d, &bases)) return;
+    const int64_t f = xs.size(), pairs = f * (f - 1) / 2;
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, pairs}), &out));
+    if (batch == 0 || pairs == 0) return;
+    float* ys = out->flat<float>().data();
+    if (d == 0) {
+      std::fill(ys, ys + batch * pairs, 0.f);
+      return;
+    }
+    ForwardGathered(ctx, bases, batch, d, ys);
+  }
+};
+
+// The gradient of DotInteractionN, stacked feature-major [F, B, D]: unstacked along axis 0 without a copy.
+class DotInteractionNGradOp : public OpKernel {
+ public:
+  explicit DotInteractionNGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& grad = ctx->input(0);
+    OpInputList xs;
+    OP_REQUIRES_OK(ctx, ctx->input_list("xs", &xs));
+    int64_t batch, d;
+    std::vector<const float*> bases;
+    if (!ListDims(ctx, xs, &batch, &d, &bases)) return;
+    const int64_t f = xs.size(), pairs = f * (f - 1) / 2;
+    OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == batch && grad.dim_size(1) == pairs,
+                errors::InvalidArgument("grad must have shape [", batch, ", ", pairs, "] (", f, " tensors ",
+                                        xs[0].shape().DebugString(), "), got ", grad.shape().DebugString()));
+    Tensor* dx = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({f, batch, d}), &dx));
+    float* dxs = dx->flat<float>().data();
+    if (dx->NumElements() == 0) return;
+    if (pairs == 0) {
+      std::fill(dxs, dxs + dx->NumElements(), 0.f);
+      return;
+    }
+    const std::vector<int64_t> row_start = RowStarts(f);
+    BackwardGathered(ctx, grad.flat<float>().data(), bases, batch, d, row_start.data(), dxs);
+  }
+};
+
 REGISTER_KERNEL_BUILDER(Name("FusedRec>DotInteraction").Device(DEVICE_CPU), DotInteractionOp);
 REGISTER_KERNEL_BUILDER(Name("FusedRec>DotInteractionGrad").Device(DEVICE_CPU), DotInteractionGradOp);
+REGISTER_KERNEL_BUILDER(Name("FusedRec>DotInteractionN").Device(DEVICE_CPU), DotInteractionNOp);
+REGISTER_KERNEL_BUILDER(Name("FusedRec>DotInteractionNGrad").Device(DEVICE_CPU), DotInteractionNGradOp);
 
 }  // namespace fusedrec
 }  // namespace tensorflow

@@ -33,6 +33,34 @@ Status DotInteractionGradShape(InferenceContext* c) {
   return OkStatus();
 }
 
+// xs: N x [B, D] of one shape -> [B, N (N - 1) / 2].
+Status DotInteractionNShape(InferenceContext* c) {
+  ShapeHandle x;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &x));
+  for (int i = 1; i < c->num_inputs(); ++i) {
+    ShapeHandle xi;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 2, &xi));
+    TF_RETURN_IF_ERROR(c->Merge(x, xi, &x));
+  }
+  const int64_t f = c->num_inputs();
+  c->set_output(0, c->Matrix(c->Dim(x, 0), f * (f - 1) / 2));
+  return OkStatus();
+}
+
+// grad [B, P], xs: N x [B, D] -> [N, B, D].
+Status DotInteractionNGradShape(InferenceContext* c) {
+  ShapeHandle grad, x;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &grad));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &x));
+  for (int i = 2; i < c->num_inputs(); ++i) {
+    ShapeHandle xi;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 2, &xi));
+    TF_RETURN_IF_ERROR(c->Merge(x, xi, &x));
+  }
+  c->set_output(0, c->MakeShape({c->MakeDim(c->num_inputs() - 1), c->Dim(x, 0), c->Dim(x, 1)}));
+  return OkStatus();
+}
+
 }  // namespace
 
 REGISTER_OP("FusedRec>DotInteraction")
@@ -56,6 +84,27 @@ REGISTER_OP("FusedRec>DotInteractionGrad")
     .Doc(R"doc(
 The gradient of DotInteraction: x_grad[b, i] = sum over j != i of grad[b, pair(min(i, j), max(i, j))] * x[b, j]
 (feature_major: x and x_grad [F, B, D]).
+)doc");
+
+REGISTER_OP("FusedRec>DotInteractionN")
+    .Input("xs: N * float")
+    .Attr("N: int >= 1")
+    .Output("pairs: float")
+    .SetShapeFn(DotInteractionNShape)
+    .Doc(R"doc(
+DotInteraction of the N vectors of each example given as N tensors [B, D] (example b's vector i: xs[i][b]): bit for
+bit DotInteraction(stack(xs, axis=1)), without building the stack.
+)doc");
+
+REGISTER_OP("FusedRec>DotInteractionNGrad")
+    .Input("grad: float")
+    .Input("xs: N * float")
+    .Attr("N: int >= 1")
+    .Output("xs_grad: float")
+    .SetShapeFn(DotInteractionNGradShape)
+    .Doc(R"doc(
+The gradient of DotInteractionN, the N tensors' gradients stacked feature-major [N, B, D] (unstacked along axis 0
+without a copy): bit for bit DotInteractionGrad(grad, stack(xs, axis=0), feature_major=true).
 )doc");
 
 }  // namespace fusedrec

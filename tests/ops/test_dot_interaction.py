@@ -101,6 +101,80 @@ def test_feature_major_is_bit_equal_to_the_transposed_example_major(fro, run, si
     np.testing.assert_allclose(yf, numpy_pairs(x), rtol=1e-5, atol=tolerance(x))
 
 
+@pytest.mark.parametrize("size", SIZES)
+def test_list_form_is_bit_equal_to_the_stack(fro, run, size):
+    """x as F tensors [B, D] (DLRM's vectors, unstacked): the pairs, and each tensor's gradient (unstacked from the
+    gradient op's feature-major output), are bit for bit those of the op on tf.stack(x, axis=1)."""
+    rng = np.random.default_rng(sum(size) + 9)
+    x = rng.normal(size=size).astype(np.float32)
+    w = rng.normal(size=(size[0], size[1] * (size[1] - 1) // 2)).astype(np.float32)
+    f = size[1]
+
+    def stacked(x, w):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = fro.dot_interaction(x)
+            loss = tf.reduce_sum(y * w)
+        return y, tf.convert_to_tensor(tape.gradient(loss, x))
+
+    def listed(x, w):
+        xs = tf.unstack(x, num=f, axis=1)
+        with tf.GradientTape() as tape:
+            tape.watch(xs)
+            y = fro.dot_interaction(xs)
+            loss = tf.reduce_sum(y * w)
+        return y, tf.stack(tape.gradient(loss, xs), axis=1)
+
+    y, g = run(stacked, x, w)
+    yl, gl = run(listed, x, w)
+    assert yl.shape == y.shape and gl.shape == g.shape, (yl.shape, gl.shape)
+    np.testing.assert_array_equal(yl, y)
+    np.testing.assert_array_equal(gl, g)
+
+
+def test_list_form_second_order_static_shape_and_errors(fro, run_all, check):
+    """The gradient of the list form's gradient op equals the stacked op's; the static shape comes from the
+    tensors'; an empty list, another dtype and tensors of different shapes are errors naming the tensor."""
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(3, 5, 9)).astype(np.float32)
+    upstream = tf.constant(rng.normal(size=(3, 10)).astype(np.float32))
+    w = rng.normal(size=x.shape).astype(np.float32)
+    results = []
+    for listed in (False, True):
+        xt = tf.constant(x)
+        with tf.GradientTape(persistent=True) as outer:
+            outer.watch([xt, upstream])
+            with tf.GradientTape() as inner:
+                xs = tf.unstack(xt, axis=1) if listed else xt
+                inner.watch(xs)
+                y = tf.reduce_sum(fro.dot_interaction(xs) * upstream)
+            grad = inner.gradient(y, xs)
+            z = tf.reduce_sum((tf.stack(grad, axis=1) if listed else grad) * w)
+        results.append([outer.gradient(z, upstream).numpy(), outer.gradient(z, xt).numpy()])
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+    @tf.function(input_signature=[[tf.TensorSpec([None, 7], tf.float32)] * 5])
+    def fn(xs):
+        out = fro.dot_interaction(xs)
+        assert out.shape.as_list() == [None, 10], out.shape
+        return out
+
+    assert fn([tf.zeros([2, 7])] * 5).shape == (2, 10)
+    with pytest.raises(ValueError, match="at least one tensor"):
+        fro.dot_interaction([])
+    with pytest.raises(TypeError, match=r"x\[1\] must be float32, got float64"):
+        fro.dot_interaction([tf.zeros([2, 3]), tf.zeros([2, 3], tf.float64)])
+    ones = np.ones((2, 3), np.float32)
+    check.expect_error(lambda: run_all(lambda a, b, c: fro.dot_interaction([a, b, c]), ones, ones,
+                                       np.ones((2, 4), np.float32)), r"xs\[2\]|shape|incompatible")
+    check.expect_error(lambda: run_all(lambda a: fro.dot_interaction([a, a]), np.ones((2, 3, 1), np.float32)),
+                       r"rank|\[B, D\]")
+    grad_op = fro.load_ops().fused_rec_dot_interaction_n_grad
+    check.expect_error(lambda: run_all(lambda g, a: grad_op(g, [a, a, a]), np.zeros((2, 4), np.float32), ones),
+                       r"grad must have shape \[2, 3\]", 4)
+
+
 def test_feature_major_second_order_and_static_shape(fro):
     """The gradient of the feature-major gradient op equals the example-major one's, transposed; the static shape
     reads B and F from their places."""
@@ -227,6 +301,12 @@ def test_portable_loops(fro, tmp_path):
         "        y = ops.dot_interaction(xf, feature_major=True)\n"
         "        loss = tf.reduce_sum(y * tf.range(1, y.shape[1] + 1, dtype=tf.float32))\n"
         "    out[k + '_yf'], out[k + '_gf'] = y.numpy(), tape.gradient(loss, xf).numpy()\n"
+        "    xl = tf.unstack(tf.constant(cases[k]), axis=1)\n"
+        "    with tf.GradientTape() as tape:\n"
+        "        tape.watch(xl)\n"
+        "        y = ops.dot_interaction(xl)\n"
+        "        loss = tf.reduce_sum(y * tf.range(1, y.shape[1] + 1, dtype=tf.float32))\n"
+        "    out[k + '_yl'], out[k + '_gl'] = y.numpy(), tf.stack(tape.gradient(loss, xl), axis=1).numpy()\n"
         "np.savez(sys.argv[2], **out)\n")
     env = {**os.environ, "TF_FUSEDREC_PORTABLE_KERNELS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
@@ -242,3 +322,5 @@ def test_portable_loops(fro, tmp_path):
         np.testing.assert_allclose(out[k + "_y"], fro.dot_interaction(x).numpy(), rtol=1e-5, atol=tolerance(x))
         np.testing.assert_array_equal(out[k + "_yf"], out[k + "_y"])  # the portable loops on the scratch rows
         np.testing.assert_array_equal(out[k + "_gf"], out[k + "_g"].transpose(1, 0, 2))
+        np.testing.assert_array_equal(out[k + "_yl"], out[k + "_y"])
+        np.testing.assert_array_equal(out[k + "_gl"], out[k + "_g"])

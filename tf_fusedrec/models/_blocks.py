@@ -36,12 +36,13 @@ def upper_pairs(x):
 def pairwise_dots(vectors):
     """F tensors [B, d] (or one stacked [B, F, d]) -> [B, F (F - 1) / 2]: the dot products of the pairs i < j, row
     by row (DLRM's interactions). For float32 ops.dot_interaction (one op each way, half the multiply-adds) on the
-    vectors stacked feature-major, [F, B, d]: TensorFlow's Unpack splits that stack's gradient along axis 0 without
-    copying, where the example-major stack's unstack copied every row in the backward. The batch matmul and
-    upper_pairs on the example-major stack otherwise and under standard_ops (what the exported SavedModel holds)."""
+    vectors as they are: no stack before it, and their gradients come back as one feature-major tensor that
+    TensorFlow's Unpack splits along axis 0 without copying (the example-major stack's unstack copied every row).
+    The batch matmul and upper_pairs on the example-major stack otherwise and under standard_ops (what the exported
+    SavedModel holds)."""
     if isinstance(vectors, (list, tuple)):
         if not getattr(_TRACING, "standard_ops", False) and vectors[0].dtype == tf.float32:
-            return ops.dot_interaction(tf.stack(vectors, axis=0), feature_major=True)
+            return ops.dot_interaction(list(vectors))
         vectors = tf.stack(vectors, axis=1)
     if not getattr(_TRACING, "standard_ops", False) and vectors.dtype == tf.float32:
         return ops.dot_interaction(vectors)

@@ -19,9 +19,13 @@ def dot_interaction(x, feature_major=False, name=None):
     """The dot products of every pair of vectors of each example.
 
     Args:
-      x: float32 [B, F, D], or [F, B, D] with feature_major (x[i, b]: example b's vector i; what
-        tf.stack(vectors, axis=0) builds, and whose gradient tf.unstack(axis=0) splits without copying).
-      feature_major: the layout of x (and of its gradient). The values are bit for bit the same either way.
+      x: float32 [B, F, D]; or [F, B, D] with feature_major (x[i, b]: example b's vector i; what
+        tf.stack(vectors, axis=0) builds, and whose gradient tf.unstack(axis=0) splits without copying); or a list
+        of F float32 tensors [B, D] of one shape (example b's vectors x[0][b], ..., x[F - 1][b]: DLRM's embeddings as
+        they come, with no stack before the op, their gradients unstacked from one feature-major tensor without a
+        copy).
+      feature_major: the layout of a stacked x (and of its gradient). The values are bit for bit the same in every
+        form.
       name: optional op name.
 
     Returns:
@@ -30,9 +34,18 @@ def dot_interaction(x, feature_major=False, name=None):
 
     Raises:
       TypeError: another dtype than float32 (the models keep matmul and upper_triangle for the others).
-      ValueError / InvalidArgumentError: x not of rank 3.
+      ValueError / InvalidArgumentError: x not of rank 3; a list that is empty or of tensors not all [B, D] of one
+        shape.
     """
     with tf.name_scope(name or "dot_interaction"):
+        if isinstance(x, (list, tuple)):
+            if not x:
+                raise ValueError("x must hold at least one tensor, got an empty list")
+            xs = [tf.convert_to_tensor(t) for t in x]
+            for i, t in enumerate(xs):
+                if t.dtype != tf.float32:
+                    raise TypeError(f"x[{i}] must be float32, got {t.dtype.name}")
+            return load_ops().fused_rec_dot_interaction_n(xs)
         x = tf.convert_to_tensor(x)
         if x.dtype != tf.float32:
             raise TypeError(f"x must be float32, got {x.dtype.name}")
@@ -56,3 +69,20 @@ def _dot_interaction_grad_grad(op, upstream):
     cross = tf.matmul(u, v, transpose_b=True)  # [B, F, F]: dot(u_i, x_j)
     return (upper_triangle(cross + tf.transpose(cross, [0, 2, 1])),
             load_ops().fused_rec_dot_interaction_grad(grad, upstream, feature_major=feature_major))
+
+
+@tf.RegisterGradient("FusedRec>DotInteractionN")
+def _dot_interaction_n_grad(op, grad):
+    xs = list(op.inputs)
+    return tf.unstack(load_ops().fused_rec_dot_interaction_n_grad(grad, xs), num=len(xs), axis=0)
+
+
+@tf.RegisterGradient("FusedRec>DotInteractionNGrad")
+def _dot_interaction_n_grad_grad(op, upstream):
+    """As _dot_interaction_grad_grad, with x = stack(xs, axis=0) and upstream [F, B, D]."""
+    from tf_fusedrec.ops.upper_triangle_ops import upper_triangle  # noqa: PLC0415
+
+    grad, xs = op.inputs[0], list(op.inputs[1:])
+    cross = tf.matmul(tf.transpose(upstream, [1, 0, 2]), tf.stack(xs, axis=1), transpose_b=True)  # dot(u_i, x_j)
+    xs_grad = load_ops().fused_rec_dot_interaction_grad(grad, upstream, feature_major=True)
+    return [upper_triangle(cross + tf.transpose(cross, [0, 2, 1]))] + tf.unstack(xs_grad, num=len(xs), axis=0)
