@@ -947,6 +947,8 @@ TABLES = {
         "docs/bench/feature_major", ("fused", "tfra_hand_fused", "per_feature"))),
     "bench-interaction-list": (("docs/bench/interaction_list/*/bench.json",), lambda: bench_commit_modes(
         "docs/bench/interaction_list", ("fused", "tfra_hand_fused", "per_feature"))),
+    "perf-op-profile-distinct-keys": (("docs/perf/op_profile/distinct_keys/*.json",), lambda: perf_op_ab(
+        "docs/perf/op_profile/distinct_keys", ("fused",), ("FusedRec>NativeTableApplySparse",))),
     "bench-interaction-list-head": (("docs/bench/interaction_list_head/*/bench.json",), lambda: bench_head_runs(
         "docs/bench/interaction_list_head", ("fused", "tfra_hand_fused", "per_feature"))),
     "perf-op-profile-interaction-list": (("docs/perf/op_profile/interaction_list/*.json",), lambda: perf_op_ab(

@@ -507,7 +507,7 @@ Status NativeTable::LookupOrInit(const Tensor& keys, const Tensor& categories, c
 }
 
 Status NativeTable::ApplySparse(const Tensor& keys, const Tensor& grads, const Tensor& categories, const Tensor& ids,
-                                const impl::OptimizerHyper& hyper, int64_t update_count) {
+                                const impl::OptimizerHyper& hyper, int64_t update_count, bool distinct_keys) {
   TF_RETURN_IF_ERROR(CheckCategories(categories));
   const int64_t n = keys.NumElements();
   const int64_t dim = config_.dim;
@@ -517,7 +517,14 @@ Status NativeTable::ApplySparse(const Tensor& keys, const Tensor& grads, const T
   const int64_t* i = ids.flat<int64_t>().data();
 
   // Repeated keys: their grads are summed (in input order) and the key updated once, TF's sparse-apply semantics
-  // after deduplication. The usual input (the keys of a lookup) is already unique and goes through untouched.
+  // after deduplication. The usual input (the keys of a lookup) is already unique and goes through untouched; with
+  // distinct_keys the caller vouches for that, and the hash pass that would find it out is skipped.
+  if (distinct_keys) {
+    mutex_lock lock(mu_);
+    TF_RETURN_IF_ERROR(ReserveError(store_->Reserve(store_->size() + n), store_->size() + n));
+    store_->ApplySparse(k, g, c, i, n, hyper, update_count);
+    return OkStatus();
+  }
   impl::PairSet<int64_t> unique;
   std::vector<int32_t> inverse(n);
   {
@@ -763,7 +770,9 @@ class NativeTableLookupOrInitOp : public OpKernel {
 
 class NativeTableApplySparseOp : public OpKernel {
  public:
-  explicit NativeTableApplySparseOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit NativeTableApplySparseOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("distinct_keys", &distinct_keys_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     core::RefCountPtr<NativeTable> table;
@@ -785,8 +794,12 @@ class NativeTableApplySparseOp : public OpKernel {
     const Tensor& update_count = ctx->input(9);
     OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(update_count.shape()),
                 table->Error("update_count must be a scalar, got shape ", update_count.shape().DebugString()));
-    OP_REQUIRES_OK(ctx, table->ApplySparse(keys, grads, categories, ids, hyper, update_count.scalar<int64_t>()()));
+    OP_REQUIRES_OK(ctx, table->ApplySparse(keys, grads, categories, ids, hyper, update_count.scalar<int64_t>()(),
+                                           distinct_keys_));
   }
+
+ private:
+  bool distinct_keys_ = false;
 };
 
 class NativeTableFindOp : public OpKernel {

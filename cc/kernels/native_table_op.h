@@ -82,9 +82,11 @@ class NativeTable : public ResourceBase {
   Status LookupOrInit(const Tensor& keys, const Tensor& categories, const Tensor& ids, bool insert, Tensor* rows);
 
   // One optimizer update per distinct key, with the grads of repeated keys summed first. update_count (the
-  // optimizer's 1-based update number) picks the random bits of stochastic rounding.
+  // optimizer's 1-based update number) picks the random bits of stochastic rounding. distinct_keys: the caller
+  // vouches that no key repeats (a lookup's keys), and the deduplication pass is skipped; a repeated key is then
+  // updated once per occurrence.
   Status ApplySparse(const Tensor& keys, const Tensor& grads, const Tensor& categories, const Tensor& ids,
-                     const impl::OptimizerHyper& hyper, int64_t update_count);
+                     const impl::OptimizerHyper& hyper, int64_t update_count, bool distinct_keys = false);
 
   // part 0: rows, part p >= 1: slot p - 1. values: float32 [K, dim], exists: bool [K], allocated.
   Status Find(const Tensor& keys, int part, Tensor* values, Tensor* exists);

@@ -164,12 +164,15 @@ REGISTER_OP("FusedRec>NativeTableApplySparse")
     .Input("beta2: float")
     .Input("epsilon: float")
     .Input("update_count: int64")
+    .Attr("distinct_keys: bool = false")
     .SetIsStateful()
     .SetShapeFn(ApplySparseShape)
     .Doc(R"doc(
 One in-place optimizer update per distinct key (grads of repeated keys summed first). A missing key is first
 inserted with its initial row from (categories, ids). update_count: the optimizer's 1-based update number, the
-random bits' source with stochastic rounding (ignored otherwise).
+random bits' source with stochastic rounding (ignored otherwise). distinct_keys: the caller vouches that no key
+repeats (the keys of one lookup), and the deduplication pass is skipped; a repeated key is then updated once per
+occurrence.
 )doc");
 
 REGISTER_OP("FusedRec>NativeTableFind")

@@ -52,6 +52,61 @@ def test_native_trains_like_tfra(optimizer, packed):
     assert int(native.layer.tables[0].size()) == int(tfra.layer.tables[0].size())
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("mode", ["function", "eager"])
+def test_update_skips_deduplication_only_for_one_lookups_keys(optimizer, mode, monkeypatch):
+    """A native table's update passes distinct_keys=True (no deduplication pass) only when its gradient's indices
+    are its last lookup's keys, which are unique. The layer called on two batches in one tape (the TFRA backend
+    cannot: its ShadowVariable refuses a second lookup in a tape) aggregates two lookups' keys, repeated keys among
+    them: that update must deduplicate and sum them. Against the same training with every update deduplicating,
+    rows and slots are bit for bit equal after 5 steps of one call and 5 of two, and the flags are as said."""
+    from tf_fusedrec.ops import native_table_ops  # noqa: PLC0415
+
+    flags = []
+    apply_sparse = native_table_ops.native_table_apply_sparse
+
+    def recording(*args, forced=None, **kwargs):
+        flags.append(kwargs["distinct_keys"])
+        if forced is not None:
+            kwargs["distinct_keys"] = forced
+        return apply_sparse(*args, **kwargs)
+
+    trainers = {}
+    for forced in (None, False):
+        trainer = Trainer(optimizer, name=f"calls_{forced}", table_backend="native", mode="eager")
+        table = trainer.layer.tables[0]
+        monkeypatch.setattr(table, "ops", type("Ops", (), {
+            "__getattr__": lambda self, n: getattr(native_table_ops, n),
+            "native_table_apply_sparse": staticmethod(lambda *a, f=forced, **k: recording(*a, forced=f, **k))})())
+        trainers[forced] = trainer
+
+    def calls(trainer, batches):
+        with tf.GradientTape() as tape:
+            losses = []
+            for inputs in batches:
+                out = trainer.layer(inputs)
+                x = tf.concat([out["a"], out["b"], out["tags"], tf.reduce_sum(out["hist"], axis=1)], axis=1)
+                losses.append(tf.reduce_mean(tf.square(x @ trainer.w - 1.0)))
+            loss = tf.add_n(losses)
+        variables = trainer.layer.trainable_variables + [trainer.w]
+        trainer.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    for count in (1, 2):
+        steps = {k: (tf.function(lambda *b, t=t: calls(t, b)) if mode == "function" else (lambda *b, t=t: calls(t, b)))
+                 for k, t in trainers.items()}
+        flags.clear()
+        for step in range(5):
+            batches = [batch(step, seed=s) for s in range(count)]
+            losses = {k: fn(*batches).numpy() for k, fn in steps.items()}
+            assert losses[None] == losses[False], f"loss at step {step}, {count} calls"
+        # What the update of the unforced trainer asked for (traced once, or run each step eagerly).
+        assert set(flags[0::2]) == {count == 1}, (count, flags)
+    assert_same(trainers[None].rows(), trainers[False].rows(), f"{optimizer} rows and slots")
+    a, b = trainers[None].rows(), trainers[False].rows()
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
 @pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
 def test_native_trains_like_tfra_eagerly(optimizer):
     tfra, native = train_both(8, optimizer=optimizer, mode="eager")

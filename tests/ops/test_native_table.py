@@ -383,6 +383,44 @@ def test_apply_sparse_sums_repeated_keys(fro, mode, optimizer):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_apply_sparse_distinct_keys(fro, mode, optimizer):
+    """distinct_keys=True skips the deduplication: on distinct keys (new ones among them) the table ends bit for bit
+    as without it; on repeated keys each occurrence is its own update, in order (the reference's documented
+    behaviour), which for these optimizers is not the summed update."""
+    rng = np.random.default_rng(7)
+    keys = np.array([5, 9, -3, 11, 40, 2], np.int64)  # -3, 11, 40, 2 new: inserted by apply_sparse itself
+    categories, ids = feed(keys)
+    grads = rng.normal(0, 1, (keys.size, 4)).astype(np.float32)
+    lr = np.float32(0.1)
+    tables = {}
+    for distinct in (False, True):
+        table, want = make_pair(fro, f"distinct_{optimizer}_{distinct}", dim=4, optimizer=optimizer)
+        mode(lambda k, c, i, t=table: fro.native_table_lookup_or_init(t, k, c, i), keys[:2], categories[:2],
+             ids[:2])
+        want.lookup_or_init(keys[:2], categories[:2], ids[:2])
+        mode(lambda k, g, c, i, t=table, d=distinct: fro.native_table_apply_sparse(t, k, g, c, i, lr, distinct_keys=d),
+             keys, grads, categories, ids)
+        want.apply_sparse(keys, grads, categories, ids, lr, distinct_keys=distinct)
+        assert_table_equal(fro, table, want)
+        tables[distinct] = export_sorted(fro, table)
+    for a, b in zip(tables[False], tables[True]):
+        np.testing.assert_array_equal(a, b)
+
+    repeated = np.array([5, 9, 5, 5], np.int64)
+    rep_categories, rep_ids = feed(repeated)
+    rep_grads = rng.normal(0, 1, (4, 4)).astype(np.float32)
+    results = []
+    for distinct in (False, True):
+        table, want = make_pair(fro, f"distinct_rep_{optimizer}_{distinct}", dim=4, optimizer=optimizer)
+        mode(lambda k, g, c, i, t=table, d=distinct: fro.native_table_apply_sparse(t, k, g, c, i, lr, distinct_keys=d),
+             repeated, rep_grads, rep_categories, rep_ids)
+        want.apply_sparse(repeated, rep_grads, rep_categories, rep_ids, lr, distinct_keys=distinct)
+        assert_table_equal(fro, table, want)
+        results.append(export_sorted(fro, table)[1])
+    assert not np.array_equal(results[0], results[1]), "per-occurrence updates should differ from the summed one"
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # find / upsert / remove / export / size / access status
 # ----------------------------------------------------------------------------------------------------------------

@@ -183,6 +183,10 @@ class NativeEmbeddingTable:
 
     def _trainable(self, rows, keys):
         anchor = self.anchor
+        # The keys of the last training lookup: a gradient whose indices are this very tensor holds each key once
+        # (lookup takes unique keys), so apply_gradients may skip deduplicating them. Any other indices (several
+        # lookups' gradients aggregated, accumulated micro-batches) are deduplicated as usual.
+        self._lookup_keys = keys
 
         @tf.custom_gradient
         def attach(rows):
@@ -212,8 +216,10 @@ class NativeEmbeddingTable:
         # Keys the step's lookup inserted: categories and ids only matter for a key missing here, which is none.
         # The 1-based number of this update: the update count the TFRA backend's commit rounds with.
         update_count = tf.cast(optimizer.iterations, tf.int64) + 1
+        distinct = grad.indices is getattr(self, "_lookup_keys", None)
         return self.ops.native_table_apply_sparse(self.resource, keys, values, tf.zeros_like(keys, tf.int32), keys,
-                                                  lr, beta_1, beta_2, epsilon, update_count=update_count)
+                                                  lr, beta_1, beta_2, epsilon, update_count=update_count,
+                                                  distinct_keys=distinct)
 
     # --- eviction and expiry (tf_fusedrec/distributed/eviction.py, admission.py) ---------------------------------
 

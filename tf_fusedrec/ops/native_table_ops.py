@@ -357,7 +357,7 @@ tf.no_gradient("FusedRec>NativeTableLookupOrInit")
 
 @_not_autograph
 def native_table_apply_sparse(table, keys, grads, categories, ids, lr, beta1=0.9, beta2=0.999, epsilon=1e-7,
-                              update_count=None, name=None):
+                              update_count=None, distinct_keys=False, name=None):
     """One in-place optimizer update per distinct key, with TF's float32 arithmetic.
 
     Repeated keys have their grads summed first (in input order) and are updated once, as TF's sparse optimizers do
@@ -378,6 +378,9 @@ def native_table_apply_sparse(table, keys, grads, categories, ids, lr, beta1=0.9
       lr, beta1, beta2, epsilon: float32 scalars (beta1 and beta2 are used by adam only, epsilon by adagrad and adam).
       update_count: int64 scalar, the optimizer's 1-based update number (Keras: optimizer.iterations + 1): the source
         of stochastic rounding's random bits, required by a table with rounding="stochastic", ignored otherwise.
+      distinct_keys: the caller vouches that no key repeats (e.g. the keys of one lookup_or_init, which a layer's
+        lookup passes unique), and the pass that deduplicates them is skipped; a repeated key is then updated once
+        per occurrence, each with its own grad. Default False: deduplicated as above.
       name: optional op name.
 
     Returns:
@@ -406,7 +409,8 @@ def native_table_apply_sparse(table, keys, grads, categories, ids, lr, beta1=0.9
                       ("keys", "grads", "categories", "ids"))
         _check_width(table, grads, "grads")
         return load_ops().fused_rec_native_table_apply_sparse(table.resource_handle, keys, grads, categories, ids,
-                                                              *scalars, update_count)
+                                                              *scalars, update_count,
+                                                              distinct_keys=bool(distinct_keys))
 
 
 tf.no_gradient("FusedRec>NativeTableApplySparse")

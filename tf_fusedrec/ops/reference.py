@@ -385,9 +385,15 @@ class NativeTableReference:
                 self.access[k][1] = self.clock
         return out
 
-    def apply_sparse(self, keys, grads, categories, ids, lr, beta1=0.9, beta2=0.999, epsilon=1e-7, update_count=0):
+    def apply_sparse(self, keys, grads, categories, ids, lr, beta1=0.9, beta2=0.999, epsilon=1e-7, update_count=0,
+                     distinct_keys=False):
         keys = np.asarray(keys, np.int64)
         grads = np.asarray(grads, np.float32)
+        if distinct_keys:  # the caller vouched for distinct keys: one update per occurrence, in order
+            for i in range(keys.shape[0]):
+                self.apply_sparse(keys[i:i + 1], grads[i:i + 1], np.asarray(categories)[i:i + 1],
+                                  np.asarray(ids)[i:i + 1], lr, beta1, beta2, epsilon, update_count)
+            return
         initial = self.initial_rows(categories, ids)
         summed, first = {}, {}
         for i, k in enumerate(keys.tolist()):
