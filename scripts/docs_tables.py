@@ -949,6 +949,9 @@ TABLES = {
         "docs/bench/interaction_list", ("fused", "tfra_hand_fused", "per_feature"))),
     "perf-op-profile-distinct-keys": (("docs/perf/op_profile/distinct_keys/*.json",), lambda: perf_op_ab(
         "docs/perf/op_profile/distinct_keys", ("fused",), ("FusedRec>NativeTableApplySparse",))),
+    "perf-op-profile-fuse-ids": (("docs/perf/op_profile/fuse_ids/*.json",), lambda: perf_op_ab(
+        "docs/perf/op_profile/fuse_ids", ("fused",), ("FusedRec>FuseIds", "ConcatV2", "GatherV2", "FusedRec>RowIds",
+                                                      "Pack"))),
     "bench-interaction-list-head": (("docs/bench/interaction_list_head/*/bench.json",), lambda: bench_head_runs(
         "docs/bench/interaction_list_head", ("fused", "tfra_hand_fused", "per_feature"))),
     "perf-op-profile-interaction-list": (("docs/perf/op_profile/interaction_list/*.json",), lambda: perf_op_ab(

@@ -241,10 +241,7 @@ def fuse(ids_per_feature, categories):
     categories: the category of each feature (group.feature_categories): its position in the group, or the shared
     feature's for a feature that shares another's rows, whose ids thus become pairs of that category."""
     with tf.name_scope("fuse"):
-        keys = tf.concat(ids_per_feature, axis=0)
-        feature_sizes = tf.stack([tf.size(ids, out_type=tf.int32) for ids in ids_per_feature])
-        segments = indexing.repeat(tf.constant(categories, tf.int32), feature_sizes, row_ids=ops.row_ids)
-    return keys, segments, feature_sizes
+        return ops.fuse_ids(ids_per_feature, categories)  # one op: concat, sizes and repeat(categories, sizes)
 
 
 def _count(segments, num_categories):

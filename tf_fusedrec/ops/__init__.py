@@ -9,6 +9,7 @@ from tf_fusedrec.ops.category_unique_ops import (
     packed_segment_bits,
 )
 from tf_fusedrec.ops.dot_interaction_ops import dot_interaction
+from tf_fusedrec.ops.fuse_ids_ops import fuse_ids
 from tf_fusedrec.ops.fused_sender_ops import FusedSenderResult, fused_sender
 from tf_fusedrec.ops.gather_segment_sum_ops import gather_segment_sum
 from tf_fusedrec.ops.hashed_rows_ops import hashed_rows
@@ -52,6 +53,7 @@ __all__ = [
     "create_native_table",
     "decode_unified_keys",
     "dot_interaction",
+    "fuse_ids",
     "fused_sender",
     "gather_segment_sum",
     "hashed_rows",

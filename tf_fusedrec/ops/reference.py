@@ -518,3 +518,11 @@ def row_ids(row_splits, positions=None):
         positions = range(int(splits[-1]))
     rows = [sum(1 for e in ends if e <= int(p)) for p in np.asarray(positions).tolist()]
     return np.asarray(rows, splits.dtype).reshape(-1)
+
+
+def fuse_ids(ids, categories):
+    """ops.fuse_ids: (keys int64 [n], segments int32 [n], feature_sizes int32 [N]) of N id vectors."""
+    ids = [np.asarray(x, np.int64).reshape(-1) for x in ids]
+    sizes = np.array([x.size for x in ids], np.int32)
+    keys = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    return keys.astype(np.int64), np.repeat(np.asarray(categories, np.int32), sizes), sizes
