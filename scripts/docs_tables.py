@@ -945,6 +945,8 @@ TABLES = {
         "docs/bench/glue_ops", ("fused", "tfra_hand_fused", "per_feature"))),
     "bench-feature-major": (("docs/bench/feature_major/*/bench.json",), lambda: bench_commit_modes(
         "docs/bench/feature_major", ("fused", "tfra_hand_fused", "per_feature"))),
+    "bench-session-1127b": (("docs/bench/session_1127b/*/bench.json",), lambda: bench_commit_modes(
+        "docs/bench/session_1127b", ("fused", "tfra_hand_fused", "per_feature"))),
     "bench-interaction-list": (("docs/bench/interaction_list/*/bench.json",), lambda: bench_commit_modes(
         "docs/bench/interaction_list", ("fused", "tfra_hand_fused", "per_feature"))),
     "perf-op-profile-distinct-keys": (("docs/perf/op_profile/distinct_keys/*.json",), lambda: perf_op_ab(
