@@ -331,8 +331,13 @@ std::vector<const float*> FeatureBases(const Tensor& x, int64_t f, int64_t batch
   return bases;
 }
 
-// DotInteractionN's inputs: F tensors [B, D] of one shape, or an error naming the first that differs.
-bool ListDims(OpKernelContext* ctx, OpInputList xs, int64_t* batch, int64_t* d, std::vector<const float*>* bases) {
+// DotInteractionN's inputs "xs": F tensors [B, D] of one shape, or an error naming the first that differs.
+bool ListDims(OpKernelContext* ctx, OpInputList* list, int64_t* batch, int64_t* d, std::vector<const float*>* bases) {
+  if (!ctx->input_list("xs", list).ok()) {
+    ctx->CtxFailure(errors::InvalidArgument("no input list xs"));
+    return false;
+  }
+  const OpInputList& xs = *list;
   for (int i = 0; i < xs.size(); ++i) {
     if (xs[i].dims() != 2 || xs[i].shape() != xs[0].shape()) {
       ctx->CtxFailure(errors::InvalidArgument("xs must be tensors [B, D] of one shape: xs[0] is ",
@@ -427,10 +432,9 @@ class DotInteractionNOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     OpInputList xs;
-    OP_REQUIRES_OK(ctx, ctx->input_list("xs", &xs));
     int64_t batch, d;
     std::vector<const float*> bases;
-    if (!ListDims(ctx, xs, &batch, &d, &bases)) return;
+    if (!ListDims(ctx, &xs, &batch, &d, &bases)) return;
     const int64_t f = xs.size(), pairs = f * (f - 1) / 2;
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, pairs}), &out));
@@ -452,10 +456,9 @@ class DotInteractionNGradOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& grad = ctx->input(0);
     OpInputList xs;
-    OP_REQUIRES_OK(ctx, ctx->input_list("xs", &xs));
     int64_t batch, d;
     std::vector<const float*> bases;
-    if (!ListDims(ctx, xs, &batch, &d, &bases)) return;
+    if (!ListDims(ctx, &xs, &batch, &d, &bases)) return;
     const int64_t f = xs.size(), pairs = f * (f - 1) / 2;
     OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == batch && grad.dim_size(1) == pairs,
                 errors::InvalidArgument("grad must have shape [", batch, ", ", pairs, "] (", f, " tensors ",
