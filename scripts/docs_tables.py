@@ -949,6 +949,9 @@ TABLES = {
         "docs/bench/session_1127b", ("fused", "tfra_hand_fused", "per_feature"))),
     "bench-interaction-list": (("docs/bench/interaction_list/*/bench.json",), lambda: bench_commit_modes(
         "docs/bench/interaction_list", ("fused", "tfra_hand_fused", "per_feature"))),
+    "perf-op-profile-interaction-prefetch": (("docs/perf/op_profile/interaction_prefetch/*.json",), lambda: perf_op_ab(
+        "docs/perf/op_profile/interaction_prefetch", ("fused",),
+        ("FusedRec>DotInteractionN", "FusedRec>DotInteractionNGrad"))),
     "perf-op-profile-distinct-keys": (("docs/perf/op_profile/distinct_keys/*.json",), lambda: perf_op_ab(
         "docs/perf/op_profile/distinct_keys", ("fused",), ("FusedRec>NativeTableApplySparse",))),
     "perf-op-profile-fuse-ids": (("docs/perf/op_profile/fuse_ids/*.json",), lambda: perf_op_ab(
