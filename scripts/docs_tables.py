@@ -277,6 +277,28 @@ def bench_transport(directory="docs/bench/transport"):
                   + ["fused vs tfra_hand_fused", "fused vs per_feature", "fused vs Gloo's fused"], "ll" + "r" * 6, rows)
 
 
+def bench_cycle_time_mpi(directory, labels):
+    """directory/VALUE-N (scripts/bench_env.sh VAR=HOROVOD_CYCLE_TIME over horovodrun --mpi, values alternating):
+    per run and value (labels: value -> row label, in row order), samples/s of each mode the runs hold, fused's
+    ratios to the other modes of the same run and value, and fused against the first label's fused of that run."""
+    runs = _value_runs(directory)
+    modes = [k for k in TRANSPORT_MODES if all(k in m for r in runs.values() for m in r.values())]
+    first = next(iter(labels))
+    rows = []
+    for n in sorted(runs):
+        for value, label in labels.items():
+            if value not in runs[n]:
+                continue
+            rate = {k: runs[n][value][k]["samples_per_s"] for k in modes}
+            base = runs[n].get(first)
+            rows.append([n, label] + [f"{rate[k]:,.0f}" for k in modes]
+                        + [f"{rate['fused'] / rate[k]:.2f}x" for k in modes if k != "fused"]
+                        + [f"{rate['fused'] / base['fused']['samples_per_s']:.2f}x" if base else "-"])
+    return _table(["run", "HOROVOD_CYCLE_TIME (ms)"] + [f"{k} samples/s" for k in modes]
+                  + [f"fused vs {k}" for k in modes if k != "fused"] + [f"fused vs {labels[first]}'s"],
+                  "ll" + "r" * (2 * len(modes)), rows)
+
+
 def bench_mpi_yield():
     """docs/bench/mpi_yield/{0,default}-N (scripts/bench_env.sh over horovodrun --mpi): spinning ranks
     (OMPI_MCA_mpi_yield_when_idle=0) against the library's default (unset: comm.init_workers sets 1), per run."""
@@ -945,6 +967,8 @@ TABLES = {
         "docs/bench/glue_ops", ("fused", "tfra_hand_fused", "per_feature"))),
     "bench-feature-major": (("docs/bench/feature_major/*/bench.json",), lambda: bench_commit_modes(
         "docs/bench/feature_major", ("fused", "tfra_hand_fused", "per_feature"))),
+    "bench-session-1127c": (("docs/bench/session_1127c/*/bench.json",), lambda: bench_commit_modes(
+        "docs/bench/session_1127c", ("fused", "tfra_hand_fused", "per_feature"))),
     "bench-session-1127b": (("docs/bench/session_1127b/*/bench.json",), lambda: bench_commit_modes(
         "docs/bench/session_1127b", ("fused", "tfra_hand_fused", "per_feature"))),
     "bench-interaction-list": (("docs/bench/interaction_list/*/bench.json",), lambda: bench_commit_modes(
@@ -974,6 +998,12 @@ TABLES = {
     "bench-trace-tfra": (("docs/bench/trace_tfra/*/bench.json",),
                          lambda: bench_step_cost("docs/bench/trace_tfra", ("per_feature", "fused_tfra"))),
     "bench-cycle-time": (("docs/bench/cycle_time/*/bench.json",), bench_cycle_time),
+    "bench-cycle-time-mpi": (("docs/bench/cycle_time_mpi/*/bench.json",), lambda: bench_cycle_time_mpi(
+        "docs/bench/cycle_time_mpi", {"default": "unset (Horovod's 1)", "0.5": "0.5", "0.1": "0.1"})),
+    "bench-cycle-time-mpi-modes": (("docs/bench/cycle_time_mpi_modes/*/bench.json",), lambda: bench_cycle_time_mpi(
+        "docs/bench/cycle_time_mpi_modes", {"default": "unset (Horovod's 1)", "0.1": "0.1"})),
+    "bench-cycle-time-mpi-default": (("docs/bench/cycle_time_mpi_default/*/bench.json",), lambda: bench_cycle_time_mpi(
+        "docs/bench/cycle_time_mpi_default", {"1": "1 (Horovod's default)", "default": "unset: 0.1, the library's default"})),
     "hot-sweep": (("docs/hot/hot_sweep.json",), hot_sweep_loopback),
     "hot-sweep-1gbit": (("docs/hot/1gbit-n2/hot_sweep.json",), hot_sweep_1gbit),
     "serve-bench": (("docs/serve/serve_bench.json",), serve_bench),

@@ -1,5 +1,6 @@
-"""comm.init_workers: which comm a process gets, and the Open MPI defaults a worker launched by mpirun starts with
-(set before hvd.init(), which MPI_Init reads them in; a value the environment already holds is kept)."""
+"""comm.init_workers: which comm a process gets, and the defaults a worker launched by mpirun starts with (set before
+hvd.init(), in which MPI_Init and Horovod's background thread read them; a value the environment already holds is
+kept)."""
 
 import pytest
 
@@ -32,20 +33,21 @@ def test_alone_no_horovod(launched):
     assert launched == []
 
 
-def test_open_mpi_worker_yields_when_idle_by_default(launched, monkeypatch):
+def test_open_mpi_worker_yields_when_idle_and_cycles_at_a_tenth_of_a_ms_by_default(launched, monkeypatch):
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
     assert comm.init_workers() == "horovod"
-    assert launched == [{"OMPI_MCA_mpi_yield_when_idle": "1"}]
+    assert launched == [{"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_CYCLE_TIME": "0.1"}]
 
 
 def test_an_explicit_open_mpi_setting_is_kept(launched, monkeypatch):
     monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
     monkeypatch.setenv("OMPI_MCA_mpi_yield_when_idle", "0")
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "2.5")  # as horovodrun --cycle-time-ms 2.5 sets it
     comm.init_workers()
-    assert launched == [{"OMPI_MCA_mpi_yield_when_idle": "0"}]
+    assert launched == [{"OMPI_MCA_mpi_yield_when_idle": "0", "HOROVOD_CYCLE_TIME": "2.5"}]
 
 
 def test_gloo_worker_gets_no_open_mpi_settings(launched, monkeypatch):
     monkeypatch.setenv("HOROVOD_RANK", "0")
     comm.init_workers()
-    assert launched == [{"OMPI_MCA_mpi_yield_when_idle": None}]
+    assert launched == [{"OMPI_MCA_mpi_yield_when_idle": None, "HOROVOD_CYCLE_TIME": None}]

@@ -143,11 +143,16 @@ def launched_as_worker():
     return any(k in os.environ for k in LAUNCHER_ENV)
 
 
-# Open MPI settings a worker starts with unless its environment sets them (read by MPI_Init, inside hvd.init()).
+# Settings a worker launched by Open MPI starts with unless its environment sets them (read by MPI_Init and by
+# Horovod's background thread, both inside hvd.init()).
 # mpi_yield_when_idle: a rank waiting inside a collective gives its core away (sched_yield) instead of spinning on it.
 # Horovod's background thread waits there while the same core has TensorFlow's work to do: yielding made `fused`
 # 1.22-1.64x faster on 2 pinned workers here (docs/bench/mpi_yield; README, "Gloo against MPI").
-OPEN_MPI_DEFAULTS = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+# HOROVOD_CYCLE_TIME (ms; Horovod's default 1): how often the background thread negotiates the collectives a step
+# waits on in turn (seven for `fused`). At 0.1 ms `fused` ran 1.13-1.25x faster on 2 pinned workers over MPI, the
+# TFRA modes 1.00-1.15x (docs/bench/cycle_time_mpi*; README, "Horovod's cycle time over MPI"). Gloo launches
+# keep Horovod's default (the 2026-11-24 runs over Gloo did not resolve a difference).
+OPEN_MPI_DEFAULTS = {"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_CYCLE_TIME": "0.1"}
 
 
 def init_workers():
