@@ -153,10 +153,12 @@ def test_cli_refuses_more_pinned_cores_than_the_machine_has(capsys):
 
 
 def test_workers_are_pinned_to_cores_of_their_own(cluster_ok):  # noqa: ARG001
+    # Each worker writes its line in ONE write (atomic on the shared pipe): the workers run with PYTHONUNBUFFERED=1,
+    # under which print() writes each argument apart, and two workers' words interleaved ("pinned 0 pinned[0]").
     rc, out, _ = execute(CLUSTER + ["--hosts", "2", "--cores-per-worker", "1", "--link-rate", "1gbit", "--",
                                     sys.executable, "-c",
-                                    "import os; print('pinned', os.environ['HOROVOD_RANK'], "
-                                    "sorted(os.sched_getaffinity(0)))"], TIMEOUT_S, merge_stderr=True)
+                                    "import os; os.write(1, ('pinned %s %s\\n' % (os.environ['HOROVOD_RANK'], "
+                                    "sorted(os.sched_getaffinity(0)))).encode())"], TIMEOUT_S, merge_stderr=True)
     assert rc == 0, tail(out)
     rows = sorted(line.split(" ", 2)[1:] for line in out.splitlines() if line.startswith("pinned "))
     cpus = sorted(os.sched_getaffinity(0))
