@@ -981,6 +981,8 @@ TABLES = {
     "perf-op-profile-fuse-ids": (("docs/perf/op_profile/fuse_ids/*.json",), lambda: perf_op_ab(
         "docs/perf/op_profile/fuse_ids", ("fused",), ("FusedRec>FuseIds", "ConcatV2", "GatherV2", "FusedRec>RowIds",
                                                       "Pack"))),
+    "bench-pipelines-1127": (("docs/bench/pipelines_1127/*/bench.json",), lambda: bench_head_runs(
+        "docs/bench/pipelines_1127", ("fused", "fused_dbp", "fused_fwp", "tfra_hand_fused"))),
     "bench-interaction-list-head": (("docs/bench/interaction_list_head/*/bench.json",), lambda: bench_head_runs(
         "docs/bench/interaction_list_head", ("fused", "tfra_hand_fused", "per_feature"))),
     "perf-op-profile-interaction-list": (("docs/perf/op_profile/interaction_list/*.json",), lambda: perf_op_ab(
