@@ -519,45 +519,42 @@ Status NativeTable::ApplySparse(const Tensor& keys, const Tensor& grads, const T
   // Repeated keys: their grads are summed (in input order) and the key updated once, TF's sparse-apply semantics
   // after deduplication. The usual input (the keys of a lookup) is already unique and goes through untouched; with
   // distinct_keys the caller vouches for that, and the hash pass that would find it out is skipped.
-  if (distinct_keys) {
-    mutex_lock lock(mu_);
-    TF_RETURN_IF_ERROR(ReserveError(store_->Reserve(store_->size() + n), store_->size() + n));
-    store_->ApplySparse(k, g, c, i, n, hyper, update_count);
-    return OkStatus();
-  }
-  impl::PairSet<int64_t> unique;
-  std::vector<int32_t> inverse(n);
-  {
-    impl::PairTable<int64_t> dedup(n);
-    unique.entries.reserve(n);
-    for (int64_t j = 0; j < n; ++j) inverse[j] = dedup.FindOrInsert(k[j], 0, &unique);
-  }
-  const int64_t u = unique.size();
+  int64_t u = n;
   std::vector<int64_t> unique_keys, unique_ids;
   std::vector<int32> unique_categories;
   std::vector<float> summed;
-  if (u < n) {
-    unique_keys.resize(u);
-    unique_ids.resize(u);
-    unique_categories.resize(u);
-    summed.assign(u * dim, 0.0f);
-    int64_t next = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      const int32_t id = inverse[j];
-      if (id == next) {  // first occurrence: unique ids come in first-occurrence order
-        unique_keys[id] = k[j];
-        unique_ids[id] = i[j];
-        unique_categories[id] = c[j];
-        ++next;
-      }
-      float* sum = summed.data() + id * dim;
-      const float* gj = g + j * dim;
-      for (int64_t d = 0; d < dim; ++d) sum[d] += gj[d];
+  if (!distinct_keys) {
+    impl::PairSet<int64_t> unique;
+    std::vector<int32_t> inverse(n);
+    {
+      impl::PairTable<int64_t> dedup(n);
+      unique.entries.reserve(n);
+      for (int64_t j = 0; j < n; ++j) inverse[j] = dedup.FindOrInsert(k[j], 0, &unique);
     }
-    k = unique_keys.data();
-    i = unique_ids.data();
-    c = unique_categories.data();
-    g = summed.data();
+    u = unique.size();
+    if (u < n) {
+      unique_keys.resize(u);
+      unique_ids.resize(u);
+      unique_categories.resize(u);
+      summed.assign(u * dim, 0.0f);
+      int64_t next = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        const int32_t id = inverse[j];
+        if (id == next) {  // first occurrence: unique ids come in first-occurrence order
+          unique_keys[id] = k[j];
+          unique_ids[id] = i[j];
+          unique_categories[id] = c[j];
+          ++next;
+        }
+        float* sum = summed.data() + id * dim;
+        const float* gj = g + j * dim;
+        for (int64_t d = 0; d < dim; ++d) sum[d] += gj[d];
+      }
+      k = unique_keys.data();
+      i = unique_ids.data();
+      c = unique_categories.data();
+      g = summed.data();
+    }
   }
 
   mutex_lock lock(mu_);
