@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "cc/kernels/kernel_util.h"
@@ -264,6 +265,10 @@ void OverExamples(OpKernelContext* ctx, int64_t batch, int64_t work_per_example,
   ParallelRanges(ctx, batch, std::max<int64_t>(1, kMinWorkPerTask / std::max<int64_t>(1, work_per_example)), examples);
 }
 
+// Examples ahead whose rows GatherRows asks the caches for: F streams, one row each per example, more than a
+// core's hardware prefetchers follow.
+constexpr int64_t kPrefetchAhead = 4;
+
 // The feature-major layouts: x [F, B, D] (feature_major=true), or the F tensors [B, D] of DotInteractionN. Example b's
 // vector i is at bases[i] + b * D. Each task copies an example's rows into a contiguous scratch of F x D floats and
 // runs the example-major loops on it (reading the rows in place, B * D floats apart, would alias them in the caches:
@@ -271,11 +276,9 @@ void OverExamples(OpKernelContext* ctx, int64_t batch, int64_t work_per_example,
 // written in place, [F, B, D]. So every value is bit for bit the example-major op's on the transposed x. The layout
 // is what tf.stack(vectors, axis=0) builds and what tf.unstack(x_grad, axis=0) splits without copying (TensorFlow's
 // Unpack shares the buffer along axis 0), where the example-major stack's unstack copied every row in the backward.
-// Examples ahead whose rows GatherRows asks the caches for: F streams, one row each per example, more than a
-// core's hardware prefetchers follow.
-constexpr int64_t kPrefetchAhead = 4;
-
-// Copies example b's F rows to dst (F x D floats), asking for example b + kPrefetchAhead's while at it (when < batch).
+//
+// GatherRows copies example b's F rows to dst (F x D floats), asking for example b + kPrefetchAhead's while at it
+// (when < batch).
 inline void GatherRows(const std::vector<const float*>& bases, int64_t b, int64_t batch, int64_t d, float* dst) {
   const bool ahead = b + kPrefetchAhead < batch;
   for (size_t i = 0; i < bases.size(); ++i) {
@@ -340,8 +343,9 @@ std::vector<const float*> FeatureBases(const Tensor& x, int64_t f, int64_t batch
 
 // DotInteractionN's inputs "xs": F tensors [B, D] of one shape, or an error naming the first that differs.
 bool ListDims(OpKernelContext* ctx, OpInputList* list, int64_t* batch, int64_t* d, std::vector<const float*>* bases) {
-  if (!ctx->input_list("xs", list).ok()) {
-    ctx->CtxFailure(errors::InvalidArgument("no input list xs"));
+  const Status listed = ctx->input_list("xs", list);
+  if (!listed.ok()) {
+    ctx->CtxFailure(listed);
     return false;
   }
   const OpInputList& xs = *list;
@@ -359,6 +363,50 @@ bool ListDims(OpKernelContext* ctx, OpInputList* list, int64_t* batch, int64_t* 
   return true;
 }
 
+// Allocates pairs [B, F (F - 1) / 2] and returns its data, or nullptr when nothing is left to compute: an error, no
+// pair or example, or D = 0 (every pair 0, written here).
+float* AllocatePairs(OpKernelContext* ctx, int64_t batch, int64_t f, int64_t d) {
+  const int64_t pairs = f * (f - 1) / 2;
+  Tensor* out = nullptr;
+  const Status allocated = ctx->allocate_output(0, TensorShape({batch, pairs}), &out);
+  if (!allocated.ok()) {
+    ctx->CtxFailure(allocated);
+    return nullptr;
+  }
+  if (batch == 0 || pairs == 0) return nullptr;
+  float* ys = out->flat<float>().data();
+  if (d == 0) {
+    std::fill(ys, ys + batch * pairs, 0.f);
+    return nullptr;
+  }
+  return ys;
+}
+
+// Checks grad [B, P] (`x` describes the vectors in the error) and allocates x_grad of `shape`; returns its data, or
+// nullptr when nothing is left to compute: an error, no element, or no pair (x_grad all 0, written here).
+float* AllocateXGrad(OpKernelContext* ctx, const Tensor& grad, int64_t batch, int64_t f, const std::string& x,
+                     const TensorShape& shape) {
+  const int64_t pairs = f * (f - 1) / 2;
+  if (grad.dims() != 2 || grad.dim_size(0) != batch || grad.dim_size(1) != pairs) {
+    ctx->CtxFailure(errors::InvalidArgument("grad must have shape [", batch, ", ", pairs, "] (", x, "), got ",
+                                            grad.shape().DebugString()));
+    return nullptr;
+  }
+  Tensor* dx = nullptr;
+  const Status allocated = ctx->allocate_output(0, shape, &dx);
+  if (!allocated.ok()) {
+    ctx->CtxFailure(allocated);
+    return nullptr;
+  }
+  float* dxs = dx->flat<float>().data();
+  if (dx->NumElements() == 0) return nullptr;
+  if (pairs == 0) {
+    std::fill(dxs, dxs + dx->NumElements(), 0.f);
+    return nullptr;
+  }
+  return dxs;
+}
+
 }  // namespace
 
 class DotInteractionOp : public OpKernel {
@@ -371,17 +419,11 @@ class DotInteractionOp : public OpKernel {
     const Tensor& x = ctx->input(0);
     int64_t batch, f, d;
     if (!Dims(ctx, x, feature_major_, &batch, &f, &d)) return;
-    const int64_t pairs = f * (f - 1) / 2;
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, pairs}), &out));
-    if (batch == 0 || pairs == 0) return;
-    const float* xs = x.flat<float>().data();
-    float* ys = out->flat<float>().data();
-    if (d == 0) {
-      std::fill(ys, ys + batch * pairs, 0.f);
-      return;
-    }
+    float* ys = AllocatePairs(ctx, batch, f, d);
+    if (ys == nullptr) return;
     if (feature_major_) return ForwardGathered(ctx, FeatureBases(x, f, batch, d), batch, d, ys);
+    const float* xs = x.flat<float>().data();
+    const int64_t pairs = f * (f - 1) / 2;
     OverExamples(ctx, batch, pairs * d, [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) Forward(xs + b * f * d, f, d, ys + b * pairs);
     });
@@ -402,18 +444,9 @@ class DotInteractionGradOp : public OpKernel {
     const Tensor& x = ctx->input(1);
     int64_t batch, f, d;
     if (!Dims(ctx, x, feature_major_, &batch, &f, &d)) return;
+    float* dxs = AllocateXGrad(ctx, grad, batch, f, "x " + x.shape().DebugString(), x.shape());
+    if (dxs == nullptr) return;
     const int64_t pairs = f * (f - 1) / 2;
-    OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == batch && grad.dim_size(1) == pairs,
-                errors::InvalidArgument("grad must have shape [", batch, ", ", pairs, "] (x ", x.shape().DebugString(),
-                                        "), got ", grad.shape().DebugString()));
-    Tensor* dx = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x.shape(), &dx));
-    float* dxs = dx->flat<float>().data();
-    if (x.NumElements() == 0) return;
-    if (pairs == 0) {
-      std::fill(dxs, dxs + x.NumElements(), 0.f);
-      return;
-    }
     const float* gs = grad.flat<float>().data();
     const float* xs = x.flat<float>().data();
     const std::vector<int64_t> row_start = RowStarts(f);
@@ -442,16 +475,8 @@ class DotInteractionNOp : public OpKernel {
     int64_t batch, d;
     std::vector<const float*> bases;
     if (!ListDims(ctx, &xs, &batch, &d, &bases)) return;
-    const int64_t f = xs.size(), pairs = f * (f - 1) / 2;
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, pairs}), &out));
-    if (batch == 0 || pairs == 0) return;
-    float* ys = out->flat<float>().data();
-    if (d == 0) {
-      std::fill(ys, ys + batch * pairs, 0.f);
-      return;
-    }
-    ForwardGathered(ctx, bases, batch, d, ys);
+    float* ys = AllocatePairs(ctx, batch, xs.size(), d);
+    if (ys != nullptr) ForwardGathered(ctx, bases, batch, d, ys);
   }
 };
 
@@ -466,18 +491,10 @@ class DotInteractionNGradOp : public OpKernel {
     int64_t batch, d;
     std::vector<const float*> bases;
     if (!ListDims(ctx, &xs, &batch, &d, &bases)) return;
-    const int64_t f = xs.size(), pairs = f * (f - 1) / 2;
-    OP_REQUIRES(ctx, grad.dims() == 2 && grad.dim_size(0) == batch && grad.dim_size(1) == pairs,
-                errors::InvalidArgument("grad must have shape [", batch, ", ", pairs, "] (", f, " tensors ",
-                                        xs[0].shape().DebugString(), "), got ", grad.shape().DebugString()));
-    Tensor* dx = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({f, batch, d}), &dx));
-    float* dxs = dx->flat<float>().data();
-    if (dx->NumElements() == 0) return;
-    if (pairs == 0) {
-      std::fill(dxs, dxs + dx->NumElements(), 0.f);
-      return;
-    }
+    const int64_t f = xs.size();
+    float* dxs = AllocateXGrad(ctx, grad, batch, f, std::to_string(f) + " tensors " + xs[0].shape().DebugString(),
+                               TensorShape({f, batch, d}));
+    if (dxs == nullptr) return;
     const std::vector<int64_t> row_start = RowStarts(f);
     BackwardGathered(ctx, grad.flat<float>().data(), bases, batch, d, row_start.data(), dxs);
   }
