@@ -122,6 +122,7 @@ class NativeEmbeddingTable:
 
         self.ops = native_table_ops
         self.name, self.dim, self.initializer = name, dim, initializer
+        self._lookup_keys = None  # the keys tensor of the last training lookup (_trainable; apply_gradients)
         self.storage = check_storage(storage, f"table {name}")
         check_native_spec(optimizer, initializer, f"table {name}")
         self.optimizer = optimizer
@@ -216,7 +217,7 @@ class NativeEmbeddingTable:
         # Keys the step's lookup inserted: categories and ids only matter for a key missing here, which is none.
         # The 1-based number of this update: the update count the TFRA backend's commit rounds with.
         update_count = tf.cast(optimizer.iterations, tf.int64) + 1
-        distinct = grad.indices is getattr(self, "_lookup_keys", None)
+        distinct = grad.indices is self._lookup_keys  # never None: a gradient has indices
         return self.ops.native_table_apply_sparse(self.resource, keys, values, tf.zeros_like(keys, tf.int32), keys,
                                                   lr, beta_1, beta_2, epsilon, update_count=update_count,
                                                   distinct_keys=distinct)

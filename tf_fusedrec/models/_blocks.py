@@ -40,13 +40,11 @@ def pairwise_dots(vectors):
     TensorFlow's Unpack splits along axis 0 without copying (the example-major stack's unstack copied every row).
     The batch matmul and upper_pairs on the example-major stack otherwise and under standard_ops (what the exported
     SavedModel holds)."""
-    if isinstance(vectors, (list, tuple)):
-        if not getattr(_TRACING, "standard_ops", False) and vectors[0].dtype == tf.float32:
-            return ops.dot_interaction(list(vectors))
-        vectors = tf.stack(vectors, axis=1)
-    if not getattr(_TRACING, "standard_ops", False) and vectors.dtype == tf.float32:
-        return ops.dot_interaction(vectors)
-    return upper_pairs(tf.matmul(vectors, vectors, transpose_b=True))
+    listed = isinstance(vectors, (list, tuple))
+    if not getattr(_TRACING, "standard_ops", False) and (vectors[0] if listed else vectors).dtype == tf.float32:
+        return ops.dot_interaction(list(vectors) if listed else vectors)
+    stacked = tf.stack(vectors, axis=1) if listed else vectors
+    return upper_pairs(tf.matmul(stacked, stacked, transpose_b=True))
 
 
 def mlp(units, name, last_activation="relu", seed=0):

@@ -57,18 +57,23 @@ def _dot_interaction_grad(op, grad):
     return load_ops().fused_rec_dot_interaction_grad(grad, op.inputs[0], feature_major=op.get_attr("feature_major"))
 
 
+def _pair_grads(u, x):
+    """[B, P]: the gradient of sum(u * x_grad) with respect to the pair gradients, pair (i, j) getting
+    dot(u_i, x_j) + dot(u_j, x_i) (u and x example-major [B, F, D])."""
+    from tf_fusedrec.ops.upper_triangle_ops import upper_triangle  # noqa: PLC0415
+
+    cross = tf.matmul(u, x, transpose_b=True)  # [B, F, F]: dot(u_i, x_j)
+    return upper_triangle(cross + tf.transpose(cross, [0, 2, 1]))
+
+
 @tf.RegisterGradient("FusedRec>DotInteractionGrad")
 def _dot_interaction_grad_grad(op, upstream):
     """x_grad = S(grad) x, S(grad) the symmetric [F, F] matrix of the pair gradients (zero diagonal): with respect
     to grad, pair (i, j) gets dot(u_i, x_j) + dot(u_j, x_i); with respect to x, S(grad) u."""
-    from tf_fusedrec.ops.upper_triangle_ops import upper_triangle  # noqa: PLC0415
-
     grad, x = op.inputs
     feature_major = op.get_attr("feature_major")
     u, v = (tf.transpose(upstream, [1, 0, 2]), tf.transpose(x, [1, 0, 2])) if feature_major else (upstream, x)
-    cross = tf.matmul(u, v, transpose_b=True)  # [B, F, F]: dot(u_i, x_j)
-    return (upper_triangle(cross + tf.transpose(cross, [0, 2, 1])),
-            load_ops().fused_rec_dot_interaction_grad(grad, upstream, feature_major=feature_major))
+    return (_pair_grads(u, v), load_ops().fused_rec_dot_interaction_grad(grad, upstream, feature_major=feature_major))
 
 
 @tf.RegisterGradient("FusedRec>DotInteractionN")
@@ -80,9 +85,7 @@ def _dot_interaction_n_grad(op, grad):
 @tf.RegisterGradient("FusedRec>DotInteractionNGrad")
 def _dot_interaction_n_grad_grad(op, upstream):
     """As _dot_interaction_grad_grad, with x = stack(xs, axis=0) and upstream [F, B, D]."""
-    from tf_fusedrec.ops.upper_triangle_ops import upper_triangle  # noqa: PLC0415
-
     grad, xs = op.inputs[0], list(op.inputs[1:])
-    cross = tf.matmul(tf.transpose(upstream, [1, 0, 2]), tf.stack(xs, axis=1), transpose_b=True)  # dot(u_i, x_j)
     xs_grad = load_ops().fused_rec_dot_interaction_grad(grad, upstream, feature_major=True)
-    return [upper_triangle(cross + tf.transpose(cross, [0, 2, 1]))] + tf.unstack(xs_grad, num=len(xs), axis=0)
+    return [_pair_grads(tf.transpose(upstream, [1, 0, 2]), tf.stack(xs, axis=1))] + tf.unstack(
+        xs_grad, num=len(xs), axis=0)
