@@ -11,11 +11,16 @@ requests back to back (a closed loop, bodies built before the clock), and "hosti
 features, empty bodies). Every fuzz answer must be a 4xx with an "error" naming the problem; any other answer is
 counted. Before the first phase and after the last, one fixed request's scores are read: they must be equal.
 Writes the phases' p50/p99 and the ratio of the hostile p99s to the quiet ones.
+
+The hostile clients run in a process of their own, as they would on another host: as threads of the measuring process
+(--hostile-in-process, the layout of the runs before 2026-11-27) their Python shares the well-formed client's
+interpreter lock, so the client's latency includes waits for the fuzzer's own JSON work, not the ranker's.
 """
 
 import argparse
 import http.client
 import json
+import multiprocessing
 import os
 import socket
 import sys
@@ -143,6 +148,34 @@ def scores(url, body):
         request.close()
 
 
+def start_hostile(host, port, path, bodies, qps, stop):
+    """The 64 idle holders and the fuzzer, started as threads of this process; -> them (the fuzzer last)."""
+    helpers = [IdleHolder(host, port, stop) for _ in range(IDLE_CONNECTIONS)]
+    helpers.append(Fuzzer(host, port, path, bodies, stop, qps))
+    for h in helpers:
+        h.start()
+    return helpers
+
+
+def hostile_report(helpers):
+    fuzzer = helpers[-1]
+    return {"fuzz_answers": fuzzer.answers, "fuzz_not_4xx_naming_the_problem": fuzzer.bad,
+            "idle_connections_opened": sum(h.opened for h in helpers[:-1])}
+
+
+def hostile_process(host, port, path, bodies, qps, started, finish, reports):
+    """The hostile clients in a process of their own (multiprocessing's target): they run from `started` until
+    `finish` is set, then their report goes to the queue `reports`."""
+    stop = threading.Event()
+    helpers = start_hostile(host, port, path, bodies, qps, stop)
+    started.set()
+    finish.wait()
+    stop.set()
+    for h in helpers:
+        h.join(15)
+    reports.put(hostile_report(helpers))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--export", required=True)
@@ -151,12 +184,15 @@ def main():
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--ranker-flags", default="--no-pooling --cache-mb 0")
     p.add_argument("--fuzz-qps", type=float, default=100.0, help="malformed requests per second (0: back to back)")
+    p.add_argument("--hostile-in-process", action="store_true",
+                   help="run the hostile clients as threads of the measuring process (see the module docstring)")
     p.add_argument("--work-dir", default="/tmp/bench_serve_hostile")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     os.makedirs(args.work_dir, exist_ok=True)
     spec = bench.synthetic_spec(cfg.load_config(args.config), fmt.read_manifest(args.export))
     result = {"command": "python scripts/bench_serve_hostile.py " + " ".join(sys.argv[1:]), "fuzz_qps": args.fuzz_qps,
+              "hostile_clients": "threads of the measuring process" if args.hostile_in_process else "own process",
               "machine": {"cpus": os.cpu_count(), "load_average_start": list(os.getloadavg())},
               "idle_connections": IDLE_CONNECTIONS, "phases": []}
     services = []
@@ -180,26 +216,34 @@ def main():
             test = loadtest.LoadTest(url, loadtest.SyntheticInstances(spec, seed=phase), loadtest.ClosedLoop(1), 64,
                                      args.duration, 10.0, prebuild=int(args.duration * 200))
             test.prepare()  # the client's bodies, before the hostile clients start
-            stop = threading.Event()
-            helpers = []
+            hostile_args = ("127.0.0.1", port, "/v1/models/bench:predict", bodies, args.fuzz_qps)
+            stop, helpers, child = threading.Event(), [], None
+            if hostile and args.hostile_in_process:
+                helpers = start_hostile(*hostile_args, stop)
+            elif hostile:
+                spawn = multiprocessing.get_context("spawn")
+                started, finish, reports = spawn.Event(), spawn.Event(), spawn.Queue()
+                child = spawn.Process(target=hostile_process, args=(*hostile_args, started, finish, reports),
+                                      daemon=True)
+                child.start()
+                if not started.wait(120):
+                    raise RuntimeError("the hostile clients' process did not start within 120 s")
             if hostile:
-                helpers = [IdleHolder("127.0.0.1", port, stop) for _ in range(IDLE_CONNECTIONS)]
-                helpers.append(Fuzzer("127.0.0.1", port, "/v1/models/bench:predict", bodies, stop, args.fuzz_qps))
-                for h in helpers:
-                    h.start()
                 time.sleep(1.0)  # the idle connections are open before the client starts
             report = test.run()
-            stop.set()
-            for h in helpers:
-                h.join(15)
-            fuzzer = helpers[-1] if hostile else None
             record = {"phase": phase, "kind": "hostile" if hostile else "quiet", "ok": report["ok"],
                       "errors": report["errors"], "requests_per_s": report["requests_per_s"],
                       "p50_ms": report["latency_ms"]["p50"], "p99_ms": report["latency_ms"]["p99"],
                       "max_ms": report["latency_ms"]["max"]}
-            if hostile:
-                record.update(fuzz_answers=fuzzer.answers, fuzz_not_4xx_naming_the_problem=fuzzer.bad,
-                              idle_connections_opened=sum(h.opened for h in helpers[:-1]))
+            stop.set()
+            for h in helpers:
+                h.join(15)
+            if helpers:
+                record.update(hostile_report(helpers))
+            if child is not None:
+                finish.set()
+                record.update(reports.get(timeout=60))
+                child.join(30)
             result["phases"].append(record)
             print(json.dumps(record), flush=True)
             time.sleep(1.0)
