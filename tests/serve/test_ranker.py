@@ -10,6 +10,8 @@
   411 without Content-Length, 413 beyond --max-body-mb, --max-instances and --max-ids, 503 beyond --max-queue; idle
   connections are closed (--idle-timeout-s, or at once for a new client at --max-connections), slow requests get 408
   (--read-timeout-s), and a well-formed client is served throughout.
+* Malformed requests, and the later requests of a connection answered a 4xx, run in short thread slices
+  (--slow-path-switch-ms); a clean connection's requests do not, and the interval comes back.
 """
 
 import json
@@ -477,3 +479,79 @@ def test_limit_flags_are_checked(flag, capsys):
     with pytest.raises(SystemExit):
         ranker_lib.parse_args(["--export", "e", "--servers", "local", "--port", "0", flag, "0"])
     assert flag in capsys.readouterr().err
+
+
+def test_slow_path_switch_flag_is_checked(capsys):
+    assert ranker_lib.parse_args(["--export", "e", "--servers", "local", "--port", "0"]).slow_path_switch_ms == 0.02
+    with pytest.raises(SystemExit):
+        ranker_lib.parse_args(["--export", "e", "--servers", "local", "--port", "0", "--slow-path-switch-ms", "-1"])
+    assert "--slow-path-switch-ms" in capsys.readouterr().err
+
+
+def test_short_slices_nest_and_restore_the_switch_interval():
+    before = sys.getswitchinterval()
+    slices = ranker_lib._ShortSlices(1e-5)  # noqa: SLF001
+    with slices:
+        assert sys.getswitchinterval() == pytest.approx(1e-5)
+        with slices:
+            assert sys.getswitchinterval() == pytest.approx(1e-5)
+        assert sys.getswitchinterval() == pytest.approx(1e-5)  # another thread is still inside
+    assert sys.getswitchinterval() == before
+    with ranker_lib._ShortSlices(0):  # noqa: SLF001  (0: Python's own interval)
+        assert sys.getswitchinterval() == before
+    with ranker_lib._ShortSlices(1.0):  # noqa: SLF001  (never lengthened)
+        assert sys.getswitchinterval() == before
+
+
+class _RecordedSlices:
+    """A Ranker's short_slices, recording the switch interval each entry set."""
+
+    def __init__(self, inner):
+        self.inner, self.intervals = inner, []
+
+    def __enter__(self):
+        self.inner.__enter__()
+        self.intervals.append(sys.getswitchinterval())
+
+    def __exit__(self, *exc):
+        self.inner.__exit__(*exc)
+
+
+def test_malformed_requests_and_their_connections_run_in_short_slices(tight, trained):
+    """A request the fast parser refuses is parsed in short thread slices, and so is every later request of a
+    connection that was answered a 4xx; a well-formed request of a clean connection is not, and the interval is
+    Python's own again once they are answered. Scores stay exact on the suspect connection."""
+    import http.client  # noqa: PLC0415
+
+    local = trained[1]
+    good = instances_of(sc.make_batch(5000))[:3]
+    bad = [{**good[0], "user_id": "abc"}] + good[1:]
+    ranker, before = tight.ranker, sys.getswitchinterval()
+    recorded = _RecordedSlices(ranker.short_slices)
+    ranker.short_slices = recorded
+
+    def ask(conn, instances):
+        conn.request("POST", "/v1/models/tight:predict", body=json.dumps({"instances": instances}),
+                     headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+
+    settle(tight)
+    conn = http.client.HTTPConnection("127.0.0.1", tight.port, timeout=WAIT_S)
+    try:
+        status, answer = ask(conn, good)
+        assert status == 200 and recorded.intervals == [], (answer, recorded.intervals)
+        status, answer = ask(conn, bad)
+        assert status == 400 and "user_id" in answer["error"], answer
+        assert len(recorded.intervals) == 1, recorded.intervals  # the reference parser's path
+        status, answer = ask(conn, good)
+        assert status == 200, answer
+        np.testing.assert_allclose(answer["predictions"], expected(local, good), rtol=1e-6, atol=1e-7)
+        assert len(recorded.intervals) == 2, recorded.intervals  # the suspect connection's request
+    finally:
+        conn.close()
+        ranker.short_slices = recorded.inner
+    assert recorded.intervals == [pytest.approx(ranker_lib.DEFAULT_SLOW_PATH_SWITCH_S)] * 2
+    status, answer = post(f"{tight.url}:predict", {"instances": good}, timeout=WAIT_S)  # a new connection: clean
+    assert status == 200 and len(recorded.intervals) == 2
+    wait_for(lambda: sys.getswitchinterval() == before, "the switch interval restored")

@@ -27,11 +27,14 @@ instances and ids of a request (--max-instances, --max-ids: 413, counted while t
 request never becomes a large Python structure), queued requests (--max-queue, 503) and open connections
 (--max-connections: at the cap the longest idle connection is closed for the new one, else 503). A connection idle
 for --idle-timeout-s is closed; a request not received within --read-timeout-s of its first byte gets 408 and its
-connection is closed, so slow or idle clients cannot hold the ranker's threads. Binds to 127.0.0.1 unless --host says
-otherwise.
+connection is closed, so slow or idle clients cannot hold the ranker's threads. A malformed request, and every later
+request of a connection answered a 4xx, is served with Python's thread switch interval at --slow-path-switch-ms, so
+that its parse cannot hold the interpreter's lock against the others' requests for long (_ShortSlices). Binds to
+127.0.0.1 unless --host says otherwise.
 """
 
 import argparse
+import contextlib
 import io
 import itertools
 import json
@@ -63,6 +66,38 @@ _EVICTION_WAIT_S = 1.0
 # How long a connection refused before its body was read goes on reading (and dropping) what the client still sends:
 # closing a socket with unread bytes resets the connection, and the client could lose the answer that says why.
 _LINGER_S = 1.0
+# Python's thread switch interval while a refused request is parsed and checked (--slow-path-switch-ms).
+DEFAULT_SLOW_PATH_SWITCH_S = 2e-5
+
+
+class _ShortSlices:
+    """While any thread is inside it, Python's thread switch interval is at most interval_s (sys.setswitchinterval;
+    restored when the last one leaves). A thread that wants the interpreter lock waits for its holder to release it or
+    for the interval to pass; the ranker's well-formed requests hand the lock between threads at every read, lookup
+    and model call, so each waits behind whatever holds it. Around the reference parser's Python call per value
+    (parse_request's path for requests the fast parser refuses: malformed ones) this keeps a client that sends those
+    back to back from adding its parse to every hand-off of everyone else's requests; well-formed traffic keeps the
+    default interval, as a shorter one throughout costs throughput at saturation."""
+
+    def __init__(self, interval_s):
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._inside = 0
+        self._saved = None
+
+    def __enter__(self):
+        with self._lock:
+            if self._inside == 0:
+                self._saved = sys.getswitchinterval()
+                if 0 < self.interval_s < self._saved:
+                    sys.setswitchinterval(self.interval_s)
+            self._inside += 1
+
+    def __exit__(self, *exc):
+        with self._lock:
+            self._inside -= 1
+            if self._inside == 0:
+                sys.setswitchinterval(self._saved)
 
 
 class Overloaded(RuntimeError):
@@ -255,15 +290,17 @@ def parse_arrays(body, id_names, dense_names, max_instances, max_ids):
     return columns, shape
 
 
-def parse_request(body, id_names, dense_names, max_instances, max_ids=1 << 18, values_per_instance=64):
+def parse_request(body, id_names, dense_names, max_instances, max_ids=1 << 18, values_per_instance=64,
+                  slow_path=contextlib.nullcontext()):
     """A predict request's JSON body -> (columnar inputs, "instances" or "inputs"): a well-formed body through
     parse_arrays (ids as arrays), any other through parse_body, whose answer or error (InputError, TooLarge) is the
-    reference."""
+    reference, inside the context manager slow_path."""
     body = _check_value_count(body, max_instances, max_ids, values_per_instance)
     parsed = parse_arrays(body, id_names, dense_names, max_instances, max_ids)
     if parsed is not None:
         return parsed
-    return parse_body(body, max_instances, max_ids, values_per_instance)
+    with slow_path:
+        return parse_body(body, max_instances, max_ids, values_per_instance)
 
 
 def _values_per_instance(model):
@@ -311,11 +348,14 @@ class Ranker:
       max_instances: most instances in one request (beyond: TooLarge, HTTP 413).
       max_ids: most ids (integer literals) in one request body, counted while it is parsed (beyond: TooLarge).
       answer_timeout_s: how long a request waits for the batcher's answer (beyond: HTTP 503).
+      slow_path_switch_s: Python's thread switch interval while a request the fast parser refused is parsed and
+        checked (read's reference path; 0: Python's own), see _ShortSlices.
     """
 
     def __init__(self, model, cache=None, max_batch=1024, batch_wait_s=0.0, max_queue=256, max_instances=4096,
-                 max_ids=1 << 18, answer_timeout_s=30.0):
+                 max_ids=1 << 18, answer_timeout_s=30.0, slow_path_switch_s=DEFAULT_SLOW_PATH_SWITCH_S):
         self.model, self.cache = model, cache
+        self.short_slices = _ShortSlices(slow_path_switch_s)
         self.max_batch, self.batch_wait_s, self.max_instances = max_batch, batch_wait_s, max_instances
         self.max_ids, self.answer_timeout_s = max_ids, answer_timeout_s
         self.values_per_instance = _values_per_instance(model)
@@ -337,9 +377,9 @@ class Ranker:
         """A predict request's body (bytes) -> (columnar inputs, "instances" or "inputs"); InputError or TooLarge.
 
         A well-formed body is parsed straight into arrays (parse_arrays); any other goes through parse_body, whose
-        answer and errors are the reference."""
+        answer and errors are the reference, in short thread slices (slow_path_switch_s)."""
         return parse_request(body, self._id_names, self._dense_names, self.max_instances, self.max_ids,
-                             self.values_per_instance)
+                             self.values_per_instance, slow_path=self.short_slices)
 
     def prepare(self, inputs):
         """Checks a request's columnar inputs -> (flats, dense, batch); InputError naming the field."""
@@ -613,6 +653,9 @@ def make_handler(ranker, name, max_body_bytes, idle_timeout_s=30.0, read_timeout
                 if self.reader.evicted:
                     ranker.count("idle_closed")
 
+        suspect = False  # whether this connection was answered a 4xx: its requests then run in short slices
+        _in_short_slices = False
+
         def handle_one_request(self):
             self.reader.await_request(idle_timeout_s, read_timeout_s)
             # What an answer needs should the request line itself come too late (parse_request sets them otherwise).
@@ -625,9 +668,16 @@ def make_handler(ranker, name, max_body_bytes, idle_timeout_s=30.0, read_timeout
                     self._error(408, f"the request was not received within --read-timeout-s ({read_timeout_s:g} s)")
                 else:
                     ranker.count("idle_closed")
+            finally:
+                if self._in_short_slices:
+                    self._in_short_slices = False
+                    ranker.short_slices.__exit__(None, None, None)
 
         def parse_request(self):
             self.reader.begin_request()
+            if self.suspect:  # from its request line to its answer (not while it waits for the next request)
+                ranker.short_slices.__enter__()
+                self._in_short_slices = True
             if not super().parse_request():
                 return False
             if self.request_version == "HTTP/0.9":  # its answers carry no status line: a client could not tell errors
@@ -648,6 +698,7 @@ def make_handler(ranker, name, max_body_bytes, idle_timeout_s=30.0, read_timeout
 
         def _error(self, status, message):
             ranker.count(f"errors_{status}" if status in (400, 408, 411, 413, 503, 500) else "errors_400")
+            self.suspect = self.suspect or 400 <= status < 500
             if len(message) > MAX_ERROR_CHARS:
                 message = message[:MAX_ERROR_CHARS] + " [...]"
             self._send(status, {"error": message})
@@ -787,6 +838,10 @@ def parse_args(argv=None):
                    help="a request not received this long after its first byte gets HTTP 408 (and an answer not "
                         "taken within it drops the connection)")
     p.add_argument("--io-threads", type=int, default=8, help="threads sending lookups to the servers")
+    p.add_argument("--slow-path-switch-ms", type=float, default=DEFAULT_SLOW_PATH_SWITCH_S * 1000,
+                   help="Python's thread switch interval while a request the fast parser refuses (a malformed one) is "
+                        "parsed and checked, so that a client sending those does not delay the others' (0: Python's "
+                        "own, 5 ms)")
     p.add_argument("--timeout-s", type=float, default=5.0, help="a lookup's deadline (credit wait included)")
     p.add_argument("--publish-port", type=int,
                    help="take published versions (rows on the servers, dense weights here) from a trainer on this "
@@ -806,8 +861,8 @@ def parse_args(argv=None):
     for flag in ("max_body_mb", "timeout_s", "idle_timeout_s", "read_timeout_s"):
         if not getattr(args, flag) > 0:
             p.error(f"--{flag.replace('_', '-')} must be > 0")
-    if args.cache_mb < 0 or args.batch_wait_ms < 0:
-        p.error("--cache-mb, --batch-wait-ms must be >= 0")
+    if args.cache_mb < 0 or args.batch_wait_ms < 0 or args.slow_path_switch_ms < 0:
+        p.error("--cache-mb, --batch-wait-ms, --slow-path-switch-ms must be >= 0")
     return args
 
 
@@ -851,7 +906,8 @@ def build(args):
                              f"ranker starts at (they hold {sorted(set(v for h in lacking.values() for v in h))}): "
                              f"start it with --catch-up LOG (the trainer's --publish-log), or the servers anew")
     return Ranker(model, cache, max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1000,
-                  max_queue=args.max_queue, max_instances=args.max_instances, max_ids=args.max_ids)
+                  max_queue=args.max_queue, max_instances=args.max_instances, max_ids=args.max_ids,
+                  slow_path_switch_s=args.slow_path_switch_ms / 1000)
 
 
 def make_server(ranker, args):
