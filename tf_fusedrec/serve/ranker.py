@@ -66,7 +66,8 @@ _EVICTION_WAIT_S = 1.0
 # How long a connection refused before its body was read goes on reading (and dropping) what the client still sends:
 # closing a socket with unread bytes resets the connection, and the client could lose the answer that says why.
 _LINGER_S = 1.0
-# Python's thread switch interval while a refused request is parsed and checked (--slow-path-switch-ms).
+# Python's thread switch interval while a body the fast parser refused is parsed, and while a connection that was
+# answered a 4xx is served (--slow-path-switch-ms).
 DEFAULT_SLOW_PATH_SWITCH_S = 2e-5
 
 
@@ -348,8 +349,9 @@ class Ranker:
       max_instances: most instances in one request (beyond: TooLarge, HTTP 413).
       max_ids: most ids (integer literals) in one request body, counted while it is parsed (beyond: TooLarge).
       answer_timeout_s: how long a request waits for the batcher's answer (beyond: HTTP 503).
-      slow_path_switch_s: Python's thread switch interval while a request the fast parser refused is parsed and
-        checked (read's reference path; 0: Python's own), see _ShortSlices.
+      slow_path_switch_s: Python's thread switch interval while a body the fast parser refused is parsed (parse's
+        reference path) and while the handler serves a connection that was answered a 4xx (0: Python's own; never
+        longer than Python's own), see _ShortSlices.
     """
 
     def __init__(self, model, cache=None, max_batch=1024, batch_wait_s=0.0, max_queue=256, max_instances=4096,
@@ -839,9 +841,9 @@ def parse_args(argv=None):
                         "taken within it drops the connection)")
     p.add_argument("--io-threads", type=int, default=8, help="threads sending lookups to the servers")
     p.add_argument("--slow-path-switch-ms", type=float, default=DEFAULT_SLOW_PATH_SWITCH_S * 1000,
-                   help="Python's thread switch interval while a request the fast parser refuses (a malformed one) is "
-                        "parsed and checked, so that a client sending those does not delay the others' (0: Python's "
-                        "own, 5 ms)")
+                   help="Python's thread switch interval while a body the fast parser refuses (a malformed one) is "
+                        "parsed and while a connection that was answered a 4xx is served, so that a client sending "
+                        "those does not delay the others' requests (0: Python's own, 5 ms)")
     p.add_argument("--timeout-s", type=float, default=5.0, help="a lookup's deadline (credit wait included)")
     p.add_argument("--publish-port", type=int,
                    help="take published versions (rows on the servers, dense weights here) from a trainer on this "
