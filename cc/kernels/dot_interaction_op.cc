@@ -382,14 +382,16 @@ float* AllocatePairs(OpKernelContext* ctx, int64_t batch, int64_t f, int64_t d) 
   return ys;
 }
 
-// Checks grad [B, P] (`x` describes the vectors in the error) and allocates x_grad of `shape`; returns its data, or
-// nullptr when nothing is left to compute: an error, no element, or no pair (x_grad all 0, written here).
-float* AllocateXGrad(OpKernelContext* ctx, const Tensor& grad, int64_t batch, int64_t f, const std::string& x,
+// Checks grad [B, P] (describe_x() names the vectors in the error, called only then) and allocates x_grad of
+// `shape`; returns its data, or nullptr when nothing is left to compute: an error, no element, or no pair (x_grad
+// all 0, written here).
+template <typename DescribeX>
+float* AllocateXGrad(OpKernelContext* ctx, const Tensor& grad, int64_t batch, int64_t f, DescribeX describe_x,
                      const TensorShape& shape) {
   const int64_t pairs = f * (f - 1) / 2;
   if (grad.dims() != 2 || grad.dim_size(0) != batch || grad.dim_size(1) != pairs) {
-    ctx->CtxFailure(errors::InvalidArgument("grad must have shape [", batch, ", ", pairs, "] (", x, "), got ",
-                                            grad.shape().DebugString()));
+    ctx->CtxFailure(errors::InvalidArgument("grad must have shape [", batch, ", ", pairs, "] (", describe_x(),
+                                            "), got ", grad.shape().DebugString()));
     return nullptr;
   }
   Tensor* dx = nullptr;
@@ -444,7 +446,7 @@ class DotInteractionGradOp : public OpKernel {
     const Tensor& x = ctx->input(1);
     int64_t batch, f, d;
     if (!Dims(ctx, x, feature_major_, &batch, &f, &d)) return;
-    float* dxs = AllocateXGrad(ctx, grad, batch, f, "x " + x.shape().DebugString(), x.shape());
+    float* dxs = AllocateXGrad(ctx, grad, batch, f, [&] { return "x " + x.shape().DebugString(); }, x.shape());
     if (dxs == nullptr) return;
     const int64_t pairs = f * (f - 1) / 2;
     const float* gs = grad.flat<float>().data();
@@ -492,8 +494,9 @@ class DotInteractionNGradOp : public OpKernel {
     std::vector<const float*> bases;
     if (!ListDims(ctx, &xs, &batch, &d, &bases)) return;
     const int64_t f = xs.size();
-    float* dxs = AllocateXGrad(ctx, grad, batch, f, std::to_string(f) + " tensors " + xs[0].shape().DebugString(),
-                               TensorShape({f, batch, d}));
+    float* dxs = AllocateXGrad(
+        ctx, grad, batch, f, [&] { return std::to_string(f) + " tensors " + xs[0].shape().DebugString(); },
+        TensorShape({f, batch, d}));
     if (dxs == nullptr) return;
     const std::vector<int64_t> row_start = RowStarts(f);
     BackwardGathered(ctx, grad.flat<float>().data(), bases, batch, d, row_start.data(), dxs);
