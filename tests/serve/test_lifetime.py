@@ -2,7 +2,9 @@
 (tf_fusedrec/serve/lifetime.py), so a killed test run leaves no server behind; without it a server outlives its
 parent, as one started by hand or by a supervisor must."""
 
+import ctypes
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import time
 import pytest
 
 from tests.serve import serve_fixtures
+from tests.serve.test_ranker import start, stop
 from tests.subprocess_runner import ROOT, child_env
 
 # The parent: starts an embedding server with the environment it was given, prints its pid and dies (os._exit: no
@@ -82,3 +85,47 @@ def test_a_volley_of_sigterms_stops_a_server(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def signal_thread(pid, tid, sig):
+    """Sends sig to thread tid of process pid only (tgkill), as Linux may deliver a signal sent to the process."""
+    number = {"x86_64": 234, "aarch64": 131}[platform.machine()]  # SYS_tgkill (glibc has no wrapper before 2.30)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(number, pid, tid, int(sig)) != 0:
+        raise OSError(ctypes.get_errno(), f"tgkill({pid}, {tid}, {sig})")
+
+
+@pytest.mark.parametrize("program", ["embedding_server", "ranker"])
+def test_a_sigterm_received_by_any_thread_stops_a_server(tmp_path, tmp_path_factory, program):
+    """Linux delivers a process's SIGTERM (kill, or the parent's death signal) to any thread that does not block it,
+    a gRPC or handler thread too; CPython runs the Python handler only once the main thread runs Python code. An
+    embedding server whose main thread waited without a timeout ignored such a SIGTERM forever (seen as a server
+    that outlived its parent in CI). The first and the last thread each get one, in a server of its own."""
+    if program == "embedding_server":
+        export = serve_fixtures.write_fake_export(str(tmp_path / "export"), keys_per_feature=20)
+        cmd = ["tf_fusedrec.serve.embedding_server", "--export", export, "--port", "0"]
+    else:
+        export = serve_fixtures.trained_export(tmp_path_factory)
+        server = start(["tf_fusedrec.serve.embedding_server", "--export", export, "--port",
+                        str(port := serve_fixtures.reserved_port())])
+        cmd = ["tf_fusedrec.serve.ranker", "--export", export, "--servers", f"127.0.0.1:{port}", "--port", "0"]
+    try:
+        for which in (0, -1):  # the first thread started (at import) and the last (serving)
+            proc = start(cmd)
+            threads = sorted(int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid)
+            assert threads, f"{program} runs no thread but its main one"
+            tid = threads[which]
+            try:
+                signal_thread(proc.pid, tid, signal.SIGTERM)
+                try:
+                    status = proc.wait(timeout=WAIT_S)
+                except subprocess.TimeoutExpired:
+                    status = None
+                assert status in (0, -signal.SIGTERM), (
+                    f"{program}: a SIGTERM to thread {tid} (of {len(threads) + 1}) did not stop it in {WAIT_S} s"
+                    if status is None else f"{program}: exit status {status} after a SIGTERM to thread {tid}")
+            finally:
+                stop(proc, signal.SIGKILL)
+    finally:
+        if program == "ranker":
+            stop(server)

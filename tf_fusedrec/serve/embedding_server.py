@@ -82,6 +82,8 @@ _RESULT_FRAMING_BYTES = 96
 # The LookupResponse's version field, at most: its tag and a 64-bit varint.
 _VERSION_FIELD_BYTES = 11
 MB = 1 << 20
+# How often main()'s thread wakes to run a signal handler that another thread received (see main()).
+SIGNAL_POLL_S = 0.2
 # The version loaded from the export at start; a publisher's first version is 1.
 EXPORT_VERSION = 0
 
@@ -674,6 +676,9 @@ def main(argv=None):
     # The handler only has the event set, from a thread of its own: the main thread, not a signal handler, runs the
     # shutdown, and a handler that took the event's lock itself could interrupt the main thread while it holds that
     # lock inside stop.wait() (a second SIGTERM, say the parent's death signal after a test's) and wait for it forever.
+    # The main thread waits in short slices (below): Linux may deliver a SIGTERM sent to the process to any of its
+    # threads (gRPC's, say), and CPython then runs the handler only when the main thread next runs Python code, which
+    # a main thread blocked in an untimed wait never does: such a server ignored its parent's death.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: threading.Thread(target=stop.set, daemon=True).start())
     lifetime.exit_with_parent()
@@ -690,7 +695,8 @@ def main(argv=None):
     try:  # the gRPC threads keep the process alive: they stop whatever ends this (a print to a closed pipe too)
         print(server.describe(), file=sys.stderr, flush=True)
         print("ready", flush=True)
-        stop.wait()
+        while not stop.wait(SIGNAL_POLL_S):
+            pass
     finally:
         server.stop(grace=2.0)
     print("embedding_server: stopped", file=sys.stderr, flush=True)
