@@ -10,6 +10,7 @@
 #include "cc/kernels/kernel_util.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
+#include "tensorflow/core/framework/tensor_shape.h"
 
 namespace tensorflow {
 namespace fusedrec {
@@ -33,30 +34,45 @@ std::vector<int32_t>& ThreadPositions() {
   return positions;
 }
 
+// Each hot pair's position in hot_keys (FusedSenderHot), collected before its output can be allocated.
+std::vector<int32_t>& ThreadHotPositions() {
+  static thread_local std::vector<int32_t> positions;
+  return positions;
+}
+
 }  // namespace
 
 template <typename K>
 struct FusedSenderFunctor<CPUDevice, K> {
   Status operator()(OpKernelContext* ctx, const Tensor& keys, const Tensor& segment_ids, int64_t num_ranks,
-                    int64_t num_segments, SenderWire wire) {
+                    int64_t num_segments, SenderWire wire, const Tensor* hot_keys) {
     return WithUniquePairs<K>(ctx, keys, segment_ids, /*inverse_index=*/2, [&](const impl::PairSet<K>& unique) {
       std::vector<int32_t>& positions = ThreadPositions();
-      const Status status = Route(ctx, unique, num_ranks, num_segments, wire, &positions);
+      std::vector<int32_t>& hot_positions = ThreadHotPositions();
+      const Status status = Route(ctx, unique, num_ranks, num_segments, wire, hot_keys, &positions, &hot_positions);
       if (positions.capacity() > impl::kMaxRetainedSlots) std::vector<int32_t>().swap(positions);
+      if (hot_positions.capacity() > impl::kMaxRetainedSlots) std::vector<int32_t>().swap(hot_positions);
       return status;
     });
   }
 
   // The partition and the encoding work on the unique pairs (few next to N); only the last pass, which turns the
   // dedup's inverse (already in output 2) into the recover index, runs over every fused position.
+  //
+  // hot_keys (FusedSenderHot; nullptr for FusedSender): sorted unified keys of a replicated hot set. A unique pair
+  // whose unified key (the packed message word, or HashedUnifiedKey for the pair wire) is among them is not sent:
+  // its recover index points past the message (message length + its rank among the hot pairs, first-occurrence
+  // order), its position in hot_keys goes to output 4, and it counts in no split or segment count.
   static Status Route(OpKernelContext* ctx, const impl::PairSet<K>& unique, int64_t num_ranks, int64_t num_segments,
-                      SenderWire wire, std::vector<int32_t>* positions) {
+                      SenderWire wire, const Tensor* hot_keys, std::vector<int32_t>* positions,
+                      std::vector<int32_t>* hot_positions) {
     const int64_t u = unique.size();
     const bool packed = wire == SenderWire::kPacked;
     const int key_bits = 63 - impl::PackedSegmentBits(num_segments);
     const int64_t key_limit = int64_t{1} << key_bits;
-    Tensor *message = nullptr, *splits = nullptr, *segment_counts = nullptr;
-    TF_RETURN_IF_ERROR(ctx->allocate_output(0, packed ? TensorShape({u}) : TensorShape({u, 2}), &message));
+    const int64* hot_begin = hot_keys == nullptr ? nullptr : hot_keys->flat<int64>().data();
+    const int64* hot_end = hot_keys == nullptr ? nullptr : hot_begin + hot_keys->NumElements();
+    Tensor *splits = nullptr, *segment_counts = nullptr;
     TF_RETURN_IF_ERROR(ctx->allocate_output(1, TensorShape({num_ranks}), &splits));
     TF_RETURN_IF_ERROR(ctx->allocate_output(3, TensorShape({num_segments}), &segment_counts));
     auto split = splits->flat<int32>();
@@ -64,16 +80,37 @@ struct FusedSenderFunctor<CPUDevice, K> {
     split.setZero();
     counts.setZero();
 
-    // Pass 1: the owner of every unique pair (held in `positions` until pass 2), per-rank and per-segment counts.
+    // Pass 1: the owner of every sent unique pair, or -(its rank among the hot pairs) - 1 for a hot one (held in
+    // `positions` until pass 2); per-rank and per-segment counts of the sent pairs.
     positions->resize(u);
+    hot_positions->clear();
     int32_t* pos = positions->data();
     for (int64_t j = 0; j < u; ++j) {
       const auto& e = unique.entries[j];
       const int64_t key = static_cast<int64_t>(e.key);
       if (packed && (key < 0 || key >= key_limit)) return UnpackableKeyError(key, e.segment, num_segments, key_bits);
+      if (hot_begin != hot_end) {
+        const int64_t unified =
+            packed ? impl::PackedUnifiedKey(key, e.segment, key_bits) : impl::HashedUnifiedKey(key, e.segment);
+        const int64* at = std::lower_bound(hot_begin, hot_end, unified);
+        if (at != hot_end && *at == unified) {
+          pos[j] = -1 - static_cast<int32_t>(hot_positions->size());
+          hot_positions->push_back(static_cast<int32_t>(at - hot_begin));
+          continue;
+        }
+      }
       pos[j] = impl::OwnerOf(key, static_cast<uint64_t>(num_ranks));
       ++split(pos[j]);
       ++counts(e.segment);
+    }
+    const int64_t num_hot = static_cast<int64_t>(hot_positions->size());
+    const int64_t sent = u - num_hot;
+    Tensor* message = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(0, packed ? TensorShape({sent}) : TensorShape({sent, 2}), &message));
+    if (hot_keys != nullptr) {
+      Tensor* hot_position = nullptr;
+      TF_RETURN_IF_ERROR(ctx->allocate_output(4, TensorShape({num_hot}), &hot_position));
+      std::copy(hot_positions->begin(), hot_positions->end(), hot_position->flat<int32>().data());
     }
     std::vector<int64_t> next(num_ranks);
     for (int64_t r = 0, running = 0; r < num_ranks; ++r) {
@@ -81,9 +118,14 @@ struct FusedSenderFunctor<CPUDevice, K> {
       running += split(r);
     }
 
-    // Pass 2: a stable scatter by owner (PartitionByOwner's order), encoding each pair where it lands.
+    // Pass 2: a stable scatter by owner (PartitionByOwner's order), encoding each sent pair where it lands; a hot
+    // pair's place is after the message.
     int64* out = message->flat<int64>().data();
     for (int64_t j = 0; j < u; ++j) {
+      if (pos[j] < 0) {
+        pos[j] = static_cast<int32_t>(sent - 1 - pos[j]);  // sent + its rank among the hot pairs (-1 - pos[j])
+        continue;
+      }
       const auto& e = unique.entries[j];
       const int64_t p = next[pos[j]]++;
       pos[j] = static_cast<int32_t>(p);
@@ -106,7 +148,7 @@ struct FusedSenderFunctor<CPUDevice, K> {
   }
 };
 
-template <typename Device, typename K>
+template <typename Device, typename K, bool kHot>
 class FusedSenderOp : public OpKernel {
  public:
   explicit FusedSenderOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -131,7 +173,20 @@ class FusedSenderOp : public OpKernel {
     const Tensor& segment_ids = ctx->input(1);
     OP_REQUIRES_OK(ctx, CheckKeysAndSegments(keys, segment_ids));
     OP_REQUIRES_OK(ctx, CheckSegmentRange(segment_ids, num_segments_));
-    OP_REQUIRES_OK(ctx, (FusedSenderFunctor<Device, K>()(ctx, keys, segment_ids, num_ranks_, num_segments_, wire_)));
+    const Tensor* hot_keys = nullptr;
+    if (kHot) {
+      hot_keys = &ctx->input(2);
+      OP_REQUIRES(ctx, TensorShapeUtils::IsVector(hot_keys->shape()),
+                  errors::InvalidArgument("hot_keys must be a vector, got shape ", hot_keys->shape().DebugString()));
+      const auto hot = hot_keys->flat<int64>();
+      for (int64_t i = 1; i < hot.size(); ++i) {
+        OP_REQUIRES(ctx, hot(i - 1) < hot(i),
+                    errors::InvalidArgument("hot_keys must be sorted ascending without repeats: hot_keys[", i - 1,
+                                            "] = ", hot(i - 1), ", hot_keys[", i, "] = ", hot(i)));
+      }
+    }
+    OP_REQUIRES_OK(ctx, (FusedSenderFunctor<Device, K>()(ctx, keys, segment_ids, num_ranks_, num_segments_, wire_,
+                                                         hot_keys)));
   }
 
  private:
@@ -143,7 +198,10 @@ class FusedSenderOp : public OpKernel {
 #define REGISTER_CPU(K)                                                                  \
   REGISTER_KERNEL_BUILDER(                                                               \
       Name("FusedRec>FusedSender").Device(DEVICE_CPU).TypeConstraint<K>("T"),            \
-      FusedSenderOp<CPUDevice, K>);
+      FusedSenderOp<CPUDevice, K, false>);                                               \
+  REGISTER_KERNEL_BUILDER(                                                               \
+      Name("FusedRec>FusedSenderHot").Device(DEVICE_CPU).TypeConstraint<K>("T"),         \
+      FusedSenderOp<CPUDevice, K, true>);
 REGISTER_CPU(int32);
 REGISTER_CPU(int64_t);
 #undef REGISTER_CPU

@@ -36,6 +36,15 @@ Status FusedSenderShape(InferenceContext* c) {
   return OkStatus();
 }
 
+// As FusedSenderShape, with hot_keys [T] -> a fifth output, hot_position [h].
+Status FusedSenderHotShape(InferenceContext* c) {
+  TF_RETURN_IF_ERROR(FusedSenderShape(c));
+  ShapeHandle hot_keys;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &hot_keys));
+  c->set_output(4, c->Vector(c->UnknownDim()));
+  return OkStatus();
+}
+
 }  // namespace
 
 REGISTER_OP("FusedRec>FusedSender")
@@ -58,6 +67,30 @@ message[j] = (segment << (63 - b)) | key with b = max(1, ceil(log2(num_segments)
 with wire 'pair', message[j] = [key, segment]. splits[r] is the number of pairs owned by rank r; recover_index[i]
 is the position in message of the pair at fused position i; segment_counts[s] is the number of unique pairs of
 segment s. segment_ids must lie in [0, num_segments).
+)doc");
+
+REGISTER_OP("FusedRec>FusedSenderHot")
+    .Input("keys: T")
+    .Input("segment_ids: int32")
+    .Input("hot_keys: int64")
+    .Output("message: int64")
+    .Output("splits: int32")
+    .Output("recover_index: int32")
+    .Output("segment_counts: int64")
+    .Output("hot_position: int32")
+    .Attr("T: {int32, int64}")
+    .Attr("num_ranks: int")
+    .Attr("num_segments: int")
+    .Attr("wire: {'packed', 'pair'} = 'packed'")
+    .SetShapeFn(FusedSenderHotShape)
+    .Doc(R"doc(
+FusedSender for a group with a replicated hot set: hot_keys holds the set's unified keys, sorted ascending without
+repeats (the packed word for wire 'packed', HashedUnifiedKey(key, segment) for wire 'pair', as CategoryUnique forms
+them). A unique pair whose unified key is in hot_keys is not sent: message, splits and segment_counts hold the other
+(cold) pairs only, as FusedSender of the cold pairs would; the h hot pairs, in first-occurrence order, get
+recover_index values C, C + 1, ..., C + h - 1 past the message's C pairs, and hot_position[k] is the k-th hot
+pair's position in hot_keys. Equal to the chain SegmentUnique, a searchsorted of the unified keys in hot_keys, then
+FusedSender's partition and encoding of the cold pairs.
 )doc");
 
 }  // namespace fusedrec

@@ -24,7 +24,7 @@ What differs between modes is chosen once, when the object is built, never per b
   paper's "TFRA-fused" ablation: the category is hashed into the key before sending, and is lost at the owner),
 * hot-row replication: a ``HotReplica`` composed into ``FusedGroupLookup`` (HypeReca's two-fold parallelism,
   tf_fusedrec/distributed/replication.py) serves the pairs of a replicated hot set from every worker's own copy; only
-  the cold rest is sharded and sent.
+  the cold rest is sharded and sent (with the fused sender, ``ops.fused_sender_hot`` classifies and sends in one op).
 
 Collective names are ``{prefix}/{keys|embeddings}/slot{slot}``: deterministic, equal on every worker, and distinct for
 the batches (or micro-batches) a pipeline keeps in flight at once.
@@ -321,8 +321,9 @@ class FusedGroupLookup(GroupLookup):
       dedup: "segment" (segment unique before sending) or "none" (send duplicates; the owner still deduplicates).
       fused_sender: with segment dedup over an all-to-all, send through FusedSender (one op) rather than ChainSender
         (the op chain it replaces, bit-identical); None: FUSED_SENDER.
-      hot: a HotReplica (hot-row replication): its pairs are served from every worker's copy and never sent; the
-        cold rest goes through the dedup and the route as separate ops (the fused sender does not classify).
+      hot: a HotReplica (hot-row replication): its pairs are served from every worker's copy and never sent. With
+        the fused sender, one op (ops.fused_sender_hot) also classifies the unique pairs and sends the cold ones;
+        otherwise the dedup, the classification and the route are separate ops (its reference).
     """
 
     def __init__(self, group, table, comm, prefix, dedup="segment", fused_sender=None, hot=None, fused_output=None):
@@ -334,11 +335,13 @@ class FusedGroupLookup(GroupLookup):
         self._dedup = segment_dedup if dedup == "segment" and comm.size > 1 else no_dedup
         self._sent_are_looked_up = dedup == "segment" and comm.size == 1
         fused_sender = FUSED_SENDER if fused_sender is None else fused_sender
+        self._fused_hot = bool(fused_sender and self._dedup is segment_dedup and hot is not None)
         if fused_sender and self._dedup is segment_dedup and hot is None:
             self._sender = FusedSender(comm, wire, group.num_categories)
         else:
             self._sender = ChainSender(self._dedup, self._route, group.num_categories,
                                        count_sent=not self._sent_are_looked_up)
+        self._wire = wire
 
     def input_dist(self, ids_per_feature, slot=0, send_after=()):
         keys, segments, feature_sizes = fuse(ids_per_feature, self.group.feature_categories)
@@ -348,7 +351,8 @@ class FusedGroupLookup(GroupLookup):
                                                                                          send_after)
             hot = self._no_hot()
         else:
-            ids, received_segments, splits, recover_index, sent, hot = self._send_cold_keys(
+            send_cold = self._send_cold_keys_fused if self._fused_hot else self._send_cold_keys
+            ids, received_segments, splits, recover_index, sent, hot = send_cold(
                 keys, segments, feature_sizes, name, slot, send_after)
         owner = self._owner_unique(ids, received_segments)
         sent = owner[-1] if self._sent_are_looked_up else sent
@@ -397,6 +401,30 @@ class FusedGroupLookup(GroupLookup):
             recover_index = tf.gather(buffer_position, inverse)
             hot_hits = _count(indexing.masked(tf.gather(is_hot, inverse), fused_features), num_features)
         return (ids, received_segments, splits, recover_index, _count(cold_segments, num_categories),
+                (touched_keys, hot_index, hot_hits))
+
+    def _send_cold_keys_fused(self, keys, segments, feature_sizes, name, slot, send_after):
+        """_send_cold_keys with one op before the keys all-to-all (ops.fused_sender_hot): the same outputs, bit for
+        bit, without the chain's dedup, classification and partition as separate ops and their gathers."""
+        num_features = len(self.group.feature_names)
+        hot_keys = self.hot.hot_set.keys.read_value()  # read once: the sender and touched see the same set
+        out = ops.fused_sender_hot(keys, segments, hot_keys, self.comm.size, self.group.num_categories,
+                                   self._wire.name, name="fused_sender_hot")
+        message = out.message
+        if send_after:
+            with tf.control_dependencies(list(send_after)):
+                message = tf.identity(message)
+        received, splits = self.comm.alltoall(message, out.splits, name=name)
+        ids, received_segments = self._wire.decode(received)
+        with tf.name_scope("hot_rows"):
+            touched_keys, hot_index = self.hot.touched(out.hot_position, hot_keys, self.comm,
+                                                       slot_name(self.prefix, "hot", slot))
+            # A fused position is hot when its recover index points past the message (the local hot rows follow).
+            is_hot = out.recover_index >= tf.shape(message, out_type=tf.int32)[0]
+            fused_features = indexing.repeat(tf.range(num_features, dtype=tf.int32), feature_sizes,
+                                             row_ids=ops.row_ids)
+            hot_hits = _count(indexing.masked(is_hot, fused_features), num_features)
+        return (ids, received_segments, splits, out.recover_index, out.segment_counts,
                 (touched_keys, hot_index, hot_hits))
 
     def _owner_unique(self, ids, received_segments):

@@ -10,7 +10,7 @@ from tf_fusedrec.ops.category_unique_ops import (
 )
 from tf_fusedrec.ops.dot_interaction_ops import dot_interaction
 from tf_fusedrec.ops.fuse_ids_ops import fuse_ids
-from tf_fusedrec.ops.fused_sender_ops import FusedSenderResult, fused_sender
+from tf_fusedrec.ops.fused_sender_ops import FusedSenderHotResult, FusedSenderResult, fused_sender, fused_sender_hot
 from tf_fusedrec.ops.gather_segment_sum_ops import gather_segment_sum
 from tf_fusedrec.ops.hashed_rows_ops import hashed_rows
 from tf_fusedrec.ops.native_table_ops import (
@@ -40,6 +40,7 @@ from tf_fusedrec.ops.upper_triangle_ops import upper_triangle
 
 __all__ = [
     "CategoryUniqueResult",
+    "FusedSenderHotResult",
     "FusedSenderResult",
     "NativeTableAccessStatus",
     "NativeTableConfig",
@@ -55,6 +56,7 @@ __all__ = [
     "dot_interaction",
     "fuse_ids",
     "fused_sender",
+    "fused_sender_hot",
     "gather_segment_sum",
     "hashed_rows",
     "library_path",

@@ -24,6 +24,9 @@ WIRES = ("packed", "pair")
 FusedSenderResult = collections.namedtuple(
     "FusedSenderResult", ["message", "splits", "recover_index", "segment_counts"]
 )
+FusedSenderHotResult = collections.namedtuple(
+    "FusedSenderHotResult", ["message", "splits", "recover_index", "segment_counts", "hot_position"]
+)
 
 
 def fused_sender(keys, segment_ids, num_ranks, num_segments, wire="packed", name=None):
@@ -64,3 +67,38 @@ def fused_sender(keys, segment_ids, num_ranks, num_segments, wire="packed", name
 
 
 tf.no_gradient("FusedRec>FusedSender")
+
+
+def fused_sender_hot(keys, segment_ids, hot_keys, num_ranks, num_segments, wire="packed", name=None):
+    """fused_sender for a group with a replicated hot set: the pairs of the set stay home.
+
+    Args:
+      keys, segment_ids, num_ranks, num_segments, wire, name: as fused_sender.
+      hot_keys: int64 [T], the hot set's unified keys, sorted ascending without repeats: the packed word
+        (segment << packed_key_bits(num_segments)) | key for wire "packed", the hashed encoding of category_unique
+        for wire "pair" (the group's encoding decides both).
+
+    Returns:
+      FusedSenderHotResult: message, splits and segment_counts as fused_sender of the cold (not hot) unique pairs;
+      recover_index: int32 [N], the pair's position in message, or C + k (C = the message's pairs) for the k-th hot
+      pair in first-occurrence order; hot_position: int32 [h], the position in hot_keys of each hot pair, in that
+      order. Equal to the chain segment_unique, a searchsorted of the unified keys, fused_sender of the cold pairs
+      (tf_fusedrec.ops.reference.fused_sender_hot).
+
+    Raises:
+      As fused_sender; InvalidArgumentError for hot_keys that are not a vector or not strictly ascending (naming
+      the first two out of order).
+    """
+    if wire not in WIRES:
+        raise ValueError(f"wire must be one of {WIRES}, got {wire!r}")
+    with tf.name_scope(name or "fused_sender_hot"):
+        keys = convert_keys(keys)
+        segment_ids = convert_segment_ids(segment_ids)
+        hot_keys = tf.convert_to_tensor(hot_keys, tf.int64)
+        out = load_ops().fused_rec_fused_sender_hot(
+            keys, segment_ids, hot_keys, num_ranks=int(num_ranks), num_segments=int(num_segments), wire=wire
+        )
+        return FusedSenderHotResult(*out)
+
+
+tf.no_gradient("FusedRec>FusedSenderHot")

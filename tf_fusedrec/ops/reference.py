@@ -25,6 +25,7 @@ __all__ = [
     "category_unique",
     "decode_unified_keys",
     "fused_sender",
+    "fused_sender_hot",
     "packed_bits",
     "float16_rounding_bits",
     "stochastic_float16",
@@ -208,6 +209,35 @@ def fused_sender(keys, segment_ids, num_ranks, num_segments, wire="packed"):
     position[part.order] = np.arange(part.order.shape[0], dtype=np.int32)
     segment_counts = np.bincount(su.unique_segment_ids, minlength=num_segments).astype(np.int64)
     return FusedSenderResult(message, part.splits, position[su.inverse], segment_counts)
+
+
+def fused_sender_hot(keys, segment_ids, hot_keys, num_ranks, num_segments, wire="packed"):
+    """fused_sender with a replicated hot set, written as the chain it fuses (the hot layer's sender before the
+    op): segment_unique, the unified key of each unique pair (category_unique's packed or hashed encoding, by the
+    wire), searchsorted in hot_keys, then fused_sender's partition and encoding of the cold pairs only; the hot pairs'
+    recover index is past the message, in first-occurrence order. -> (message, splits, recover_index,
+    segment_counts, hot_position)."""
+    hot_keys = np.asarray(hot_keys, np.int64).reshape(-1)
+    if hot_keys.size > 1 and not np.all(hot_keys[1:] > hot_keys[:-1]):
+        raise ValueError("hot_keys must be sorted ascending without repeats")
+    keys = _as_key_array(keys)
+    segment_ids = _as_segment_array(segment_ids, keys.shape[0])
+    su = segment_unique(keys, segment_ids)
+    if su.unique_keys.size:
+        unified = category_unique(su.unique_keys, su.unique_segment_ids, num_segments,
+                                  "packed" if wire == "packed" else "hashed").unified_keys
+    else:
+        unified = np.zeros([0], np.int64)
+    position = np.searchsorted(hot_keys, unified, side="left").astype(np.int32)
+    is_hot = (position < hot_keys.size) & (np.append(hot_keys, 0)[position] == unified)
+    cold = np.flatnonzero(~is_hot)
+    sent = fused_sender(su.unique_keys[cold], su.unique_segment_ids[cold], num_ranks, num_segments, wire)
+    # sent.recover_index[c] is the message position of the c-th cold pair (fused_sender of distinct pairs).
+    buffer_position = np.empty(su.unique_keys.shape[0], np.int32)
+    buffer_position[cold] = sent.recover_index
+    buffer_position[is_hot] = sent.message.shape[0] + np.arange(int(is_hot.sum()), dtype=np.int32)
+    return (sent.message, sent.splits, buffer_position[su.inverse], sent.segment_counts,
+            position[is_hot].astype(np.int32))
 
 
 # ----------------------------------------------------------------------------------------------------------------
