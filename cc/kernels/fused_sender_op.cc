@@ -28,6 +28,20 @@ Status UnpackableKeyError(int64_t key, int32_t segment, int64_t num_segments, in
                                  "); use encoding='hashed' for ids that need more bits or are negative");
 }
 
+// The first of the n sorted values at `first` that is not below `value` (first + n if none): std::lower_bound's
+// answer without its data-dependent branch, which a search among random keys mispredicts at about every other level
+// (measured: 47 ns per search of 2,000 hot keys with std::lower_bound, most of FusedSenderHot's time).
+inline const int64* BranchlessLowerBound(const int64* first, int64_t n, int64_t value) {
+  if (n == 0) return first;
+  const int64* base = first;
+  while (n > 1) {  // the answer lies in [base, base + n]
+    const int64_t half = n / 2;
+    base = base[half] < value ? base + half : base;
+    n -= half;
+  }
+  return base + (*base < value);
+}
+
 // Send-buffer position of each unique pair: a per-thread buffer kept between calls, as the dedup's are.
 std::vector<int32_t>& ThreadPositions() {
   static thread_local std::vector<int32_t> positions;
@@ -92,7 +106,7 @@ struct FusedSenderFunctor<CPUDevice, K> {
       if (hot_begin != hot_end) {
         const int64_t unified =
             packed ? impl::PackedUnifiedKey(key, e.segment, key_bits) : impl::HashedUnifiedKey(key, e.segment);
-        const int64* at = std::lower_bound(hot_begin, hot_end, unified);
+        const int64* at = BranchlessLowerBound(hot_begin, hot_end - hot_begin, unified);
         if (at != hot_end && *at == unified) {
           pos[j] = -1 - static_cast<int32_t>(hot_positions->size());
           hot_positions->push_back(static_cast<int32_t>(at - hot_begin));
