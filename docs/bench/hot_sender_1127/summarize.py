@@ -6,7 +6,8 @@ import statistics as st
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 for hot, runs in (("0", 5), ("2000", 5), ("auto", 4)):
-    print(f"--hot {hot}: fused_hot / fused samples/s (same run), rank 0's CPU ms per step, R per group")
+    what = " (a control: rows=0 means no replication, so fused_hot is fused built twice)" if hot == "0" else ""
+    print(f"--hot {hot}{what}: fused_hot / fused samples/s (same run), rank 0's CPU ms per step, R per group")
     for tree in ("before", "after"):
         ratios, extra = [], []
         for n in range(1, runs + 1):
