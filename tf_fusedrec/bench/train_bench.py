@@ -63,7 +63,8 @@ def parse_args(argv=None):
                    help="steps one compiled call runs (TrainPipeline's steps_per_call), every mode")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batches", type=int, default=8, help="distinct pre-generated batches, cycled")
-    p.add_argument("--hot", default="auto", help="hot rows of the fused_hot modes: auto or R per group")
+    p.add_argument("--hot", default="auto",
+                   help="hot rows of the fused_hot modes: auto or R per group (0: no replication, built as fused)")
     p.add_argument("--hot-sample-batches", type=int, default=100, help="batches each worker counts for fused_hot")
     p.add_argument("--sweep", default="4,8,16,26,52", help="feature counts M for the second pass ('' to skip)")
     p.add_argument("--sweep-steps", type=int, default=5)
@@ -198,6 +199,9 @@ def measure(config, modes, args, comm, meter, log):
         if runners[mode].hot is not None:
             log("    hot rows: " + ", ".join(f"{r['group']} R={r['rows']} rho={r['rho']:.3f}"
                                           for r in runners[mode].hot))
+        elif mode in HOT:  # replication=0 is no replication (replication.parse_replication), not an empty hot set
+            log(f"    hot rows: none: --hot 0 replicates nothing, so {mode} is built without a hot layer (as "
+                f"{mode.replace('_hot', '')}); --hot auto measures the hot layer with the rows the model chooses")
         runners[mode].run(args.warmup)
     samples = {m: [] for m in modes}
     traffic = {m: [] for m in modes}
