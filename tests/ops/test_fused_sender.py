@@ -70,7 +70,12 @@ def check_invariants(res, keys, segs, num_ranks, num_segments, wire):
     assert res.recover_index.shape == (n,) and res.segment_counts.shape == (num_segments,)
     np.testing.assert_array_equal(sent_keys[res.recover_index], keys.astype(np.int64))
     np.testing.assert_array_equal(sent_segs[res.recover_index], segs)
-    assert len(set(zip(sent_keys.tolist(), sent_segs.tolist()))) == u
+    check_message(res, sent_keys, sent_segs, num_ranks, num_segments)
+
+
+def check_message(res, sent_keys, sent_segs, num_ranks, num_segments):
+    """The message's pairs are unique, counted per segment, and each sits in its owner's block."""
+    assert len(set(zip(sent_keys.tolist(), sent_segs.tolist()))) == sent_keys.shape[0]
     np.testing.assert_array_equal(res.segment_counts, np.bincount(sent_segs, minlength=num_segments))
     bounds = np.concatenate([[0], np.cumsum(res.splits)])
     for r in range(num_ranks):
@@ -186,12 +191,17 @@ def test_packed_key_bits_boundary(fro, ref, run, check):
         assert (got.message >= 0).all()
 
 
+def large_input(gen, num_segments=26):
+    """(keys, segment ids) of gen.LARGE_N zipf pairs, above the dedup's sharded threshold, packable."""
+    rng = np.random.default_rng(13)
+    keys = gen.make_keys(rng, gen.LARGE_N, np.int64, "zipf", nonneg_limit=1 << key_bits(num_segments))
+    return keys, gen.make_segments(rng, gen.LARGE_N, num_segments)
+
+
 @pytest.mark.parametrize("threads", [1, 4])
 def test_session_mode_large(fro, ref, gen, check, session_run, threads):
     """Above the dedup's sharded threshold (LARGE_N pairs, 4 pool threads): the result does not depend on threads."""
-    rng = np.random.default_rng(13)
-    keys = gen.make_keys(rng, gen.LARGE_N, np.int64, "zipf", nonneg_limit=1 << key_bits(26))
-    segs = gen.make_segments(rng, gen.LARGE_N, 26)
+    keys, segs = large_input(gen)
     for wire in WIRES:
         want = ref.fused_sender(keys, segs, 3, 26, wire)
         check.assert_same(session_run(sender(fro, 3, 26, wire), keys, segs, intra_op_threads=threads), want)
@@ -304,13 +314,17 @@ def test_error_rank2_keys(fro, run_all, check):
 
 class LoopbackComm:
     """`size` workers' routing on one process: the all-to-all hands the send buffer back (as if every peer sent the
-    same), which is all input_dist needs to compare two senders."""
+    same), the allreduce its input (a hot layer's touched flags, the same on every worker), which is all input_dist
+    needs to compare two senders."""
 
     def __init__(self, size):
         self.rank, self.size = 0, size
 
     def alltoall(self, tensor, splits, name):  # noqa: ARG002
         return tensor, splits
+
+    def allreduce(self, tensors, name, op):  # noqa: ARG002
+        return [tf.identity(t) for t in tensors]
 
 
 def make_group(encoding, feature_categories):

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from tf_fusedrec.distributed import group_lookup as gl
 from tf_fusedrec.distributed import replication
-from tf_fusedrec.ops.reference import MASK64, mix64_int
+from tests.ops.test_fused_sender import LoopbackComm, check_message, large_input, make_group
 
 WIRES = ["packed", "pair"]
 ENCODING = {"packed": "packed", "pair": "hashed"}  # a group's encoding picks its wire
@@ -103,12 +103,7 @@ def check_invariants(ref, res, keys, segs, hot, num_ranks, num_segments, wire):
         np.testing.assert_array_equal(sent_segs[res.recover_index[cold]], segs[cold])
         assert not np.isin(unified[cold], hot).any(), "a hot pair was sent"
         np.testing.assert_array_equal(hot[res.hot_position[res.recover_index[~cold] - c]], unified[~cold])
-    assert len(set(zip(sent_keys.tolist(), sent_segs.tolist()))) == c
-    np.testing.assert_array_equal(res.segment_counts, np.bincount(sent_segs, minlength=num_segments))
-    bounds = np.concatenate([[0], np.cumsum(res.splits)])
-    for r in range(num_ranks):
-        owners = [mix64_int(int(k) & MASK64) % num_ranks for k in sent_keys[bounds[r]:bounds[r + 1]]]
-        assert all(o == r for o in owners), f"rank {r}'s block holds other ranks' pairs"
+    check_message(res, sent_keys, sent_segs, num_ranks, num_segments)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -188,9 +183,8 @@ def test_edge_cases(fro, ref, run, check, wire, case):
 @pytest.mark.parametrize("threads", [1, 4])
 def test_session_mode_large(fro, ref, gen, check, session_run, threads):
     """Above the dedup's sharded threshold (4 pool threads): the result does not depend on threads."""
-    rng = np.random.default_rng(13)
-    keys = gen.make_keys(rng, gen.LARGE_N, np.int64, "zipf", nonneg_limit=1 << key_bits(26))
-    segs = gen.make_segments(rng, gen.LARGE_N, 26)
+    keys, segs = large_input(gen)
+    rng = np.random.default_rng(14)
     for wire in WIRES:
         hot = hot_set_of(ref, rng, keys[:50_000], segs[:50_000], 26, wire, 0.1)
         want = ref.fused_sender_hot(keys, segs, hot, 3, 26, wire)
@@ -245,29 +239,6 @@ def test_errors_of_fused_sender_remain(fro, run_all, check):
 # ----------------------------------------------------------------------------------------------------------------
 # In group_lookup: a hot FusedGroupLookup's fused sender == its chain, GroupDist for GroupDist
 # ----------------------------------------------------------------------------------------------------------------
-
-class LoopbackComm:
-    """`size` workers on one process: the all-to-all hands the send buffer back, the allreduce its input (every
-    worker's flags the same), which is all input_dist needs to compare two senders."""
-
-    def __init__(self, size):
-        self.rank, self.size = 0, size
-
-    def alltoall(self, tensor, splits, name):  # noqa: ARG002
-        return tensor, splits
-
-    def allreduce(self, tensors, name, op):  # noqa: ARG002
-        return [tf.identity(t) for t in tensors]
-
-
-def make_group(encoding, feature_categories):
-    import types  # noqa: PLC0415
-
-    names = [f"f{i}" for i in range(len(feature_categories))]
-    return types.SimpleNamespace(name="g", encoding=encoding, feature_names=names,
-                                 feature_categories=list(feature_categories),
-                                 num_categories=max(feature_categories) + 1)
-
 
 @pytest.mark.parametrize("encoding", ["packed", "hashed"])
 @pytest.mark.parametrize("num_ranks", [2, 3])

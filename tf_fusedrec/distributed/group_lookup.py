@@ -184,13 +184,20 @@ class FusedSender:
         """Same as ChainSender.send_keys; `after`: tensors the all-to-all waits for (the fused op does not)."""
         out = ops.fused_sender(keys, segments, self.comm.size, self.num_categories, self.wire.name,
                                name="fused_sender")
-        message = out.message
-        if after:
-            with tf.control_dependencies(list(after)):
-                message = tf.identity(message)
-        received, received_splits = self.comm.alltoall(message, out.splits, name=name)
-        ids, received_segments = self.wire.decode(received)
+        ids, received_segments, received_splits = send_message(self.comm, self.wire, out.message, out.splits, name,
+                                                               after)
         return ids, received_segments, received_splits, out.recover_index, out.segment_counts
+
+
+def send_message(comm, wire, message, splits, name, after=()):
+    """A fused sender's message through the keys all-to-all, after `after` -> (received ids, received segments,
+    received splits)."""
+    if after:
+        with tf.control_dependencies(list(after)):
+            message = tf.identity(message)
+    received, received_splits = comm.alltoall(message, splits, name=name)
+    ids, received_segments = wire.decode(received)
+    return ids, received_segments, received_splits
 
 
 @tf.custom_gradient
@@ -410,17 +417,13 @@ class FusedGroupLookup(GroupLookup):
         hot_keys = self.hot.hot_set.keys.read_value()  # read once: the sender and touched see the same set
         out = ops.fused_sender_hot(keys, segments, hot_keys, self.comm.size, self.group.num_categories,
                                    self._wire.name, name="fused_sender_hot")
-        message = out.message
-        if send_after:
-            with tf.control_dependencies(list(send_after)):
-                message = tf.identity(message)
-        received, splits = self.comm.alltoall(message, out.splits, name=name)
-        ids, received_segments = self._wire.decode(received)
+        ids, received_segments, splits = send_message(self.comm, self._wire, out.message, out.splits, name,
+                                                      send_after)
         with tf.name_scope("hot_rows"):
             touched_keys, hot_index = self.hot.touched(out.hot_position, hot_keys, self.comm,
                                                        slot_name(self.prefix, "hot", slot))
             # A fused position is hot when its recover index points past the message (the local hot rows follow).
-            is_hot = out.recover_index >= tf.shape(message, out_type=tf.int32)[0]
+            is_hot = out.recover_index >= tf.shape(out.message, out_type=tf.int32)[0]
             fused_features = indexing.repeat(tf.range(num_features, dtype=tf.int32), feature_sizes,
                                              row_ids=ops.row_ids)
             hot_hits = _count(indexing.masked(is_hot, fused_features), num_features)
