@@ -198,12 +198,49 @@ class FusedSenderOp : public OpKernel {
                     errors::InvalidArgument("hot_keys must be sorted ascending without repeats: hot_keys[", i - 1,
                                             "] = ", hot(i - 1), ", hot_keys[", i, "] = ", hot(i)));
       }
+      OP_REQUIRES_OK(ctx, CheckFeatureSizes(ctx->input(3), keys.NumElements()));
     }
     OP_REQUIRES_OK(ctx, (FusedSenderFunctor<Device, K>()(ctx, keys, segment_ids, num_ranks_, num_segments_, wire_,
                                                          hot_keys)));
+    if (kHot) OP_REQUIRES_OK(ctx, CountHotHits(ctx, ctx->input(3)));
   }
 
  private:
+  // feature_sizes: int32 [F], the fused positions of each feature in order; they must cover the keys exactly.
+  static Status CheckFeatureSizes(const Tensor& feature_sizes, int64_t n) {
+    if (!TensorShapeUtils::IsVector(feature_sizes.shape())) {
+      return errors::InvalidArgument("feature_sizes must be a vector, got shape ",
+                                     feature_sizes.shape().DebugString());
+    }
+    const auto sizes = feature_sizes.flat<int32>();
+    int64_t total = 0;
+    for (int64_t f = 0; f < sizes.size(); ++f) {
+      if (sizes(f) < 0) return errors::InvalidArgument("feature_sizes[", f, "] = ", sizes(f), " is negative");
+      total += sizes(f);
+    }
+    if (total != n) {
+      return errors::InvalidArgument("feature_sizes sum to ", total, " but keys has ", n, " positions");
+    }
+    return OkStatus();
+  }
+
+  // Output 5, hot_hits[f]: feature f's fused positions whose pair is hot (recover index past the message).
+  static Status CountHotHits(OpKernelContext* ctx, const Tensor& feature_sizes) {
+    const auto sizes = feature_sizes.flat<int32>();
+    Tensor* hot_hits = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(5, TensorShape({sizes.size()}), &hot_hits));
+    const int32* recover = ctx->mutable_output(2)->flat<int32>().data();
+    const int64_t sent = ctx->mutable_output(0)->dim_size(0);
+    auto hits = hot_hits->flat<int64>();
+    for (int64_t f = 0, i = 0; f < sizes.size(); ++f) {
+      int64_t count = 0;
+      for (const int64_t end = i + sizes(f); i < end; ++i) count += recover[i] >= sent;
+      hits(f) = count;
+    }
+    return OkStatus();
+  }
+
+
   int64_t num_ranks_;
   int64_t num_segments_;
   SenderWire wire_ = SenderWire::kPacked;

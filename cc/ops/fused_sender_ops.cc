@@ -36,12 +36,14 @@ Status FusedSenderShape(InferenceContext* c) {
   return OkStatus();
 }
 
-// As FusedSenderShape, with hot_keys [T] -> a fifth output, hot_position [h].
+// As FusedSenderShape, with hot_keys [T] and feature_sizes [F] -> hot_position [h], hot_hits [F].
 Status FusedSenderHotShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(FusedSenderShape(c));
-  ShapeHandle hot_keys;
+  ShapeHandle hot_keys, feature_sizes;
   TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &hot_keys));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &feature_sizes));
   c->set_output(4, c->Vector(c->UnknownDim()));
+  c->set_output(5, c->Vector(c->Dim(feature_sizes, 0)));
   return OkStatus();
 }
 
@@ -73,11 +75,13 @@ REGISTER_OP("FusedRec>FusedSenderHot")
     .Input("keys: T")
     .Input("segment_ids: int32")
     .Input("hot_keys: int64")
+    .Input("feature_sizes: int32")
     .Output("message: int64")
     .Output("splits: int32")
     .Output("recover_index: int32")
     .Output("segment_counts: int64")
     .Output("hot_position: int32")
+    .Output("hot_hits: int64")
     .Attr("T: {int32, int64}")
     .Attr("num_ranks: int")
     .Attr("num_segments: int")
@@ -89,8 +93,9 @@ repeats (the packed word for wire 'packed', HashedUnifiedKey(key, segment) for w
 them). A unique pair whose unified key is in hot_keys is not sent: message, splits and segment_counts hold the other
 (cold) pairs only, as FusedSender of the cold pairs would; the h hot pairs, in first-occurrence order, get
 recover_index values C, C + 1, ..., C + h - 1 past the message's C pairs, and hot_position[k] is the k-th hot
-pair's position in hot_keys. Equal to the chain SegmentUnique, a searchsorted of the unified keys in hot_keys, then
-FusedSender's partition and encoding of the cold pairs.
+pair's position in hot_keys. feature_sizes (non-negative, summing to N) splits the fused positions into features in
+order; hot_hits[f] counts feature f's positions whose pair is hot. Equal to the chain SegmentUnique, a searchsorted
+of the unified keys in hot_keys, then FusedSender's partition and encoding of the cold pairs.
 )doc");
 
 }  // namespace fusedrec

@@ -19,7 +19,7 @@ from tests.ops.test_fused_sender import LoopbackComm, check_message, large_input
 WIRES = ["packed", "pair"]
 ENCODING = {"packed": "packed", "pair": "hashed"}  # a group's encoding picks its wire
 RANKS = [1, 2, 3, 8]
-FIELDS = ("message", "splits", "recover_index", "segment_counts", "hot_position")
+FIELDS = ("message", "splits", "recover_index", "segment_counts", "hot_position", "hot_hits")
 
 
 def key_bits(num_segments):
@@ -27,13 +27,19 @@ def key_bits(num_segments):
 
 
 def sender(fro, num_ranks, num_segments, wire):
-    return lambda k, s, h: fro.fused_sender_hot(k, s, h, num_ranks, num_segments, wire=wire)
+    return lambda k, s, h, f: fro.fused_sender_hot(k, s, h, num_ranks, num_segments, wire=wire, feature_sizes=f)
+
+
+def feature_sizes_of(rng, n, features=5):
+    """int32 [features] sizes summing to n, some of them 0."""
+    cuts = np.sort(rng.integers(0, n + 1, features - 1))
+    return np.diff(np.concatenate([[0], cuts, [n]])).astype(np.int32)
 
 
 def chain(fro, num_ranks, num_segments, wire):
     """The op chain the op replaces, from the existing ops and group_lookup's functions."""
 
-    def run(keys, segments, hot_keys):
+    def run(keys, segments, hot_keys, feature_sizes):
         unique = fro.segment_unique(keys, segments)
         unique_keys = tf.cast(unique.unique_keys, tf.int64)
         position, is_hot = gl.classify_hot(unique_keys, unique.unique_segment_ids, hot_keys, num_segments,
@@ -49,8 +55,12 @@ def chain(fro, num_ranks, num_segments, wire):
             [tf.cast(cold_at, tf.int32), tf.cast(hot_at, tf.int32)],
             [tf.math.invert_permutation(part.order), num_cold + tf.range(tf.size(hot_at, out_type=tf.int32))])
         counts = tf.math.bincount(cold_segments, minlength=num_segments, maxlength=num_segments, dtype=tf.int64)
+        # hot_hits as group_lookup's chain counts them: each position's hot flag, summed per feature
+        features = tf.repeat(tf.range(tf.size(feature_sizes)), feature_sizes)
+        hot_hits = tf.math.unsorted_segment_sum(tf.cast(tf.gather(is_hot, unique.inverse), tf.int64), features,
+                                                tf.size(feature_sizes))
         return fro.FusedSenderHotResult(message, part.splits, tf.gather(buffer_position, unique.inverse), counts,
-                                        tf.gather(position, hot_at))
+                                        tf.gather(position, hot_at), hot_hits)
 
     return run
 
@@ -71,14 +81,19 @@ def hot_set_of(ref, rng, keys, segs, num_segments, wire, fraction, strangers=5):
     return np.unique(np.concatenate([chosen, np.setdiff1d(others, unified)])).astype(np.int64)
 
 
-def check_all(fro, ref, run, check, keys, segs, hot, num_ranks, num_segments, wire):
-    """op == oracle == chain, and the invariants; returns the op's result."""
-    want = ref.fused_sender_hot(keys, segs, hot, num_ranks, num_segments, wire)
-    got = run(sender(fro, num_ranks, num_segments, wire), keys, segs, hot)
+def check_all(fro, ref, run, check, keys, segs, hot, num_ranks, num_segments, wire, sizes=None):
+    """op == oracle == chain, and the invariants; returns the op's result. sizes: the features' (default: 5 random,
+    summing to the keys' length)."""
+    if sizes is None:
+        sizes = feature_sizes_of(np.random.default_rng(keys.shape[0]), keys.shape[0])
+    want = ref.fused_sender_hot(keys, segs, hot, num_ranks, num_segments, wire, sizes)
+    got = run(sender(fro, num_ranks, num_segments, wire), keys, segs, hot, sizes)
     assert tuple(got._fields) == FIELDS
-    check.assert_same(got, want, fields=range(5))
-    check.assert_same(run(chain(fro, num_ranks, num_segments, wire), keys, segs, hot), want, fields=range(5))
+    check.assert_same(got, want, fields=range(6))
+    check.assert_same(run(chain(fro, num_ranks, num_segments, wire), keys, segs, hot, sizes), want, fields=range(6))
     check_invariants(ref, got, keys, segs, hot, num_ranks, num_segments, wire)
+    hot_at = got.recover_index >= got.message.shape[0]
+    assert got.hot_hits.tolist() == [int(p.sum()) for p in np.split(hot_at, np.cumsum(sizes)[:-1])]
     return got
 
 
@@ -121,6 +136,9 @@ def test_reference_hand_example(ref):
     assert got[2].tolist() == [0, 3, 0, 4, 1, 2, 3]
     assert got[3].tolist() == [1, 1, 1]
     assert got[4].tolist() == [hot.tolist().index((1 << bits) | 3), hot.tolist().index(7)]
+    assert got[5].tolist() == [3]  # one feature of all 7 positions: (1, 3) twice and (0, 7) once are hot
+    sized = ref.fused_sender_hot(keys, segs, hot, 1, 3, "packed", feature_sizes=[2, 0, 5])
+    assert sized[5].tolist() == [1, 0, 2]
 
 
 @pytest.mark.parametrize("wire", WIRES)
@@ -187,9 +205,10 @@ def test_session_mode_large(fro, ref, gen, check, session_run, threads):
     rng = np.random.default_rng(14)
     for wire in WIRES:
         hot = hot_set_of(ref, rng, keys[:50_000], segs[:50_000], 26, wire, 0.1)
-        want = ref.fused_sender_hot(keys, segs, hot, 3, 26, wire)
-        check.assert_same(session_run(sender(fro, 3, 26, wire), keys, segs, hot, intra_op_threads=threads), want,
-                          fields=range(5))
+        sizes = feature_sizes_of(rng, keys.shape[0], features=26)
+        want = ref.fused_sender_hot(keys, segs, hot, 3, 26, wire, sizes)
+        check.assert_same(session_run(sender(fro, 3, 26, wire), keys, segs, hot, sizes, intra_op_threads=threads),
+                          want, fields=range(6))
 
 
 def test_static_shapes_and_no_gradient(fro):
@@ -197,15 +216,17 @@ def test_static_shapes_and_no_gradient(fro):
 
     f = tf.function(sender(fro, 3, 26, "pair"), autograph=False)
     out = f.get_concrete_function(tf.TensorSpec([7], tf.int64), tf.TensorSpec([7], tf.int32),
-                                  tf.TensorSpec([None], tf.int64)).structured_outputs
+                                  tf.TensorSpec([None], tf.int64), tf.TensorSpec([4], tf.int32)).structured_outputs
     assert out.message.shape.as_list() == [None, 2] and out.splits.shape.as_list() == [3]
     assert out.recover_index.shape.as_list() == [7] and out.segment_counts.shape.as_list() == [26]
     assert out.hot_position.dtype == tf.int32 and out.hot_position.shape.as_list() == [None]
+    assert out.hot_hits.dtype == tf.int64 and out.hot_hits.shape.as_list() == [4]
     with tf.Graph().as_default():
         out = fro.fused_sender_hot(tf.constant([1, 2], tf.int64), tf.constant([0, 1], tf.int32),
                                    tf.constant([5], tf.int64), 2, 2)
         assert out.message.op.type == "FusedRec>FusedSenderHot"
         assert tf_ops.get_gradient_function(out.message.op) is None
+        assert out.hot_hits.shape.as_list() == [1]  # no feature_sizes: one feature of every position
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -216,24 +237,34 @@ def test_static_shapes_and_no_gradient(fro):
                                        ([1, 4, 4], "hot_keys\\[1\\] = 4, hot_keys\\[2\\] = 4")])
 def test_error_unsorted_hot_keys(fro, run_all, check, hot, where):
     keys, segs = np.array([1, 2, 3], np.int64), np.array([0, 0, 1], np.int32)
-    check.expect_error(lambda: run_all(sender(fro, 2, 2, "packed"), keys, segs, np.array(hot, np.int64)),
-                       "sorted ascending without repeats.*" + where)
+    check.expect_error(lambda: run_all(sender(fro, 2, 2, "packed"), keys, segs, np.array(hot, np.int64),
+                                       np.array([3], np.int32)), "sorted ascending without repeats.*" + where)
 
 
 def test_error_hot_keys_not_a_vector(fro, run_all, check):
     keys, segs = np.array([1, 2, 3], np.int64), np.array([0, 0, 1], np.int32)
-    check.expect_error(lambda: run_all(sender(fro, 2, 2, "packed"), keys, segs, np.array([[1, 2]], np.int64)),
+    check.expect_error(lambda: run_all(sender(fro, 2, 2, "packed"), keys, segs, np.array([[1, 2]], np.int64),
+                                       np.array([3], np.int32)),
                        r"hot_keys|rank|vector|shape")
+
+
+@pytest.mark.parametrize("sizes,match", [([2, 2], "feature_sizes sum to 4 but keys has 3 positions"),
+                                         ([4, -1], r"feature_sizes\[1\] = -1 is negative"),
+                                         ([[3]], "feature_sizes|rank|vector|shape")])
+def test_error_feature_sizes(fro, run_all, check, sizes, match):
+    keys, segs = np.array([1, 2, 3], np.int64), np.array([0, 0, 1], np.int32)
+    check.expect_error(lambda: run_all(sender(fro, 2, 2, "packed"), keys, segs, np.array([5], np.int64),
+                                       np.array(sizes, np.int32)), match)
 
 
 def test_errors_of_fused_sender_remain(fro, run_all, check):
     """A segment id out of range, an unpackable key: the fused sender's errors, named as there."""
-    hot = np.array([7], np.int64)
+    hot, sizes = np.array([7], np.int64), np.array([2], np.int32)
     check.expect_error(lambda: run_all(sender(fro, 2, 3, "packed"), np.array([1, 2], np.int64),
-                                       np.array([0, 3], np.int32), hot), r"segment_ids must be in \[0, 3\)", 3,
-                       "position 1")
+                                       np.array([0, 3], np.int32), hot, sizes),
+                       r"segment_ids must be in \[0, 3\)", 3, "position 1")
     check.expect_error(lambda: run_all(sender(fro, 2, 5, "packed"), np.array([1, -4], np.int64),
-                                       np.array([0, 2], np.int32), hot), r"cannot be sent packed", -4)
+                                       np.array([0, 2], np.int32), hot, sizes), r"cannot be sent packed", -4)
 
 
 # ----------------------------------------------------------------------------------------------------------------

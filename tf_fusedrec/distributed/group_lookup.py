@@ -413,22 +413,16 @@ class FusedGroupLookup(GroupLookup):
     def _send_cold_keys_fused(self, keys, segments, feature_sizes, name, slot, send_after):
         """_send_cold_keys with one op before the keys all-to-all (ops.fused_sender_hot): the same outputs, bit for
         bit, without the chain's dedup, classification and partition as separate ops and their gathers."""
-        num_features = len(self.group.feature_names)
         hot_keys = self.hot.hot_set.keys.read_value()  # read once: the sender and touched see the same set
         out = ops.fused_sender_hot(keys, segments, hot_keys, self.comm.size, self.group.num_categories,
-                                   self._wire.name, name="fused_sender_hot")
+                                   self._wire.name, feature_sizes=feature_sizes, name="fused_sender_hot")
         ids, received_segments, splits = send_message(self.comm, self._wire, out.message, out.splits, name,
                                                       send_after)
         with tf.name_scope("hot_rows"):
             touched_keys, hot_index = self.hot.touched(out.hot_position, hot_keys, self.comm,
                                                        slot_name(self.prefix, "hot", slot))
-            # A fused position is hot when its recover index points past the message (the local hot rows follow).
-            is_hot = out.recover_index >= tf.shape(out.message, out_type=tf.int32)[0]
-            fused_features = indexing.repeat(tf.range(num_features, dtype=tf.int32), feature_sizes,
-                                             row_ids=ops.row_ids)
-            hot_hits = _count(indexing.masked(is_hot, fused_features), num_features)
         return (ids, received_segments, splits, out.recover_index, out.segment_counts,
-                (touched_keys, hot_index, hot_hits))
+                (touched_keys, hot_index, out.hot_hits))
 
     def _owner_unique(self, ids, received_segments):
         """Category-aware unique of the received pairs -> (keys, key_segments, key_ids, gather_index, looked_up)."""

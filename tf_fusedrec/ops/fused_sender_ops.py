@@ -25,7 +25,7 @@ FusedSenderResult = collections.namedtuple(
     "FusedSenderResult", ["message", "splits", "recover_index", "segment_counts"]
 )
 FusedSenderHotResult = collections.namedtuple(
-    "FusedSenderHotResult", ["message", "splits", "recover_index", "segment_counts", "hot_position"]
+    "FusedSenderHotResult", ["message", "splits", "recover_index", "segment_counts", "hot_position", "hot_hits"]
 )
 
 
@@ -69,7 +69,8 @@ def fused_sender(keys, segment_ids, num_ranks, num_segments, wire="packed", name
 tf.no_gradient("FusedRec>FusedSender")
 
 
-def fused_sender_hot(keys, segment_ids, hot_keys, num_ranks, num_segments, wire="packed", name=None):
+def fused_sender_hot(keys, segment_ids, hot_keys, num_ranks, num_segments, wire="packed", feature_sizes=None,
+                     name=None):
     """fused_sender for a group with a replicated hot set: the pairs of the set stay home.
 
     Args:
@@ -77,17 +78,19 @@ def fused_sender_hot(keys, segment_ids, hot_keys, num_ranks, num_segments, wire=
       hot_keys: int64 [T], the hot set's unified keys, sorted ascending without repeats: the packed word
         (segment << packed_key_bits(num_segments)) | key for wire "packed", the hashed encoding of category_unique
         for wire "pair" (the group's encoding decides both).
+      feature_sizes: int32 [F], the fused positions of each feature, in order (non-negative, summing to N); None:
+        one feature of all N.
 
     Returns:
       FusedSenderHotResult: message, splits and segment_counts as fused_sender of the cold (not hot) unique pairs;
       recover_index: int32 [N], the pair's position in message, or C + k (C = the message's pairs) for the k-th hot
       pair in first-occurrence order; hot_position: int32 [h], the position in hot_keys of each hot pair, in that
-      order. Equal to the chain segment_unique, a searchsorted of the unified keys, fused_sender of the cold pairs
-      (tf_fusedrec.ops.reference.fused_sender_hot).
+      order; hot_hits: int64 [F], each feature's positions whose pair is hot. Equal to the chain segment_unique,
+      a searchsorted of the unified keys, fused_sender of the cold pairs (tf_fusedrec.ops.reference.fused_sender_hot).
 
     Raises:
       As fused_sender; InvalidArgumentError for hot_keys that are not a vector or not strictly ascending (naming
-      the first two out of order).
+      the first two out of order), and for feature_sizes with a negative size or a sum other than N (naming them).
     """
     if wire not in WIRES:
         raise ValueError(f"wire must be one of {WIRES}, got {wire!r}")
@@ -95,8 +98,12 @@ def fused_sender_hot(keys, segment_ids, hot_keys, num_ranks, num_segments, wire=
         keys = convert_keys(keys)
         segment_ids = convert_segment_ids(segment_ids)
         hot_keys = tf.convert_to_tensor(hot_keys, tf.int64)
+        if feature_sizes is None:
+            feature_sizes = tf.reshape(tf.size(keys, out_type=tf.int32), [1])
+        feature_sizes = tf.convert_to_tensor(feature_sizes, tf.int32)
         out = load_ops().fused_rec_fused_sender_hot(
-            keys, segment_ids, hot_keys, num_ranks=int(num_ranks), num_segments=int(num_segments), wire=wire
+            keys, segment_ids, hot_keys, feature_sizes, num_ranks=int(num_ranks), num_segments=int(num_segments),
+            wire=wire
         )
         return FusedSenderHotResult(*out)
 

@@ -211,12 +211,13 @@ def fused_sender(keys, segment_ids, num_ranks, num_segments, wire="packed"):
     return FusedSenderResult(message, part.splits, position[su.inverse], segment_counts)
 
 
-def fused_sender_hot(keys, segment_ids, hot_keys, num_ranks, num_segments, wire="packed"):
+def fused_sender_hot(keys, segment_ids, hot_keys, num_ranks, num_segments, wire="packed", feature_sizes=None):
     """fused_sender with a replicated hot set, written as the chain it fuses (the hot layer's sender before the
     op): segment_unique, the unified key of each unique pair (category_unique's packed or hashed encoding, by the
     wire), searchsorted in hot_keys, then fused_sender's partition and encoding of the cold pairs only; the hot pairs'
-    recover index is past the message, in first-occurrence order. -> (message, splits, recover_index,
-    segment_counts, hot_position)."""
+    recover index is past the message, in first-occurrence order; hot_hits counts each feature's (feature_sizes;
+    None: one feature) positions whose pair is hot. -> (message, splits, recover_index, segment_counts,
+    hot_position, hot_hits)."""
     hot_keys = np.asarray(hot_keys, np.int64).reshape(-1)
     if hot_keys.size > 1 and not np.all(hot_keys[1:] > hot_keys[:-1]):
         raise ValueError("hot_keys must be sorted ascending without repeats")
@@ -236,8 +237,13 @@ def fused_sender_hot(keys, segment_ids, hot_keys, num_ranks, num_segments, wire=
     buffer_position = np.empty(su.unique_keys.shape[0], np.int32)
     buffer_position[cold] = sent.recover_index
     buffer_position[is_hot] = sent.message.shape[0] + np.arange(int(is_hot.sum()), dtype=np.int32)
+    sizes = np.asarray([keys.shape[0]] if feature_sizes is None else feature_sizes, np.int64).reshape(-1)
+    if (sizes < 0).any() or sizes.sum() != keys.shape[0]:
+        raise ValueError(f"feature_sizes {sizes.tolist()} must be >= 0 and sum to {keys.shape[0]}")
+    hot_at_position = is_hot[su.inverse] if keys.shape[0] else np.zeros([0], bool)
+    hot_hits = np.array([int(part.sum()) for part in np.split(hot_at_position, np.cumsum(sizes)[:-1])], np.int64)
     return (sent.message, sent.splits, buffer_position[su.inverse], sent.segment_counts,
-            position[is_hot].astype(np.int32))
+            position[is_hot].astype(np.int32), hot_hits)
 
 
 # ----------------------------------------------------------------------------------------------------------------
