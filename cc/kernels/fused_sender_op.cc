@@ -240,7 +240,6 @@ class FusedSenderOp : public OpKernel {
     return OkStatus();
   }
 
-
   int64_t num_ranks_;
   int64_t num_segments_;
   SenderWire wire_ = SenderWire::kPacked;
