@@ -8,14 +8,16 @@ The manifest's features and dense entries are placeholders: the embedding server
 
 Also, for the tests that serve a real model: trained_export (the scenario DLRM of export_scenario.py, trained briefly
 and exported once per test process), RankerThread (the ranker built from its command-line flags, serving from a
-thread of the test process on loopback), HTTP helpers (post, get, raw_http), and reserved_port (a port for a server
-started in a subprocess).
+thread of the test process on loopback), HTTP helpers (post, get, raw_http), reserved_port (a port for a server
+started in a subprocess), and start / stop (a server or ranker as a subprocess, ready when it prints "ready").
 """
 
 import json
 import os
 import re
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import urllib.error
@@ -23,6 +25,7 @@ import urllib.request
 
 import numpy as np
 
+from tests.subprocess_runner import ROOT, child_env
 from tf_fusedrec import initializers
 from tf_fusedrec.export import format as fmt
 from tf_fusedrec.serve import bench as serve_bench
@@ -31,6 +34,7 @@ INITIALIZER = {"class_name": "Hashed", "config": {"seed": 0, "stddev": 0.05}}
 GROUPS = (("packed", "packed", ("a", "b"), 4), ("hashed", "hashed", ("c", "d", "e"), 8))
 # Trained ids lie in [0, ID_SPACE); tests draw untrained ids from above it.
 ID_SPACE = 1 << 20
+START_TIMEOUT_S = 120  # a subprocess imports TensorFlow before it serves; the machine is shared
 
 
 def fake_tables(keys_per_feature=700, seed=0):
@@ -196,3 +200,26 @@ def raw_http(port, data, timeout=30.0):
     head, _, body = received.partition(b"\r\n\r\n")
     status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/") else None
     return status, json.loads(body) if body else None
+
+
+def start(cmd):
+    """A subprocess that prints "ready" when serving; -> Popen (killed on failure)."""
+    proc = subprocess.Popen([sys.executable, "-m", *cmd], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    ready = threading.Event()
+    threading.Thread(target=lambda: ready.set() if proc.stdout.readline().strip() == "ready" else None,
+                     daemon=True).start()
+    if not ready.wait(START_TIMEOUT_S):
+        proc.kill()
+        raise AssertionError(f"{' '.join(cmd)} did not get ready: {proc.stderr.read()[-2000:] if proc.poll() else ''}")
+    return proc
+
+
+def stop(proc, sig=signal.SIGTERM):
+    if proc.poll() is None:
+        os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.serve import serve_fixtures
-from tests.serve.test_ranker import start, stop
+from tests.serve.serve_fixtures import start, stop
 from tests.subprocess_runner import ROOT, child_env
 
 # The parent: starts an embedding server with the environment it was given, prints its pid and dies (os._exit: no

@@ -15,10 +15,8 @@
 """
 
 import json
-import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -27,40 +25,15 @@ import numpy as np
 import pytest
 
 from tests.serve import serve_fixtures
-from tests.serve.serve_fixtures import get, instances_of, post, raw_http
-from tests.subprocess_runner import ROOT, child_env
+from tests.serve.serve_fixtures import get, instances_of, post, raw_http, start, stop
 
 import tf_fusedrec as fr  # noqa: E402
 from tf_fusedrec.serve import ranker as ranker_lib  # noqa: E402
 
 sc = serve_fixtures.scenario()
 
-START_TIMEOUT_S = 120  # a subprocess imports TensorFlow before it serves; the machine is shared
 # Waits whose end fails the test: far beyond what they take, so that only a real hang reaches them on a busy machine.
 WAIT_S = 30
-
-
-def start(cmd):
-    """A subprocess that prints "ready" when serving; -> Popen (killed on failure)."""
-    proc = subprocess.Popen([sys.executable, "-m", *cmd], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    ready = threading.Event()
-    threading.Thread(target=lambda: ready.set() if proc.stdout.readline().strip() == "ready" else None,
-                     daemon=True).start()
-    if not ready.wait(START_TIMEOUT_S):
-        proc.kill()
-        raise AssertionError(f"{' '.join(cmd)} did not get ready: {proc.stderr.read()[-2000:] if proc.poll() else ''}")
-    return proc
-
-
-def stop(proc, sig=signal.SIGTERM):
-    if proc.poll() is None:
-        os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
