@@ -341,9 +341,10 @@ class FusedGroupLookup(GroupLookup):
         # One worker deduplicates once, on the owner: a sender unique would only repeat it.
         self._dedup = segment_dedup if dedup == "segment" and comm.size > 1 else no_dedup
         self._sent_are_looked_up = dedup == "segment" and comm.size == 1
-        fused_sender = FUSED_SENDER if fused_sender is None else fused_sender
-        self._fused_hot = bool(fused_sender and self._dedup is segment_dedup and hot is not None)
-        if fused_sender and self._dedup is segment_dedup and hot is None:
+        # The fused ops (FusedSender, or fused_sender_hot with a hot set) deduplicate: segment dedup only.
+        fused = bool(FUSED_SENDER if fused_sender is None else fused_sender) and self._dedup is segment_dedup
+        self._fused_hot = fused and hot is not None
+        if fused and hot is None:
             self._sender = FusedSender(comm, wire, group.num_categories)
         else:
             self._sender = ChainSender(self._dedup, self._route, group.num_categories,
