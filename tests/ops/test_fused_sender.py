@@ -5,23 +5,18 @@ encode (group_lookup.PackedWire / PairWire), recover_index = invert_permutation(
 counted per category. Every output must equal both, element by element and in order.
 """
 
-import types
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tf_fusedrec.distributed import group_lookup as gl
 from tf_fusedrec.ops.reference import MASK64, mix64_int
+from tests.ops.sender_fixtures import LoopbackComm, check_message, key_bits, large_input, make_group
 
 KEY_DTYPES = [np.int32, np.int64]
 WIRES = ["packed", "pair"]
 RANKS = [1, 2, 3, 8]
 FIELDS = ("message", "splits", "recover_index", "segment_counts")
-
-
-def key_bits(num_segments):
-    return 63 - max(1, (num_segments - 1).bit_length())
 
 
 def sender(fro, num_ranks, num_segments, wire):
@@ -71,16 +66,6 @@ def check_invariants(res, keys, segs, num_ranks, num_segments, wire):
     np.testing.assert_array_equal(sent_keys[res.recover_index], keys.astype(np.int64))
     np.testing.assert_array_equal(sent_segs[res.recover_index], segs)
     check_message(res, sent_keys, sent_segs, num_ranks, num_segments)
-
-
-def check_message(res, sent_keys, sent_segs, num_ranks, num_segments):
-    """The message's pairs are unique, counted per segment, and each sits in its owner's block."""
-    assert len(set(zip(sent_keys.tolist(), sent_segs.tolist()))) == sent_keys.shape[0]
-    np.testing.assert_array_equal(res.segment_counts, np.bincount(sent_segs, minlength=num_segments))
-    bounds = np.concatenate([[0], np.cumsum(res.splits)])
-    for r in range(num_ranks):
-        owners = [mix64_int(int(k) & MASK64) % num_ranks for k in sent_keys[bounds[r]:bounds[r + 1]]]
-        assert all(o == r for o in owners), f"rank {r}'s block holds other ranks' pairs"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -189,13 +174,6 @@ def test_packed_key_bits_boundary(fro, ref, run, check):
         segs = np.array([num_segments - 1, num_segments - 1], np.int32)
         got = check_all(fro, ref, run, check, keys, segs, 2, num_segments, "packed")
         assert (got.message >= 0).all()
-
-
-def large_input(gen, num_segments=26):
-    """(keys, segment ids) of gen.LARGE_N zipf pairs, above the dedup's sharded threshold, packable."""
-    rng = np.random.default_rng(13)
-    keys = gen.make_keys(rng, gen.LARGE_N, np.int64, "zipf", nonneg_limit=1 << key_bits(num_segments))
-    return keys, gen.make_segments(rng, gen.LARGE_N, num_segments)
 
 
 @pytest.mark.parametrize("threads", [1, 4])
@@ -311,28 +289,6 @@ def test_error_rank2_keys(fro, run_all, check):
 # ----------------------------------------------------------------------------------------------------------------
 # In group_lookup: FusedSender == ChainSender, GroupDist for GroupDist
 # ----------------------------------------------------------------------------------------------------------------
-
-class LoopbackComm:
-    """`size` workers' routing on one process: the all-to-all hands the send buffer back (as if every peer sent the
-    same), the allreduce its input (a hot layer's touched flags, the same on every worker), which is all input_dist
-    needs to compare two senders."""
-
-    def __init__(self, size):
-        self.rank, self.size = 0, size
-
-    def alltoall(self, tensor, splits, name):  # noqa: ARG002
-        return tensor, splits
-
-    def allreduce(self, tensors, name, op):  # noqa: ARG002
-        return [tf.identity(t) for t in tensors]
-
-
-def make_group(encoding, feature_categories):
-    names = [f"f{i}" for i in range(len(feature_categories))]
-    return types.SimpleNamespace(name="g", encoding=encoding, feature_names=names,
-                                 feature_categories=list(feature_categories),
-                                 num_categories=max(feature_categories) + 1)
-
 
 @pytest.mark.parametrize("encoding", ["packed", "hashed"])
 @pytest.mark.parametrize("num_ranks", RANKS)

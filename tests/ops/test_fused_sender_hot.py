@@ -14,16 +14,12 @@ import tensorflow as tf
 
 from tf_fusedrec.distributed import group_lookup as gl
 from tf_fusedrec.distributed import replication
-from tests.ops.test_fused_sender import LoopbackComm, check_message, large_input, make_group
+from tests.ops.sender_fixtures import LoopbackComm, check_message, key_bits, large_input, make_group
 
 WIRES = ["packed", "pair"]
 ENCODING = {"packed": "packed", "pair": "hashed"}  # a group's encoding picks its wire
 RANKS = [1, 2, 3, 8]
 FIELDS = ("message", "splits", "recover_index", "segment_counts", "hot_position", "hot_hits")
-
-
-def key_bits(num_segments):
-    return 63 - max(1, (num_segments - 1).bit_length())
 
 
 def sender(fro, num_ranks, num_segments, wire):
