@@ -37,6 +37,7 @@ from tf_fusedrec.ops.partition_ops import PartitionResult, owner_of, partition_b
 from tf_fusedrec.ops.row_ids_ops import row_ids
 from tf_fusedrec.ops.segment_unique_ops import SegmentUniqueResult, segment_unique
 from tf_fusedrec.ops.upper_triangle_ops import upper_triangle
+from tf_fusedrec.ops.valid_ids_ops import id_extremes, valid_ids
 
 __all__ = [
     "CategoryUniqueResult",
@@ -59,6 +60,7 @@ __all__ = [
     "fused_sender_hot",
     "gather_segment_sum",
     "hashed_rows",
+    "id_extremes",
     "library_path",
     "load_ops",
     "native_table_access_status",
@@ -79,4 +81,5 @@ __all__ = [
     "row_ids",
     "segment_unique",
     "upper_triangle",
+    "valid_ids",
 ]

@@ -562,3 +562,18 @@ def fuse_ids(ids, categories):
     sizes = np.array([x.size for x in ids], np.int32)
     keys = np.concatenate(ids) if ids else np.zeros(0, np.int64)
     return keys.astype(np.int64), np.repeat(np.asarray(categories, np.int32), sizes), sizes
+
+
+def valid_ids(ids):
+    """ops.valid_ids: ([valid ids int64 [n_i]], [their flat positions int64 [n_i]]) of N id arrays (any shape)."""
+    flat = [np.asarray(x, np.int64).reshape(-1) for x in ids]
+    positions = [np.flatnonzero(x >= 0).astype(np.int64) for x in flat]
+    return [x[p] for x, p in zip(flat, positions)], positions
+
+
+def id_extremes(ids):
+    """ops.id_extremes: (lows int64 [N], highs int64 [N]); an empty array gives int64's max as its low, min as high."""
+    info = np.iinfo(np.int64)
+    flat = [np.asarray(x, np.int64).reshape(-1) for x in ids]
+    return (np.array([x.min() if x.size else info.max for x in flat], np.int64),
+            np.array([x.max() if x.size else info.min for x in flat], np.int64))
