@@ -45,7 +45,7 @@ def flatten_inputs(features, inputs, layer_name, local_checks=True):
     """Checks the input dict; returns ({name: FlatFeature}, assertion ops: local_value_checks). local_checks=False:
     no value checks (see shared_checks)."""
     _inputs.check_input_dict(features, inputs, layer_name)
-    flats = {f.name: _inputs.flatten_feature(f, inputs[f.name]) for f in features}
+    flats = _inputs.flatten_features(features, inputs)
     return flats, (local_value_checks(features, inputs) if local_checks else [])
 
 

@@ -44,52 +44,38 @@ def violation_messages(feature):
     return [m for m in _messages(feature) if m is not None]
 
 
+def _id_values(ids):
+    """A feature's ids as int64 values of any shape (a ragged tensor's flat values)."""
+    values = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.convert_to_tensor(ids)
+    return tf.cast(values, tf.int64)
+
+
 def id_violations(features, inputs):
     """bool [P]: for every feature (in order) and its rules (violation_messages' order), whether its ids (after
     flatten_feature's static checks) break the rule: what a layer checks in one assertion, and what workers share so
     that one worker's bad batch stops all of them.
 
-    One reduction per feature and rule (its smallest or largest id), then one comparison per rule over all features:
-    a comparison and a reduction per feature and rule were 8 graph ops a feature, a third of the checks' step graph.
+    Every feature's smallest and largest id from one op (ops.id_extremes), then one comparison per rule over all
+    features: a Min and a Max per feature and their stacks were about 60 of a 26-feature step's graph nodes.
     """
-    axes = {}  # rank -> the reduction axes (all), one constant shared by the features' reductions
-
-    def extreme(reduce, ids):
-        values = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.convert_to_tensor(ids)
-        if values.shape.rank is None:
-            values = tf.reshape(values, [-1])
-        rank = values.shape.rank
-        if rank not in axes:
-            axes[rank] = tf.constant(list(range(rank)), tf.int32)
-        return tf.cast(reduce(input=values, axis=axes[rank]), tf.int64)  # empty: the dtype's max / min
-
-    lows = tf.stack([extreme(tf.raw_ops.Min, inputs[f.name]) for f in features])
-    negative = tf.unstack(lows < -1, num=len(features))
-    bounded = [f for f in features if f.max_id_bits is not None]
-    too_large = {}
-    if bounded:
-        highs = tf.stack([extreme(tf.raw_ops.Max, inputs[f.name]) for f in bounded])
-        limits = tf.constant([1 << f.max_id_bits for f in bounded], tf.int64)
-        too_large = dict(zip([f.name for f in bounded], tf.unstack(highs >= limits, num=len(bounded))))
-    flags = []
-    for f, flag in zip(features, negative):
-        flags.append(flag)
-        if f.name in too_large:
-            flags.append(too_large[f.name])
-    return tf.stack(flags)
+    lows, highs = ops.id_extremes([_id_values(inputs[f.name]) for f in features])
+    negative = lows < -1
+    bounded = [i for i, f in enumerate(features) if f.max_id_bits is not None]
+    if not bounded:
+        return negative
+    limits = tf.constant([1 << features[i].max_id_bits for i in bounded], tf.int64)
+    too_large = tf.gather(highs, bounded) >= limits
+    # violation_messages' order: each feature's negative flag, then its too-large flag where it has one.
+    order, slot = [], {i: len(features) + k for k, i in enumerate(bounded)}
+    for i in range(len(features)):
+        order.append(i)
+        if i in slot:
+            order.append(slot[i])
+    return tf.gather(tf.concat([negative, too_large], axis=0), order)
 
 
-def flatten_feature(feature, ids):
-    """Checks one feature's ids statically (dtype, rank) and returns its valid ids flattened, plus what is needed to
-    rebuild the output. The value checks (negative, too large) are the caller's, over all features at once
-    (id_violations): one assertion for a layer, or one shared between workers.
-
-    Returns:
-      FlatFeature(ids int64 [n], layout).
-
-    Raises:
-      ValueError / TypeError naming the feature for a wrong dtype or rank (statically known).
-    """
+def _checked_ids(feature, ids):
+    """One feature's ids checked statically (dtype, rank) -> (ids as a tensor or tf.RaggedTensor, layout kind)."""
     where = f"feature '{feature.name}'"
     ragged = isinstance(ids, tf.RaggedTensor)
     if not ragged:
@@ -103,29 +89,51 @@ def flatten_feature(feature, ids):
     if ragged:
         if ids.ragged_rank != 1 or ids.shape.rank != 2:
             raise ValueError(f"{where}: ragged ids must have shape [B, None], got {ids.shape}")
-        values = ids.flat_values
-        num_rows = ids.nrows()
-        kind, shape = "ragged", None
-    else:
-        rank = ids.shape.rank
-        if rank not in (1, 2):
-            raise ValueError(f"{where}: ids must have shape [B] or [B, L] (or be ragged), got shape {ids.shape}")
-        shape = tf.shape(ids, out_type=tf.int64)
-        if rank == 1:  # (a size, not shape[0]: one op, not four; a layer has one per feature)
-            kind, values, num_rows = "dense1", ids, tf.size(ids, out_type=tf.int64)
-        else:
-            kind, values, num_rows = "dense2", tf.reshape(ids, [-1]), shape[0]
-    values = tf.cast(values, tf.int64)
-    positions = tf.reshape(tf.where(values >= 0), [-1])
-    # The row of each valid id, computed from its position only (not a row id per value, then gathered).
+        return ids, "ragged"
+    if ids.shape.rank not in (1, 2):
+        raise ValueError(f"{where}: ids must have shape [B] or [B, L] (or be ragged), got shape {ids.shape}")
+    return ids, "dense1" if ids.shape.rank == 1 else "dense2"
+
+
+def _layout(ids, kind, positions):
+    """The _Layout of one feature's ids (from _checked_ids) whose valid ids sit at flat `positions`."""
     if kind == "ragged":
+        # The row of each valid id, from its position only (not a row id per value, then gathered).
         rows_of = ops.row_ids(ids.row_splits, positions)  # in the row splits' dtype, as value_rowids()
-    elif kind == "dense1":
-        rows_of = positions
-    else:
-        rows_of = positions // tf.maximum(shape[1], 1)
-    layout = _Layout(kind, shape, positions, rows_of, ids if ragged else None, num_rows, ids.shape)
-    return FlatFeature(tf.gather(values, positions), layout)
+        return _Layout(kind, None, positions, rows_of, ids, ids.nrows(), ids.shape)
+    if kind == "dense1":
+        # (the static batch size where known, else a size: one op, not a shape and a slice)
+        known = ids.shape[0] is not None
+        num_rows = tf.constant(ids.shape[0], tf.int64) if known else tf.size(ids, out_type=tf.int64)
+        return _Layout(kind, None, positions, positions, None, num_rows, ids.shape)
+    shape = tf.shape(ids, out_type=tf.int64)
+    width = max(ids.shape[1], 1) if ids.shape[1] is not None else tf.maximum(shape[1], 1)
+    return _Layout(kind, shape, positions, positions // width, None, shape[0], ids.shape)
+
+
+def flatten_features(features, inputs):
+    """Checks each feature's ids statically (dtype, rank) and returns its valid ids flattened, plus what is needed to
+    rebuild its output; the valid ids of all features come from one op (ops.valid_ids). The value checks (negative,
+    too large) are the caller's, over all features at once (id_violations): one assertion for a layer, or one shared
+    between workers.
+
+    Returns:
+      {name: FlatFeature(ids int64 [n], layout)}.
+
+    Raises:
+      ValueError / TypeError naming the feature for a wrong dtype or rank (statically known).
+    """
+    checked = [_checked_ids(f, inputs[f.name]) for f in features]
+    if not checked:
+        return {}
+    valid, positions = ops.valid_ids([_id_values(ids) for ids, _ in checked])
+    return {f.name: FlatFeature(v, _layout(ids, kind, p))
+            for f, (ids, kind), v, p in zip(features, checked, valid, positions)}
+
+
+def flatten_feature(feature, ids):
+    """flatten_features of one feature: -> FlatFeature(ids int64 [n], layout)."""
+    return flatten_features([feature], {feature.name: ids})[feature.name]
 
 
 def output_segments(feature, layout):
@@ -136,6 +144,8 @@ def output_segments(feature, layout):
         return layout.rows_of, layout.num_rows
     if layout.kind == "ragged":
         return layout.positions, tf.shape(layout.ragged.flat_values, out_type=tf.int64)[0]
+    if layout.kind == "dense1":
+        return layout.positions, layout.num_rows
     return layout.positions, tf.reduce_prod(layout.shape)
 
 
@@ -146,7 +156,13 @@ def finish_rows(feature, sums, layout):
     if feature.combiner is None:
         if layout.kind == "ragged":
             return layout.ragged.with_flat_values(sums)
-        out = tf.reshape(sums, tf.concat([layout.shape, [dim]], axis=0))
+        if layout.kind == "dense1":  # [B, dim] already: a row per id
+            sums.set_shape(layout.static_shape.concatenate([dim]))
+            return sums
+        if layout.static_shape[1] is not None:
+            out = tf.reshape(sums, [-1, layout.static_shape[1], dim])
+        else:
+            out = tf.reshape(sums, tf.concat([layout.shape, [dim]], axis=0))
         out.set_shape(layout.static_shape.concatenate([dim]))
         return out
     sums.set_shape([layout.static_shape[0], dim])

@@ -284,7 +284,9 @@ class FusedEmbedding(EmbeddingLayer):
         with tf.control_dependencies(checks):
             for group, group_lookup in zip(self._groups, self.group_lookups):
                 with tf.name_scope(f"{group.name}/input_dist"):
-                    ids = [tf.identity(flats[n].ids) for n in group.feature_names]
+                    ids = [flats[n].ids for n in group.feature_names]
+                    if checks:  # (one node after the checks, not an Identity per feature)
+                        ids = tf.identity_n(ids)
                     dists.append(group_lookup.input_dist(ids, slot, send_after))
         return EmbeddingDist(inputs, tuple(dists))
 
