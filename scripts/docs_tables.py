@@ -967,6 +967,11 @@ TABLES = {
         "docs/bench/glue_ops", ("fused", "tfra_hand_fused", "per_feature"))),
     "bench-feature-major": (("docs/bench/feature_major/*/bench.json",), lambda: bench_commit_modes(
         "docs/bench/feature_major", ("fused", "tfra_hand_fused", "per_feature"))),
+    "perf-op-profile-valid-ids": (("docs/perf/op_profile/valid_ids/*.json",), lambda: perf_op_ab(
+        "docs/perf/op_profile/valid_ids", ("fused",), ("FusedRec>ValidIds", "FusedRec>IdExtremes", "GatherV2", "Where",
+                                                       "GreaterEqual", "Min", "Max", "ConcatV2", "Identity"))),
+    "bench-valid-ids-2workers": (("docs/bench/valid_ids_1127/2workers/*/bench.json",), lambda: bench_commit_modes(
+        "docs/bench/valid_ids_1127/2workers", ("fused", "tfra_hand_fused"))),
     "bench-session-1127c": (("docs/bench/session_1127c/*/bench.json",), lambda: bench_commit_modes(
         "docs/bench/session_1127c", ("fused", "tfra_hand_fused", "per_feature"))),
     "bench-session-1127b": (("docs/bench/session_1127b/*/bench.json",), lambda: bench_commit_modes(
