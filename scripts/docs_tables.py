@@ -742,11 +742,11 @@ def cluster_probe():
                    "allreduce MB/s"], "lllrrrrrr", rows)
 
 
-def cluster_bench():
-    """The 2-worker cluster runs side by side (docs/cluster/*-n2/bench.json), as in the cost model's model.md; the
+def cluster_bench(directory="docs/cluster"):
+    """The 2-worker cluster runs side by side (`directory`/*-n2/bench.json), as in the cost model's model.md; the
     traffic columns are the loopback run's (fused_hot's hot set, and so its bytes, differ between runs)."""
     runs = {}
-    for path in _run_dirs("docs/cluster/*-n2/bench.json"):
+    for path in _run_dirs(f"{directory}/*-n2/bench.json"):
         b = _json(os.path.join(path, "bench.json"))
         runs[b["network"]] = b
     nets = _by_rate(runs)
@@ -1027,6 +1027,8 @@ TABLES = {
     "publish-auc": (("docs/publish/freshness_auc.json",), publish_auc),
     "cluster-probe": (("docs/cluster/*-n2/probe.json", "docs/cluster/model.json"), cluster_probe),
     "cluster-bench": (("docs/cluster/*-n2/bench.json", "docs/cluster/model.json"), cluster_bench),
+    "cluster-bench-1127": (("docs/cluster/run_1127/*-n2/bench.json", "docs/cluster/model.json"),
+                           lambda: cluster_bench("docs/cluster/run_1127")),
     "model-checks": (("docs/cluster/model.json",), model_checks),
     "model-scores": (("docs/cluster/model.json", "docs/cluster/rerun/model.json"), model_scores),
     "model-projection": (("docs/cluster/model.json",), model_projection),
