@@ -725,6 +725,23 @@ def _probes():
     return {n: probes[n] for n in _by_rate(probes)}
 
 
+def bench_vs_396d1ef(directory="docs/bench/vs_396d1ef"):
+    """directory/{launch}-{base,head}-N/bench.json (its run.sh): `fused` on 2 workers in the tree issue 20 measured
+    (396d1ef) and in the tree of the run, alternating, per launch: samples/s, rank 0's CPU a step, and the ratio."""
+    runs = {}
+    for path in _run_dirs(f"{directory}/*/bench.json"):
+        launch, tree, n = os.path.basename(path).rsplit("-", 2)
+        runs.setdefault((launch, int(n)), {})[tree] = _json(os.path.join(path, "bench.json"))["modes"]["fused"]
+    rows = []
+    for (launch, n), trees in sorted(runs.items()):
+        base, head = trees["base"], trees["head"]
+        rows.append([str(n), launch] + [f"{m['samples_per_s']:,.0f}, {m['cpu_seconds_per_step'] * 1e3:.1f} ms"
+                                        for m in (base, head)]
+                    + [f"{head['samples_per_s'] / base['samples_per_s']:.2f}x"])
+    return _table(["run", "launch", "396d1ef: fused samples/s, CPU / step (rank 0)",
+                   "this tree: fused samples/s, CPU / step (rank 0)", "this tree vs 396d1ef"], "llrrr", rows)
+
+
 def cluster_probe():
     """`python -m tf_fusedrec.cluster.probe`'s fits per network: latency in ms, MB/s = 1 / seconds per byte."""
     rates = _rates()
@@ -1027,6 +1044,7 @@ TABLES = {
     "publish-auc": (("docs/publish/freshness_auc.json",), publish_auc),
     "cluster-probe": (("docs/cluster/*-n2/probe.json", "docs/cluster/model.json"), cluster_probe),
     "cluster-bench": (("docs/cluster/*-n2/bench.json", "docs/cluster/model.json"), cluster_bench),
+    "bench-vs-396d1ef": (("docs/bench/vs_396d1ef/*/bench.json",), bench_vs_396d1ef),
     "cluster-bench-1127": (("docs/cluster/run_1127/*-n2/bench.json", "docs/cluster/model.json"),
                            lambda: cluster_bench("docs/cluster/run_1127")),
     "model-checks": (("docs/cluster/model.json",), model_checks),
