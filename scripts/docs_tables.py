@@ -742,6 +742,22 @@ def bench_vs_396d1ef(directory="docs/bench/vs_396d1ef"):
                    "this tree: fused samples/s, CPU / step (rank 0)", "this tree vs 396d1ef"], "llrrr", rows)
 
 
+def bench_per_feature_ceiling(directory="docs/bench/per_feature_ceiling"):
+    """directory/run-N/bench.json (fused, per_feature, dense_only on 2 pinned workers over MPI): per run the three
+    modes' samples/s and rank 0's CPU a step, fused against per_feature, and dense_only (no embedding work at all)
+    against per_feature: the most any embedding layer could reach."""
+    rows = []
+    for path in _run_dirs(f"{directory}/run-*/bench.json"):
+        m = _json(os.path.join(path, "bench.json"))["modes"]
+        rows.append([path.rsplit("-", 1)[1]]
+                    + [f"{m[k]['samples_per_s']:,.0f}, {m[k]['cpu_seconds_per_step'] * 1e3:.1f} ms"
+                       for k in ("fused", "per_feature", "dense_only")]
+                    + [f"{m[k]['samples_per_s'] / m['per_feature']['samples_per_s']:.2f}x" for k in ("fused", "dense_only")])
+    return _table(["run", "fused samples/s, CPU / step (rank 0)", "per_feature samples/s, CPU / step",
+                   "dense_only samples/s, CPU / step", "fused vs per_feature",
+                   "dense_only vs per_feature"], "lrrrrr", rows)
+
+
 def cluster_probe():
     """`python -m tf_fusedrec.cluster.probe`'s fits per network: latency in ms, MB/s = 1 / seconds per byte."""
     rates = _rates()
@@ -1044,6 +1060,7 @@ TABLES = {
     "publish-auc": (("docs/publish/freshness_auc.json",), publish_auc),
     "cluster-probe": (("docs/cluster/*-n2/probe.json", "docs/cluster/model.json"), cluster_probe),
     "cluster-bench": (("docs/cluster/*-n2/bench.json", "docs/cluster/model.json"), cluster_bench),
+    "bench-per-feature-ceiling": (("docs/bench/per_feature_ceiling/*/bench.json",), bench_per_feature_ceiling),
     "bench-vs-396d1ef": (("docs/bench/vs_396d1ef/*/bench.json",), bench_vs_396d1ef),
     "cluster-bench-1127": (("docs/cluster/run_1127/*-n2/bench.json", "docs/cluster/model.json"),
                            lambda: cluster_bench("docs/cluster/run_1127")),
