@@ -1061,6 +1061,8 @@ TABLES = {
     "cluster-probe": (("docs/cluster/*-n2/probe.json", "docs/cluster/model.json"), cluster_probe),
     "cluster-bench": (("docs/cluster/*-n2/bench.json", "docs/cluster/model.json"), cluster_bench),
     "bench-per-feature-ceiling": (("docs/bench/per_feature_ceiling/*/bench.json",), bench_per_feature_ceiling),
+    "bench-steps-per-call-1127": (("docs/bench/steps_per_call_1127/*/bench.json",), lambda: _value_ab(
+        "docs/bench/steps_per_call_1127", ("1", "4"), "steps per call", str, ("fused", "tfra_hand_fused"))),
     "bench-vs-396d1ef": (("docs/bench/vs_396d1ef/*/bench.json",), bench_vs_396d1ef),
     "cluster-bench-1127": (("docs/cluster/run_1127/*-n2/bench.json", "docs/cluster/model.json"),
                            lambda: cluster_bench("docs/cluster/run_1127")),
