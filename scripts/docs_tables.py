@@ -758,6 +758,23 @@ def bench_per_feature_ceiling(directory="docs/bench/per_feature_ceiling"):
                    "dense_only vs per_feature"], "lrrrrr", rows)
 
 
+def steps_per_call_more(directory):
+    """directory/{one_worker,pipelines}/{1,4}-N: per run and K, fused on one worker, and fused_dbp and fused_fwp on two
+    pinned workers over MPI (samples/s with the ratio to K = 1's, rank 0's CPU a step)."""
+    one = _value_runs(f"{directory}/one_worker")
+    two = _value_runs(f"{directory}/pipelines")
+    rows = []
+    for n in sorted(set(one) & set(two)):
+        for k in ("1", "4"):
+            cells = []
+            for runs, mode in ((one, "fused"), (two, "fused_dbp"), (two, "fused_fwp")):
+                base = runs[n]["1"][mode] if k != "1" else None
+                cells.append(_rate_cpu_cell(runs[n][k][mode], base))
+            rows.append([str(n), k] + cells)
+    return _table(["run", "steps per call", "fused, 1 worker: samples/s, CPU / step", "fused_dbp, 2 workers",
+                   "fused_fwp, 2 workers"], "llrrr", rows)
+
+
 def cluster_probe():
     """`python -m tf_fusedrec.cluster.probe`'s fits per network: latency in ms, MB/s = 1 / seconds per byte."""
     rates = _rates()
@@ -1063,6 +1080,9 @@ TABLES = {
     "bench-per-feature-ceiling": (("docs/bench/per_feature_ceiling/*/bench.json",), bench_per_feature_ceiling),
     "bench-steps-per-call-1127": (("docs/bench/steps_per_call_1127/*/bench.json",), lambda: _value_ab(
         "docs/bench/steps_per_call_1127", ("1", "4"), "steps per call", str, ("fused", "tfra_hand_fused"))),
+    "bench-steps-per-call-1127-more": (("docs/bench/steps_per_call_1127/one_worker/*/bench.json",
+                                        "docs/bench/steps_per_call_1127/pipelines/*/bench.json"),
+                                       lambda: steps_per_call_more("docs/bench/steps_per_call_1127")),
     "bench-vs-396d1ef": (("docs/bench/vs_396d1ef/*/bench.json",), bench_vs_396d1ef),
     "cluster-bench-1127": (("docs/cluster/run_1127/*-n2/bench.json", "docs/cluster/model.json"),
                            lambda: cluster_bench("docs/cluster/run_1127")),

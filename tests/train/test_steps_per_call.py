@@ -9,8 +9,8 @@ raises the layer's error naming the feature, leaving the steps before it complet
 Two workers (tests/distributed/pipeline_scenario.py under horovodrun): sync, dbp and fwp with K = 3 equal sync with
 K = 1 (rows, slots, dense weights, losses); a bad batch on rank 1 stops every schedule on both workers at its step
 (both runs in one launch, pipeline_scenario.py --run, the bad one last).
-The app: --steps-per-call 4 --steps 10 (calls shortened at the log and checkpoint steps) ends with the final loss and
-AUC of K = 1, logs and checkpoints where K = 1 does (--steps-per-call 0: tests/apps/test_refusals.py); with 2 workers the summary
+The app: its default K = 4 with --steps 10 (calls shortened at the log and checkpoint steps) ends with the final loss
+and AUC of --steps-per-call 1, logs and checkpoints where K = 1 does (--steps-per-call 0: tests/apps/test_refusals.py); with 2 workers the summary
 counts all-to-alls per step, not per call.
 """
 
@@ -277,8 +277,8 @@ def checkpoints(model_dir):
 
 
 def test_app_steps_per_call_trains_like_one(tmp_path):
-    one, one_summary, _ = app_run(tmp_path / "one")
-    run, summary, model_dir = app_run(tmp_path / "four", "--steps-per-call", "4")
+    one, one_summary, _ = app_run(tmp_path / "one", "--steps-per-call", "1")
+    run, summary, model_dir = app_run(tmp_path / "four")  # the default, 4
     assert summary["steps"] == APP_STEPS and summary["steps_per_call"] == 4, run.describe()
     assert one_summary["steps_per_call"] == 1
     assert (summary["final_loss"], summary["auc"]) == (one_summary["final_loss"], one_summary["auc"]), (
