@@ -1,5 +1,7 @@
 """FusedEmbedding's two-part form (input_dist, then lookup_and_output) equals its call; micro-batches looked up
-together equal separate calls; injected outputs; table names derived from the layer name."""
+together equal separate calls; injected outputs; table names derived from the layer name; on one worker the table's
+unique rows go straight to the combine op (group_lookup.UniqueRows), bit for bit the gather to the received order
+they replace."""
 
 import numpy as np
 import pytest
@@ -115,3 +117,37 @@ def test_table_names_come_from_the_layer_and_group_and_collide_loudly():
     with tf.compat.v1.variable_scope("second_model"):
         other = fr.FusedEmbedding(features(), name="emb")
     assert other.tables[0].params.name != layer.tables[0].params.name
+
+
+@pytest.mark.parametrize("backend", ["native", "tfra"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "hashed"])
+def test_one_worker_unique_rows_straight_to_the_combine_equal_the_gather(backend, optimizer, packed):
+    """One worker: lookup returns the table's unique rows with each fused position's index (UniqueRows) and
+    output_sums combines them with one op, where the other path gathers them to the received order first. Ten
+    training steps give bit for bit the same losses, outputs, rows and optimizer slots; the other path is what the
+    layer runs when the flag is off, and the flag is on by default on one worker without replication."""
+    from tests.layers.test_hot_replication import Trainer  # noqa: PLC0415
+    from tests.layers.test_hot_replication import batch as hot_batch  # noqa: PLC0415
+    from tf_fusedrec.distributed import group_lookup as gl  # noqa: PLC0415
+
+    direct = Trainer(optimizer, packed=packed, name="direct", table_backend=backend)
+    gathered = Trainer(optimizer, packed=packed, name="gathered", table_backend=backend)
+    assert all(g._unique_rows_out for g in direct.layer.group_lookups)  # noqa: SLF001
+    for g in gathered.layer.group_lookups:
+        g._unique_rows_out = False  # noqa: SLF001
+    dist = direct.layer.input_dist(hot_batch(0))
+    assert isinstance(direct.layer.group_lookups[0].lookup([dist.groups[0]], False)[0], gl.UniqueRows)
+    for step in range(10):
+        inputs = hot_batch(step, seed=3)
+        (loss_d, out_d), (loss_g, out_g) = direct.step(inputs), gathered.step(inputs)
+        assert loss_d.numpy() == loss_g.numpy(), step
+        for name in out_d:
+            d, g = out_d[name], out_g[name]
+            if isinstance(d, tf.RaggedTensor):
+                d, g = d.flat_values, g.flat_values
+            np.testing.assert_array_equal(d.numpy(), g.numpy(), err_msg=f"{name} at step {step}")
+    rows_d, rows_g = direct.rows(), gathered.rows()
+    assert sorted(rows_d) == sorted(rows_g) and rows_d
+    for key in rows_d:
+        np.testing.assert_array_equal(rows_d[key], rows_g[key], err_msg=str(key))

@@ -3,7 +3,9 @@
 * ``input_dist(ids, slot)``:  fuse -> sender unique -> partition by owner -> keys all-to-all -> category-aware unique
   on the owner. Depends on ids only, so a pipeline may run it a batch ahead.
 * ``lookup(dists, training)``: table read of the unique keys (new keys get their initial rows) -> gather to the
-  received order. Reads the table, so it runs after the previous batch's update.
+  received order (on one worker without a hot set the received order is the fused order: lookup then returns the
+  unique rows and their index, ``UniqueRows``, and ``output_sums`` gathers them inside its combine op). Reads the
+  table, so it runs after the previous batch's update.
 * ``output_dist(rows, dist, slot)``: embeddings all-to-all -> recover the fused layout with one composed index ->
   split per feature. The layer calls ``output_sums`` instead, which ends in each feature's rows summed into its
   output rows (its combiner's sums, or one row per id): the recover gather and those sums as one op
@@ -255,6 +257,15 @@ def _count(segments, num_categories):
     return tf.math.bincount(segments, minlength=num_categories, maxlength=num_categories, dtype=tf.int64)
 
 
+UniqueRows = collections.namedtuple("UniqueRows", ["rows", "index"])
+UniqueRows.__doc__ = """What GroupLookup.lookup returns, in place of rows in received order, where the received order
+is the fused order itself (one worker, no hot set: no dedup before the owner's unique, so recover_index is the
+identity, and no rows travel): the table's rows of the unique keys [U, dim] and each fused position's row among them
+(gather_index, int32 [n]). output_sums sums them into the features' outputs with one gather_segment_sum over the
+[U, dim] rows, instead of a gather of n rows and then that op over them; its gradient scatters into the [U, dim] rows
+in the same order as the gather's gradient summed the n rows' (so the values are bit for bit the same)."""
+
+
 class GroupLookup:
     """One spec group's routing and table. Subclasses decide what travels and how keys are formed.
 
@@ -270,6 +281,9 @@ class GroupLookup:
     def __init__(self, group, table, comm, prefix, fused_output=None):
         self.group, self.table, self.comm, self.prefix = group, table, comm, prefix
         self.fused_output = FUSED_OUTPUT if fused_output is None else fused_output
+        # Subclasses set it where recover_index is the identity and no row travels: output_sums then reads the
+        # table's rows directly (see UniqueRows).
+        self._unique_rows_out = False
 
     def input_dist(self, ids_per_feature, slot=0, send_after=()):
         """ids: list of int64 [n_f] valid ids, in group order -> GroupDist. `send_after`: tensors the keys all-to-all
@@ -287,7 +301,10 @@ class GroupLookup:
             segments, ids = (tf.math.unsorted_segment_max(tf.concat([getattr(d, field) for d in dists], 0),
                                                           union_index, tf.size(keys))
                              for field in ("key_segments", "key_ids"))
-        return gather_per_micro_batch(self.table.lookup(keys, segments, ids, training), index)
+        rows = self.table.lookup(keys, segments, ids, training)
+        if self._unique_rows_out and len(dists) == 1:
+            return [UniqueRows(rows, index[0])]
+        return gather_per_micro_batch(rows, index)
 
     def output_dist(self, rows, dist, slot=0):
         """Rows in received order -> list of float32 [n_f, dim], one per feature in group order."""
@@ -297,6 +314,8 @@ class GroupLookup:
         """output_dist, then each feature's rows summed into its output rows: rows in received order -> list, one per
         feature in group order, of unsorted_segment_sum(feature's rows, segments[f], num_segments[f]) (segments:
         int64 [n_f] per feature; num_segments: int64 scalars). One op, or the chain, bit-identical."""
+        if isinstance(rows, UniqueRows):  # the gather to received order, composed into the combine's index
+            return ops.gather_segment_sum(rows.rows, rows.index, segments, num_segments, name="combine")
         buffer = self.output_buffer(rows, dist, slot)
         if self.fused_output:
             return ops.gather_segment_sum(buffer, dist.recover_index, segments, num_segments, name="combine")
@@ -350,6 +369,9 @@ class FusedGroupLookup(GroupLookup):
             self._sender = ChainSender(self._dedup, self._route, group.num_categories,
                                        count_sent=not self._sent_are_looked_up)
         self._wire = wire
+        # One worker without a hot set: no_dedup and LocalRoute make recover_index the identity; rows go straight
+        # from the table to the combine op (UniqueRows).
+        self._unique_rows_out = comm.size == 1 and hot is None and self.fused_output
 
     def input_dist(self, ids_per_feature, slot=0, send_after=()):
         keys, segments, feature_sizes = fuse(ids_per_feature, self.group.feature_categories)
