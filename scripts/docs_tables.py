@@ -1020,6 +1020,9 @@ TABLES = {
     "perf-op-profile-valid-ids": (("docs/perf/op_profile/valid_ids/*.json",), lambda: perf_op_ab(
         "docs/perf/op_profile/valid_ids", ("fused",), ("FusedRec>ValidIds", "FusedRec>IdExtremes", "GatherV2", "Where",
                                                        "GreaterEqual", "Min", "Max", "ConcatV2", "Identity"))),
+    "perf-op-profile-unique-rows": (("docs/perf/op_profile/unique_rows/*.json",), lambda: perf_op_ab(
+        "docs/perf/op_profile/unique_rows", ("fused",), ("FusedRec>GatherSegmentSum", "FusedRec>GatherSegmentSumGrad",
+                                                         "GatherV2"))),
     "bench-valid-ids-2workers": (("docs/bench/valid_ids_1127/2workers/*/bench.json",), lambda: bench_commit_modes(
         "docs/bench/valid_ids_1127/2workers", ("fused", "tfra_hand_fused"))),
     "bench-session-1127c": (("docs/bench/session_1127c/*/bench.json",), lambda: bench_commit_modes(
