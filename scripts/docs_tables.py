@@ -660,6 +660,35 @@ def perf_transport():
                   rows)
 
 
+def perf_step_1127(directory="docs/perf/step_1127"):
+    """directory/{issue-gloo,head-gloo,head-mpi}: scripts/perf_step.sh fused in the tree issue 20 measured (396d1ef,
+    its own op library) and in the tree of 2026-11-27, under the issue's launch (Gloo, unpinned), and this tree under
+    make bench's (Open MPI, pinned)."""
+    runs = ("issue-gloo", "head-gloo", "head-mpi")
+    steps, shares, idle = {}, {}, {}
+    for run in runs:
+        steps[run], shares[run] = _perf_run(f"{directory}/{run}")
+        with open(_path(f"{directory}/{run}-sym.txt")) as f:
+            idle[run] = sum(float(line.split()[0].rstrip("%")) for line in f if "pv_native_safe_halt" in line)
+    mpi_libs = ("libfabric", "mca_", "libopen-pal", "libopen-rte", "libmpi")
+    rows = [["step (rank 0), ms"] + [steps[r][0][0] for r in runs],
+            ["CPU per step (rank 0 / rank 1), ms"] + [f"{steps[r][0][1]} / {steps[r][1][1]}" for r in runs],
+            ["kernel: the idle loop (`pv_native_safe_halt`)"] + [f"{idle[r]:.2f}%" for r in runs],
+            ["kernel: the rest (TCP loopback, epoll, scheduling, page faults)"]
+            + [f"{shares[r].get('[kernel.kallsyms]', 0.0) - idle[r]:.2f}%" for r in runs],
+            ["Open MPI's libraries (`libfabric`, `mca_btl_*`, `libopen-pal`, `libmpi`)"]
+            + [f"{sum(v for d, v in shares[r].items() if d.startswith(mpi_libs)):.2f}%" for r in runs]]
+    jit = ("oneDNN's generated code (the dense model's matmuls)", ())
+    for label, dsos in PERF_ROWS[1:] + (jit,):
+        cells = []
+        for r in runs:
+            found = [v for d, v in shares[r].items() if d in dsos or (not dsos and d.startswith("[JIT]"))]
+            cells.append(f"{sum(found):.2f}%" if found else "-")
+        rows.append([label] + cells)
+    return _table(["share of all samples", "396d1ef, Gloo, unpinned (issue 20's)", "this tree, Gloo, unpinned",
+                   "this tree, Open MPI, pinned (`make bench`)"], "lrrr", rows)
+
+
 MODEL_CHOICE = " (model's choice)"
 
 
@@ -1086,6 +1115,7 @@ TABLES = {
     "bench-steps-per-call-1127-more": (("docs/bench/steps_per_call_1127/one_worker/*/bench.json",
                                         "docs/bench/steps_per_call_1127/pipelines/*/bench.json"),
                                        lambda: steps_per_call_more("docs/bench/steps_per_call_1127")),
+    "perf-step-1127": (("docs/perf/step_1127/*.txt",), perf_step_1127),
     "bench-vs-396d1ef": (("docs/bench/vs_396d1ef/*/bench.json",), bench_vs_396d1ef),
     "cluster-bench-1127": (("docs/cluster/run_1127/*-n2/bench.json", "docs/cluster/model.json"),
                            lambda: cluster_bench("docs/cluster/run_1127")),

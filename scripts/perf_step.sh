@@ -5,7 +5,9 @@
 #                                                    OUT/NAME-dso.txt (share of samples per shared object),
 #                                                    OUT/NAME-sym.txt (the 60 largest symbols)
 # SRC: the source tree to run (default this one; an earlier commit's checkout for a before/after pair, run with this
-# tree's .venv and op library). STEPS (default 150) must outlast perf's 5 s. PIN=1 runs each worker on a core.
+# tree's .venv and op library; SRC_LIB=own keeps SRC's own library, for a tree whose ops differ). STEPS (default
+# 700) must outlast perf's 5 s (with 150 steps of 13 ms, perf sampled the workers' exit instead). PIN=1 runs each
+# worker on a core.
 # TRANSPORT=mpi launches with horovodrun --mpi (Open MPI) instead of --gloo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +18,9 @@ src=$(realpath "${SRC:-$head}")
 tool=$(realpath "$head/../shared/tools/prof_step.py")
 flag=$(mktemp -u /tmp/perf_step.XXXXXX)
 mkdir -p "$(dirname "$out")"
-if [ "$src" != "$head" ]; then cp tf_fusedrec/ops/_fusedrec_ops.so "$src/tf_fusedrec/ops/_fusedrec_ops.so"; fi
+if [ "$src" != "$head" ] && [ "${SRC_LIB:-}" != own ]; then
+  cp tf_fusedrec/ops/_fusedrec_ops.so "$src/tf_fusedrec/ops/_fusedrec_ops.so"
+fi
 pin=()
 if [ "${PIN:-0}" = 1 ]; then pin=("$head/scripts/pin_worker.sh"); fi
 transport=${TRANSPORT:-gloo}
@@ -24,7 +28,7 @@ case "$transport" in gloo | mpi) ;; *) echo "perf_step: TRANSPORT must be gloo o
 # mpirun refuses to start as root unless told that it is meant.
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 (cd "$src" && PYTHONPATH="$src" "$head/.venv/bin/horovodrun" -np 2 -H localhost:2 "--$transport" "${pin[@]}" \
-  "$head/.venv/bin/python" "$tool" "$mode" "${STEPS:-150}" "$flag" >"$out.log" 2>&1) &
+  "$head/.venv/bin/python" "$tool" "$mode" "${STEPS:-700}" "$flag" >"$out.log" 2>&1) &
 runner=$!
 while [ ! -f "$flag" ]; do
   if ! kill -0 "$runner" 2>/dev/null; then echo "perf_step: the run ended before its steady steps: $out.log"; exit 1; fi
