@@ -632,30 +632,40 @@ def perf_step_cost():
     return _table(["share of all samples", "base", "head"], "lrr", rows)
 
 
-def perf_transport():
-    """docs/perf/transport/{gloo,mpi,mpi_yield}: scripts/perf_step.sh fused, pinned, launched over Gloo, over Open MPI
-    with its ranks spinning while they wait (before comm.OPEN_MPI_DEFAULTS), and over Open MPI with them yielding."""
-    runs = ("gloo", "mpi", "mpi_yield")
+def _perf_shares(prefixes, dso_rows):
+    """The rows of a table of scripts/perf_step.sh runs side by side (PREFIX-{step,dso,sym}.txt each): the step and
+    CPU, the kernel's idle loop and the rest of it, Open MPI's libraries, then `dso_rows` ((label, shared objects);
+    no objects: oneDNN's generated code, perf's [JIT] entries)."""
     steps, shares, idle = {}, {}, {}
-    for run in runs:
-        steps[run], shares[run] = _perf_run(f"docs/perf/transport/{run}")
-        with open(_path(f"docs/perf/transport/{run}-sym.txt")) as f:
-            idle[run] = sum(float(line.split()[0].rstrip("%")) for line in f if "pv_native_safe_halt" in line)
+    for prefix in prefixes:
+        steps[prefix], shares[prefix] = _perf_run(prefix)
+        with open(_path(f"{prefix}-sym.txt")) as f:
+            idle[prefix] = sum(float(line.split()[0].rstrip("%")) for line in f if "pv_native_safe_halt" in line)
     mpi_libs = ("libfabric", "mca_", "libopen-pal", "libopen-rte", "libmpi")
-    rows = [["step (rank 0), ms"] + [steps[r][0][0] for r in runs],
-            ["CPU per step (rank 0 / rank 1), ms"] + [f"{steps[r][0][1]} / {steps[r][1][1]}" for r in runs],
-            ["kernel: the idle loop (`pv_native_safe_halt`)"] + [f"{idle[r]:.2f}%" for r in runs],
+    rows = [["step (rank 0), ms"] + [steps[r][0][0] for r in prefixes],
+            ["CPU per step (rank 0 / rank 1), ms"] + [f"{steps[r][0][1]} / {steps[r][1][1]}" for r in prefixes],
+            ["kernel: the idle loop (`pv_native_safe_halt`)"] + [f"{idle[r]:.2f}%" for r in prefixes],
             ["kernel: the rest (TCP loopback, epoll, scheduling, page faults)"]
-            + [f"{shares[r].get('[kernel.kallsyms]', 0.0) - idle[r]:.2f}%" for r in runs],
+            + [f"{shares[r].get('[kernel.kallsyms]', 0.0) - idle[r]:.2f}%" for r in prefixes],
             ["Open MPI's libraries (`libfabric`, `mca_btl_*`, `libopen-pal`, `libmpi`)"]
-            + [f"{sum(v for d, v in shares[r].items() if d.startswith(mpi_libs)):.2f}%" for r in runs]]
-    jit = ("oneDNN's generated code (the dense model's matmuls)", ())
-    for label, dsos in PERF_ROWS[1:3] + (jit,) + PERF_ROWS[4:]:
+            + [f"{sum(v for d, v in shares[r].items() if d.startswith(mpi_libs)):.2f}%" for r in prefixes]]
+    for label, dsos in dso_rows:
         cells = []
-        for r in runs:
+        for r in prefixes:
             found = [v for d, v in shares[r].items() if d in dsos or (not dsos and d.startswith("[JIT]"))]
             cells.append(f"{sum(found):.2f}%" if found else "-")
         rows.append([label] + cells)
+    return rows
+
+
+JIT_ROW = ("oneDNN's generated code (the dense model's matmuls)", ())
+
+
+def perf_transport():
+    """docs/perf/transport/{gloo,mpi,mpi_yield}: scripts/perf_step.sh fused, pinned, launched over Gloo, over Open MPI
+    with its ranks spinning while they wait (before comm.OPEN_MPI_DEFAULTS), and over Open MPI with them yielding."""
+    rows = _perf_shares([f"docs/perf/transport/{r}" for r in ("gloo", "mpi", "mpi_yield")],
+                        PERF_ROWS[1:3] + (JIT_ROW,) + PERF_ROWS[4:])
     return _table(["share of all samples", "Gloo", "MPI, ranks spinning", "MPI, ranks yielding (default)"], "lrrr",
                   rows)
 
@@ -664,27 +674,8 @@ def perf_step_1127(directory="docs/perf/step_1127"):
     """directory/{issue-gloo,head-gloo,head-mpi}: scripts/perf_step.sh fused in the tree issue 20 measured (396d1ef,
     its own op library) and in the tree of 2026-11-27, under the issue's launch (Gloo, unpinned), and this tree under
     make bench's (Open MPI, pinned)."""
-    runs = ("issue-gloo", "head-gloo", "head-mpi")
-    steps, shares, idle = {}, {}, {}
-    for run in runs:
-        steps[run], shares[run] = _perf_run(f"{directory}/{run}")
-        with open(_path(f"{directory}/{run}-sym.txt")) as f:
-            idle[run] = sum(float(line.split()[0].rstrip("%")) for line in f if "pv_native_safe_halt" in line)
-    mpi_libs = ("libfabric", "mca_", "libopen-pal", "libopen-rte", "libmpi")
-    rows = [["step (rank 0), ms"] + [steps[r][0][0] for r in runs],
-            ["CPU per step (rank 0 / rank 1), ms"] + [f"{steps[r][0][1]} / {steps[r][1][1]}" for r in runs],
-            ["kernel: the idle loop (`pv_native_safe_halt`)"] + [f"{idle[r]:.2f}%" for r in runs],
-            ["kernel: the rest (TCP loopback, epoll, scheduling, page faults)"]
-            + [f"{shares[r].get('[kernel.kallsyms]', 0.0) - idle[r]:.2f}%" for r in runs],
-            ["Open MPI's libraries (`libfabric`, `mca_btl_*`, `libopen-pal`, `libmpi`)"]
-            + [f"{sum(v for d, v in shares[r].items() if d.startswith(mpi_libs)):.2f}%" for r in runs]]
-    jit = ("oneDNN's generated code (the dense model's matmuls)", ())
-    for label, dsos in PERF_ROWS[1:] + (jit,):
-        cells = []
-        for r in runs:
-            found = [v for d, v in shares[r].items() if d in dsos or (not dsos and d.startswith("[JIT]"))]
-            cells.append(f"{sum(found):.2f}%" if found else "-")
-        rows.append([label] + cells)
+    rows = _perf_shares([f"{directory}/{r}" for r in ("issue-gloo", "head-gloo", "head-mpi")],
+                        PERF_ROWS[1:] + (JIT_ROW,))
     return _table(["share of all samples", "396d1ef, Gloo, unpinned (issue 20's)", "this tree, Gloo, unpinned",
                    "this tree, Open MPI, pinned (`make bench`)"], "lrrr", rows)
 
