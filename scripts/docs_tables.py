@@ -772,7 +772,8 @@ def bench_per_feature_ceiling(directory="docs/bench/per_feature_ceiling"):
         rows.append([path.rsplit("-", 1)[1]]
                     + [f"{m[k]['samples_per_s']:,.0f}, {m[k]['cpu_seconds_per_step'] * 1e3:.1f} ms"
                        for k in ("fused", "per_feature", "dense_only")]
-                    + [f"{m[k]['samples_per_s'] / m['per_feature']['samples_per_s']:.2f}x" for k in ("fused", "dense_only")])
+                    + [f"{m[k]['samples_per_s'] / m['per_feature']['samples_per_s']:.2f}x"
+                       for k in ("fused", "dense_only")])
     return _table(["run", "fused samples/s, CPU / step (rank 0)", "per_feature samples/s, CPU / step",
                    "dense_only samples/s, CPU / step", "fused vs per_feature",
                    "dense_only vs per_feature"], "lrrrrr", rows)

@@ -10,8 +10,8 @@ Two workers (tests/distributed/pipeline_scenario.py under horovodrun): sync, dbp
 K = 1 (rows, slots, dense weights, losses); a bad batch on rank 1 stops every schedule on both workers at its step
 (both runs in one launch, pipeline_scenario.py --run, the bad one last).
 The app: its default K = 4 with --steps 10 (calls shortened at the log and checkpoint steps) ends with the final loss
-and AUC of --steps-per-call 1, logs and checkpoints where K = 1 does (--steps-per-call 0: tests/apps/test_refusals.py); with 2 workers the summary
-counts all-to-alls per step, not per call.
+and AUC of --steps-per-call 1, logs and checkpoints where K = 1 does (--steps-per-call 0:
+tests/apps/test_refusals.py); with 2 workers the summary counts all-to-alls per step, not per call.
 """
 
 import re

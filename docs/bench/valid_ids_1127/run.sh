@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-worker fused vs dense_only before (base, 4afc467) and after ops.valid_ids / ops.id_extremes (head), the trees
-# alternating within each round, the first of a round alternating too (base first in odd rounds). Run from the repository root with the base tree checked out at $BASE
+# alternating within each round, the first of a round alternating too (base first in odd rounds). Run from the
+# repository root with the base tree checked out at $BASE
 # (git worktree add $BASE 4afc467; cp tf_fusedrec/ops/_fusedrec_ops.so $BASE/tf_fusedrec/ops/).
 set -euo pipefail
 BASE=${BASE:-/tmp/base_vi}

@@ -18,7 +18,8 @@ for n in ${RUNS:-1 2 3}; do
       else run=("$head/.venv/bin/horovodrun" -np 2 -H localhost:2 --mpi "$head/scripts/pin_worker.sh"); fi
       echo "[vs_396d1ef] $dir"
       (cd "$src" && PYTHONPATH="$src" "${run[@]}" "$head/.venv/bin/python" -m tf_fusedrec.bench --modes fused \
-        --sweep '' --steps 15 --repeats 3 --warmup 10 --out "$dir" 2>&1 | grep -E "^\[1,0\]<stdout>:\| fused|\| fused \|" || true)
+        --sweep '' --steps 15 --repeats 3 --warmup 10 --out "$dir" 2>&1 \
+        | grep -E "^\[1,0\]<stdout>:\| fused|\| fused \|" || true)
     done
   done
 done
