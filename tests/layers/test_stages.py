@@ -8,6 +8,10 @@ import pytest
 import tensorflow as tf
 
 import tf_fusedrec as fr
+from tf_fusedrec.distributed import group_lookup as gl
+
+from tests.layers.test_hot_replication import Trainer
+from tests.layers.test_hot_replication import batch as hot_batch
 
 
 def features(max_id_bits=None):
@@ -127,10 +131,6 @@ def test_one_worker_unique_rows_straight_to_the_combine_equal_the_gather(backend
     output_sums combines them with one op, where the other path gathers them to the received order first. Ten
     training steps give bit for bit the same losses, outputs, rows and optimizer slots; the other path is what the
     layer runs when the flag is off, and the flag is on by default on one worker without replication."""
-    from tests.layers.test_hot_replication import Trainer  # noqa: PLC0415
-    from tests.layers.test_hot_replication import batch as hot_batch  # noqa: PLC0415
-    from tf_fusedrec.distributed import group_lookup as gl  # noqa: PLC0415
-
     direct = Trainer(optimizer, packed=packed, name="direct", table_backend=backend)
     gathered = Trainer(optimizer, packed=packed, name="gathered", table_backend=backend)
     assert all(g._unique_rows_out for g in direct.layer.group_lookups)  # noqa: SLF001
