@@ -143,7 +143,7 @@ class RankerThread:
     """The ranker built from command-line flags (ranker.parse_args, build, make_server: what `python -m
     tf_fusedrec.serve.ranker` runs) serving on a free loopback port from a thread of this process.
 
-    Attributes: ranker (the Ranker), server (its BoundedHTTPServer), port, url (http://127.0.0.1:PORT/v1/models/NAME).
+    Attributes: ranker (the Ranker), server (its http_server.AsyncHTTPServer), port, url (http://127.0.0.1:PORT/v1/models/NAME).
     """
 
     def __init__(self, flags):

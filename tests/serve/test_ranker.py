@@ -220,13 +220,8 @@ TIGHT = {"max_connections": 3, "idle_timeout_s": 2.0, "read_timeout_s": 2.0, "ma
 
 @pytest.fixture(scope="module")
 def tight(trained):
-    """The ranker with small limits (TIGHT), its rows in this process (--servers local), serving from a thread.
-
-    A new connection at the cap waits for the idle one it closes to free its slot: up to 1 s in the ranker, which a
-    closing thread can take on a busy machine (the client would get 503); here up to WAIT_S."""
+    """The ranker with small limits (TIGHT), its rows in this process (--servers local), serving from a thread."""
     export_dir, _ = trained
-    eviction_wait_s = ranker_lib._EVICTION_WAIT_S  # noqa: SLF001
-    ranker_lib._EVICTION_WAIT_S = WAIT_S  # noqa: SLF001
     served = serve_fixtures.RankerThread([
         "--export", export_dir, "--servers", "local", "--cache-mb", "0", "--name", "tight",
         "--max-connections", str(TIGHT["max_connections"]), "--idle-timeout-s", str(TIGHT["idle_timeout_s"]),
@@ -235,15 +230,13 @@ def tight(trained):
         "--max-queue", str(TIGHT["max_queue"])])
     yield served
     served.close()
-    ranker_lib._EVICTION_WAIT_S = eviction_wait_s  # noqa: SLF001
 
 
 def settle(tight):
-    """Waits until the ranker is done with the connections of the requests before: on a busy machine their threads can
-    lag behind the client and still hold slots of the 3 (--max-connections) when the next request comes, which is then
-    refused with 503 (seen under load: 3 of them behind a run of raw requests)."""
-    wait_for(lambda: tight.server._slots._value == TIGHT["max_connections"],  # noqa: SLF001
-             "the connections of the requests before closed")
+    """Waits until the ranker is done with the connections of the requests before: on a busy machine its event loop
+    can lag behind the client, and they would still hold slots of the 3 (--max-connections) when the next request
+    comes, which is then refused with 503 if none of them is idle."""
+    wait_for(lambda: tight.server.open_count() == 0, "the connections of the requests before closed")
 
 
 def tight_stats(tight):
@@ -318,8 +311,7 @@ def test_idle_connections_are_dropped_and_a_client_is_served(tight, trained):
     idle = [socket.create_connection(("127.0.0.1", tight.port), timeout=WAIT_S)
             for _ in range(TIGHT["max_connections"])]
     try:
-        wait_for(lambda: sum(r.idle_since is not None for r in list(tight.server._readers)) == len(idle),
-                 "the idle connections accepted")
+        wait_for(lambda: tight.server.idle_count() == len(idle), "the idle connections accepted")
         began = time.monotonic()
         status, answer = post(f"{tight.url}:predict", {"instances": instances}, timeout=WAIT_S)  # at the cap, all idle
         assert status == 200, answer
@@ -375,8 +367,8 @@ def test_slow_clients_get_408_and_busy_connections_beyond_the_cap_get_503(tight,
     for t in threads:
         t.start()
     try:
-        wait_for(lambda: len(tight.server._readers) == len(slow) and all(
-            r.idle_since is None for r in list(tight.server._readers)), "the slow requests under way")
+        wait_for(lambda: tight.server.open_count() == len(slow) and tight.server.idle_count() == 0,
+                 "the slow requests under way")
         status, answer = raw_http(tight.port, b"GET /v1/models/tight HTTP/1.1\r\nHost: x\r\n\r\n")
         assert status == 503 and "--max-connections" in answer["error"], (status, answer)
         for t in threads[len(slow) - 1:]:

@@ -16,10 +16,11 @@ Versions: a predict answer carries "model_version", the version of the rows and 
 --publish-port, a trainer (python -m tf_fusedrec.train --publish-to HOST:PORT) installs new versions there
 (tf_fusedrec/serve/publish.py: the endpoint binds to --publish-host, 127.0.0.1 by default, apart from the predict port).
 
-A request is checked in its own handler thread (unknown feature, wrong type, negative or out-of-range id, malformed
-or too deeply nested JSON: HTTP 400 naming the field), then queued for the batcher, which merges the requests waiting
-(up to --max-batch instances: those queued when the model comes free, and with --batch-wait-ms those arriving within
-it) into one embedding lookup per group and one call of the dense SavedModel. A server that is down or saturated
+Connections wait in one asyncio event loop (tf_fusedrec/serve/http_server.py), not a thread each. A request's body
+is parsed and checked in one of --handler-threads threads (unknown feature, wrong type, negative or out-of-range id,
+malformed or too deeply nested JSON: HTTP 400 naming the field), then queued for the batcher, which merges the
+requests waiting (up to --max-batch instances: those queued when the model comes free, and with --batch-wait-ms
+those arriving within it) into one embedding lookup per group and one call of the dense SavedModel. A server that is down or saturated
 answers HTTP 503 naming it; the ranker stays up and uses it again once it is back.
 
 Bounds (each answered with a status naming the flag): the body (--max-body-mb, 413; no Content-Length: 411), the
@@ -27,32 +28,31 @@ instances and ids of a request (--max-instances, --max-ids: 413, counted while t
 request never becomes a large Python structure), queued requests (--max-queue, 503) and open connections
 (--max-connections: at the cap the longest idle connection is closed for the new one, else 503). A connection idle
 for --idle-timeout-s is closed; a request not received within --read-timeout-s of its first byte gets 408 and its
-connection is closed, so slow or idle clients cannot hold the ranker's threads. A malformed request, and every later
-request of a connection answered a 4xx, is served with Python's thread switch interval at --slow-path-switch-ms, so
-that its parse cannot hold the interpreter's lock against the others' requests for long (_ShortSlices). Binds to
+connection is closed, so slow or idle clients cannot hold the ranker's connections. A malformed request, and every
+later request of a connection answered a 4xx, is parsed with Python's thread switch interval at --slow-path-switch-ms,
+so that its parse cannot hold the interpreter's lock against the event loop and the others' requests for long
+(_ShortSlices). Binds to
 127.0.0.1 unless --host says otherwise.
 """
 
 import argparse
+import asyncio
 import contextlib
-import io
 import itertools
 import json
 import math
 import operator
 import queue
 import re
-import socket
 import sys
 import threading
 import time
 from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import orjson
 
-from tf_fusedrec.serve import lifetime
+from tf_fusedrec.serve import http_server, lifetime
 from tf_fusedrec.serve.model import FlatIds, InputError, RaggedIds
 
 MB = 1 << 20
@@ -61,11 +61,6 @@ _PATH = re.compile(r"^/v1/models/([^/:]+)(?:/versions/\d+)?(:predict|/metadata|/
 _INT64_DIGITS = 19
 # Error messages echo parts of the request; this keeps an answer small whatever the request held.
 MAX_ERROR_CHARS = 1000
-# How long a new connection at the --max-connections cap waits for the idle connection it closed to free its slot.
-_EVICTION_WAIT_S = 1.0
-# How long a connection refused before its body was read goes on reading (and dropping) what the client still sends:
-# closing a socket with unread bytes resets the connection, and the client could lose the answer that says why.
-_LINGER_S = 1.0
 # Python's thread switch interval while a body the fast parser refused is parsed, and while a connection that was
 # answered a 4xx is served (--slow-path-switch-ms).
 DEFAULT_SLOW_PATH_SWITCH_S = 2e-5
@@ -401,6 +396,11 @@ class Ranker:
 
     def submit_versioned(self, prepared):
         """(scores, version) of a prepared request: submit's scores and the model version they were computed at."""
+        return self.enqueue(prepared).result(timeout=self.answer_timeout_s)
+
+    def enqueue(self, prepared):
+        """A prepared request queued for the batcher -> a concurrent.futures.Future of (scores, version); Overloaded
+        when the queue is full. Cancelling the future (a client gone, a timeout) drops the answer, not the batch."""
         flats, dense, batch = prepared
         if self.cache is not None:
             self.cache.observe(batch)
@@ -412,7 +412,7 @@ class Ranker:
                              f"(--max-queue)") from None
         self.count("requests")
         self.count("instances", batch)
-        return done.result(timeout=self.answer_timeout_s)
+        return done
 
     def _batch_loop(self):
         while not self._stop.is_set():
@@ -437,13 +437,15 @@ class Ranker:
             scores, version = self.model.predict_versioned(flats, dense, batch)
         except BaseException as e:  # noqa: BLE001  (every waiting request gets the error; the batcher goes on)
             for item in taken:
-                item[3].set_exception(e)
+                with contextlib.suppress(futures.InvalidStateError):  # cancelled by its waiter
+                    item[3].set_exception(e)
             return
         self.count("batches")
         self.count("batched_instances", batch)
         offset = 0
         for item in taken:
-            item[3].set_result((scores[offset:offset + item[2]].tolist(), version))
+            with contextlib.suppress(futures.InvalidStateError):  # cancelled by its waiter
+                item[3].set_result((scores[offset:offset + item[2]].tolist(), version))
             offset += item[2]
 
     def stats(self):
@@ -471,339 +473,83 @@ class Ranker:
         self.model.close()
 
 
-class _Late(Exception):  # noqa: N818  (not an error of the ranker's: a client's deadline passed)
-    """A connection's deadline passed: idle too long (started False), or a request not received in time."""
+class RankerApp:
+    """The ranker's HTTP endpoints (the module's docstring), the application of an http_server.AsyncHTTPServer.
 
-    def __init__(self, started):
-        super().__init__()
-        self.started = started
-
-
-class _ConnectionReader(io.RawIOBase):
-    """A connection's bytes, every read bounded by the time left to the connection's deadline: idle_timeout_s from
-    when the ranker waits for a request, read_timeout_s from the request's first byte. A socket timeout alone bounds
-    one recv, so a client sending a byte at a time would hold its thread forever."""
-
-    def __init__(self, sock):
-        super().__init__()
-        self._sock = sock
-        self._lock = threading.Lock()
-        self._deadline = math.inf
-        self._read_timeout_s = math.inf
-        self.idle_since = None  # monotonic time the connection began to wait for a request; None while one arrives
-        self.evicted = False
-
-    def readable(self):
-        return True
-
-    def await_request(self, idle_timeout_s, read_timeout_s):
-        with self._lock:
-            self.idle_since = time.monotonic()
-            self._deadline = self.idle_since + idle_timeout_s
-            self._read_timeout_s = read_timeout_s
-
-    def readinto(self, buffer):
-        remaining = self._deadline - time.monotonic()
-        if remaining <= 0:
-            raise _Late(self.idle_since is None)
-        self._sock.settimeout(remaining)
-        try:
-            n = self._sock.recv_into(buffer)
-        except TimeoutError:
-            raise _Late(self.idle_since is None) from None
-        with self._lock:
-            if self.evicted:
-                return 0  # closed for another connection while this read waited
-            if n and self.idle_since is not None:
-                self.idle_since = None
-                self._deadline = time.monotonic() + self._read_timeout_s
-        return n
-
-    def begin_request(self):
-        """A request line was read (perhaps from bytes already buffered): the connection is busy, not idle."""
-        with self._lock:
-            if self.idle_since is not None:
-                self.idle_since = None
-                self._deadline = time.monotonic() + self._read_timeout_s
-
-    def evict(self):
-        """Closes the connection if it is idle (between requests); -> whether it was."""
-        with self._lock:
-            if self.idle_since is None or self.evicted:
-                return False
-            self.evicted = True
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)  # wakes its thread's recv, which then sees the end of the stream
-        except OSError:
-            pass
-        return True
-
-
-class BoundedHTTPServer(ThreadingHTTPServer):
-    """A thread per connection, at most `max_connections` at once, so a flood of connections cannot start threads
-    without bound. At the cap a new connection takes the slot of the longest idle one (closed: idle keep-alive
-    connections may be closed at any time in HTTP/1.1); when none is idle it is answered HTTP 503 and closed. The
-    handler (make_handler's) registers each connection's _ConnectionReader here."""
-
-    daemon_threads = True
-    # The listen backlog (socketserver's default is 5): a burst of connections beyond it may be reset by the kernel
-    # before the cap above can answer them.
-    request_queue_size = 128
-
-    def __init__(self, address, handler, max_connections=64):
-        super().__init__(address, handler)
-        self._slots = threading.BoundedSemaphore(max_connections)
-        self._readers = set()
-        self._readers_lock = threading.Lock()
-        self.max_connections = max_connections
-        self.refused = self.evicted = 0
-
-    def register(self, reader):
-        with self._readers_lock:
-            self._readers.add(reader)
-
-    def unregister(self, reader):
-        with self._readers_lock:
-            self._readers.discard(reader)
-
-    def _evict_idle(self):
-        with self._readers_lock:
-            idle = sorted((r for r in self._readers if r.idle_since is not None), key=lambda r: r.idle_since)
-        for reader in idle:
-            if reader.evict():
-                self.evicted += 1
-                return True
-        return False
-
-    def process_request(self, request, client_address):
-        if not self._slots.acquire(blocking=False) and not (
-                self._evict_idle() and self._slots.acquire(timeout=_EVICTION_WAIT_S)):
-            self.refused += 1
-            body = json.dumps({"error": f"the ranker is overloaded: {self.max_connections} connections are open "
-                                        f"and busy (--max-connections)"}).encode()
-            try:
-                request.settimeout(1.0)
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                                b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-            except OSError:
-                pass
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request, client_address):
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request, client_address):
-        if isinstance(sys.exc_info()[1], OSError):
-            return  # the client went away (reset, broken pipe): nothing to report
-        super().handle_error(request, client_address)
-
-
-def _content_length(headers, max_body_bytes):
-    """(the body's length, None) or (None, (status, message)) from a request's headers."""
-    if "Transfer-Encoding" in headers:
-        return None, (411, "a Content-Length header is required (Transfer-Encoding is not accepted)")
-    given = headers.get_all("Content-Length") or []
-    if not given:
-        return None, (411, "a Content-Length header is required")
-    if len(set(given)) > 1:
-        return None, (400, f"the request has {len(given)} different Content-Length headers")
-    text = given[0].strip()
-    if not re.fullmatch(r"[0-9]+", text):
-        return None, (400, f"the Content-Length header {text[:40]!r} is not a byte count")
-    if len(text) > 15 or int(text) > max_body_bytes:
-        return None, (413, f"the request body ({text[:40]} bytes) exceeds --max-body-mb ({max_body_bytes} bytes)")
-    return int(text), None
-
-
-def make_handler(ranker, name, max_body_bytes, idle_timeout_s=30.0, read_timeout_s=30.0):
-    """The request handler class of a BoundedHTTPServer serving `ranker` as model `name`.
-
-    Args:
-      max_body_bytes: the largest request body (--max-body-mb).
-      idle_timeout_s: a connection waiting longer than this for its next request is closed (--idle-timeout-s).
-      read_timeout_s: a request not received within this of its first byte gets 408 and its connection is closed;
-        also the time an answer may take to send (--read-timeout-s).
+    The event loop reads requests and writes answers; a predict request's body is parsed and checked in one of
+    `handler_threads` threads (so that a large or malformed body never holds the loop), its rows and scores come from
+    the Ranker's batcher, whose answer the loop awaits. A connection that was answered a 4xx has its later requests
+    parsed in short thread slices (Ranker.short_slices), as a body the fast parser refuses is.
     """
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "tf_fusedrec-ranker"
-        # An answer goes out as two writes (headers, body): with Nagle's algorithm the body waits for the client's
-        # delayed ACK of the headers, 40 ms on Linux, on every keep-alive request.
-        disable_nagle_algorithm = True
+    _COUNTED = ("errors_400", "errors_408", "errors_411", "errors_413", "errors_503", "errors_500", "idle_closed")
 
-        def log_message(self, fmt, *args):  # noqa: A002  (no line per request on stderr)
-            pass
+    def __init__(self, ranker, name, handler_threads=4):
+        self.ranker, self.name = ranker, name
+        self._pool = futures.ThreadPoolExecutor(handler_threads, thread_name_prefix="ranker_parse")
 
-        def setup(self):
-            super().setup()
-            self.rfile.close()  # the socket's own file; reads go through the reader, which keeps the deadlines
-            self.reader = _ConnectionReader(self.connection)
-            self.rfile = io.BufferedReader(self.reader, 1 << 16)
-            self.server.register(self.reader)
+    def event(self, name):
+        # Every other error status (414, 417, 431, 501, 505: malformed requests) counts as a 400.
+        self.ranker.count(name if name in self._COUNTED else "errors_400")
 
-        def finish(self):
-            try:
-                super().finish()
-            finally:
-                self.server.unregister(self.reader)
-                if self.reader.evicted:
-                    ranker.count("idle_closed")
+    def close(self):
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
-        suspect = False  # whether this connection was answered a 4xx: its requests then run in short slices
-        _in_short_slices = False
+    async def handle(self, request):
+        name = self.name
+        match = _PATH.match(request.target.split("?", 1)[0])
+        if match is None:
+            return 404, {"error": f"no such endpoint: {request.target[:200]} (try /v1/models/{name}:predict)"}
+        if match.group(1) != name:
+            return 404, {"error": f"no model named '{match.group(1)[:200]}' (this ranker serves '{name}')"}
+        what = match.group(2) or ""
+        if request.method == "GET":
+            return self._get(what)
+        if what != ":predict":
+            return 405, {"error": f"POST is for /v1/models/{name}:predict"}
+        ranker = self.ranker
+        try:
+            prepared, shape = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self._prepare, request.body, request.suspect)
+            scores, version = await asyncio.wait_for(asyncio.wrap_future(ranker.enqueue(prepared)),
+                                                     ranker.answer_timeout_s)
+        except TooLarge as e:
+            raise http_server.HTTPError(413, str(e)) from None
+        except InputError as e:
+            raise http_server.HTTPError(400, str(e)) from None
+        except RecursionError:  # a check of deeply nested values (json.loads' own is an InputError)
+            raise http_server.HTTPError(400, "the request nests JSON arrays or objects too deeply") from None
+        except Overloaded as e:
+            raise http_server.HTTPError(503, str(e)) from None
+        except TimeoutError:
+            raise http_server.HTTPError(
+                503, f"the ranker is overloaded: no answer within {ranker.answer_timeout_s:g} s") from None
+        except RuntimeError as e:  # an embedding server down or saturated (client.RemoteError names it)
+            raise http_server.HTTPError(503, str(e)) from None
+        except Exception as e:  # noqa: BLE001  (the ranker answers and stays up)
+            raise http_server.HTTPError(500, f"{type(e).__name__}: {e}") from None
+        return 200, {"predictions" if shape == "instances" else "outputs": scores, "model_version": str(version)}
 
-        def handle_one_request(self):
-            self.reader.await_request(idle_timeout_s, read_timeout_s)
-            # What an answer needs should the request line itself come too late (parse_request sets them otherwise).
-            self.command, self.requestline, self.request_version = None, "", "HTTP/1.1"
-            try:
-                super().handle_one_request()
-            except _Late as late:
-                self.close_connection = True
-                if late.started:
-                    self._error(408, f"the request was not received within --read-timeout-s ({read_timeout_s:g} s)")
-                else:
-                    ranker.count("idle_closed")
-            finally:
-                if self._in_short_slices:
-                    self._in_short_slices = False
-                    ranker.short_slices.__exit__(None, None, None)
+    def _prepare(self, body, suspect):
+        """(prepared request, its shape) from a predict body, in a handler thread."""
+        with self.ranker.short_slices if suspect else contextlib.nullcontext():
+            inputs, shape = self.ranker.parse(body)
+            del body
+            return self.ranker.prepare(inputs), shape
 
-        def parse_request(self):
-            self.reader.begin_request()
-            if self.suspect:  # from its request line to its answer (not while it waits for the next request)
-                ranker.short_slices.__enter__()
-                self._in_short_slices = True
-            if not super().parse_request():
-                return False
-            if self.request_version == "HTTP/0.9":  # its answers carry no status line: a client could not tell errors
-                self.send_error(400, "HTTP/0.9 requests are not served")
-                return False
-            return True
-
-        def _send(self, status, payload):
-            body = json.dumps(payload).encode()
-            self.connection.settimeout(read_timeout_s)  # a client that does not read its answer is dropped too
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _error(self, status, message):
-            ranker.count(f"errors_{status}" if status in (400, 408, 411, 413, 503, 500) else "errors_400")
-            self.suspect = self.suspect or 400 <= status < 500
-            if len(message) > MAX_ERROR_CHARS:
-                message = message[:MAX_ERROR_CHARS] + " [...]"
-            self._send(status, {"error": message})
-
-        def _linger(self):
-            """After an answer sent without reading the body: no more to send, and what the client still sends is
-            read and dropped for up to _LINGER_S, so that the close does not reset the connection under the answer."""
-            try:
-                self.wfile.flush()
-                self.connection.shutdown(socket.SHUT_WR)
-                deadline = time.monotonic() + _LINGER_S
-                while (remaining := deadline - time.monotonic()) > 0:
-                    self.connection.settimeout(remaining)
-                    if not self.connection.recv(1 << 16):
-                        break
-            except OSError:
-                pass
-
-        def send_error(self, code, message=None, explain=None):
-            """The standard library's errors (malformed request line or headers, unknown method) as JSON too."""
-            short, long = self.responses.get(code, ("error", ""))
-            self.close_connection = True
-            if self.request_version == "HTTP/0.9":  # the default until a request line is parsed
-                self.request_version = "HTTP/1.0"  # so that the answer has a status line
-            self._error(code, f"{message or short}: {explain or long}" if (explain or long) else (message or short))
-
-        def _route(self):
-            match = _PATH.match(self.path.split("?", 1)[0])
-            if match is None:
-                self._send(404, {"error": f"no such endpoint: {self.path[:200]} (try /v1/models/{name}:predict)"})
-                return None
-            if match.group(1) != name:
-                self._send(404, {"error": f"no model named '{match.group(1)[:200]}' (this ranker serves '{name}')"})
-                return None
-            return match.group(2) or ""
-
-        def do_GET(self):  # noqa: N802
-            what = self._route()
-            if what is None:
-                return
-            if what == ":predict":
-                self._send(405, {"error": "predict takes POST"})
-            elif what == "/stats":
-                self._send(200, ranker.stats())
-            elif what == "/metadata":
-                features = {f["name"]: {k: f[k] for k in ("layout", "dim", "combiner", "key_dtype", "max_id_bits")}
-                            for f in ranker.model.manifest["features"]}
-                self._send(200, {"model_spec": {"name": name, "version": str(ranker.model.version),
-                                                "step": ranker.model.step},
-                                 "features": features, "dense_inputs": ranker.model.dense_inputs})
-            else:
-                self._send(200, {"model_version_status": [
-                    {"version": str(ranker.model.version), "state": "AVAILABLE",
-                     "status": {"error_code": "OK", "error_message": ""}}]})
-
-        def do_POST(self):  # noqa: N802
-            length, refusal = _content_length(self.headers, max_body_bytes)
-            if refusal is not None:
-                self.close_connection = True  # the body, if any, is not read: what follows it cannot be parsed
-                self._error(*refusal)
-                self._linger()
-                return
-            body = self.rfile.read(length)
-            if len(body) < length:
-                self.close_connection = True  # the client closed its end before sending the whole body
-                return
-            what = self._route()
-            if what is None:
-                return
-            if what != ":predict":
-                self._send(405, {"error": f"POST is for /v1/models/{name}:predict"})
-                return
-            try:
-                inputs, shape = ranker.parse(body)
-                del body
-                prepared = ranker.prepare(inputs)
-                del inputs  # the parsed JSON: only the prepared arrays wait for the batcher
-                scores, version = ranker.submit_versioned(prepared)
-            except TooLarge as e:
-                self._error(413, str(e))
-                return
-            except InputError as e:
-                self._error(400, str(e))
-                return
-            except RecursionError:  # a check of deeply nested values (json.loads' own is an InputError)
-                self._error(400, "the request nests JSON arrays or objects too deeply")
-                return
-            except Overloaded as e:
-                self._error(503, str(e))
-                return
-            except TimeoutError:
-                self._error(503, f"the ranker is overloaded: no answer within {ranker.answer_timeout_s:g} s")
-                return
-            except RuntimeError as e:  # an embedding server down or saturated (client.RemoteError names it)
-                self._error(503, str(e))
-                return
-            except Exception as e:  # noqa: BLE001  (the ranker answers and stays up)
-                self._error(500, f"{type(e).__name__}: {e}")
-                return
-            self._send(200, {"predictions" if shape == "instances" else "outputs": scores,
-                             "model_version": str(version)})
-
-    return Handler
+    def _get(self, what):
+        ranker, name = self.ranker, self.name
+        if what == ":predict":
+            return 405, {"error": "predict takes POST"}
+        if what == "/stats":
+            return 200, ranker.stats()
+        if what == "/metadata":
+            features = {f["name"]: {k: f[k] for k in ("layout", "dim", "combiner", "key_dtype", "max_id_bits")}
+                        for f in ranker.model.manifest["features"]}
+            return 200, {"model_spec": {"name": name, "version": str(ranker.model.version), "step": ranker.model.step},
+                         "features": features, "dense_inputs": ranker.model.dense_inputs}
+        return 200, {"model_version_status": [{"version": str(ranker.model.version), "state": "AVAILABLE",
+                                               "status": {"error_code": "OK", "error_message": ""}}]}
 
 
 def parse_args(argv=None):
@@ -840,6 +586,8 @@ def parse_args(argv=None):
                    help="a request not received this long after its first byte gets HTTP 408 (and an answer not "
                         "taken within it drops the connection)")
     p.add_argument("--io-threads", type=int, default=8, help="threads sending lookups to the servers")
+    p.add_argument("--handler-threads", type=int, default=4,
+                   help="threads parsing and checking request bodies (connections wait in one event loop)")
     p.add_argument("--slow-path-switch-ms", type=float, default=DEFAULT_SLOW_PATH_SWITCH_S * 1000,
                    help="Python's thread switch interval while a body the fast parser refuses (a malformed one) is "
                         "parsed and while a connection that was answered a 4xx is served, so that a client sending "
@@ -857,7 +605,8 @@ def parse_args(argv=None):
     if (args.publish_port is not None or args.catch_up) and args.servers == "local":
         p.error("--publish-port and --catch-up need embedding servers (--servers host:port,...): published rows go to "
                 "them")
-    for flag in ("max_batch", "max_queue", "max_instances", "max_ids", "io_threads", "max_connections"):
+    for flag in ("max_batch", "max_queue", "max_instances", "max_ids", "io_threads", "handler_threads",
+                 "max_connections"):
         if getattr(args, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be >= 1")
     for flag in ("max_body_mb", "timeout_s", "idle_timeout_s", "read_timeout_s"):
@@ -914,9 +663,10 @@ def build(args):
 
 def make_server(ranker, args):
     """The HTTP server of a Ranker from the parsed flags (bound, not yet serving: serve_forever)."""
-    handler = make_handler(ranker, args.name, int(args.max_body_mb * MB), idle_timeout_s=args.idle_timeout_s,
-                           read_timeout_s=args.read_timeout_s)
-    return BoundedHTTPServer((args.host, args.port), handler, max_connections=args.max_connections)
+    return http_server.AsyncHTTPServer(
+        (args.host, args.port), RankerApp(ranker, args.name, handler_threads=args.handler_threads),
+        max_connections=args.max_connections, idle_timeout_s=args.idle_timeout_s, read_timeout_s=args.read_timeout_s,
+        max_body_bytes=int(args.max_body_mb * MB), name="tf_fusedrec-ranker", max_error_chars=MAX_ERROR_CHARS)
 
 
 def main(argv=None):
