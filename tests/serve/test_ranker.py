@@ -520,3 +520,64 @@ def test_malformed_requests_and_their_connections_run_in_short_slices(tight, tra
     status, answer = post(f"{tight.url}:predict", {"instances": good}, timeout=WAIT_S)  # a new connection: clean
     assert status == 200 and len(recorded.intervals) == 2
     wait_for(lambda: sys.getswitchinterval() == before, "the switch interval restored")
+
+
+def test_rate_gate_admits_at_its_rate_in_order():
+    """_RateGate(10): a burst of 1.5 tokens, then one admission every 0.1 s, in the order asked; rate 0 never waits."""
+    import asyncio  # noqa: PLC0415
+
+    async def run(rate, n):
+        gate, order = ranker_lib._RateGate(rate), []  # noqa: SLF001
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+
+        async def one(i):
+            waited = await gate.admit()
+            order.append((i, waited))
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+        return order, loop.time() - began
+
+    order, elapsed = asyncio.run(run(10.0, 5))
+    assert order == [(0, False), (1, True), (2, True), (3, True), (4, True)]
+    assert elapsed >= 0.35  # 4 admissions beyond the first token at 0.1 s each, less the half token of the burst
+    order, _ = asyncio.run(run(0.0, 5))
+    assert order == [(i, False) for i in range(5)]
+
+
+def test_malformed_requests_wait_for_the_malformed_qps(trained):
+    """--malformed-qps 2: a connection sending malformed bodies back to back gets every one answered 400 naming the
+    feature, but after the first they wait for the gate (counted in /stats); a well-formed request of another
+    connection, sent while they wait, passes no gate and gets the model's scores."""
+    import http.client  # noqa: PLC0415
+
+    export_dir, local = trained
+    served = serve_fixtures.RankerThread(["--export", export_dir, "--servers", "local", "--cache-mb", "0",
+                                          "--name", "gated", "--malformed-qps", "2"])
+    good = instances_of(sc.make_batch(6000))[:3]
+    bad = json.dumps({"instances": [{**good[0], "user_id": "abc"}] + good[1:]})
+    statuses = []
+
+    def send_bad():
+        conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=WAIT_S)
+        try:
+            for _ in range(5):
+                conn.request("POST", "/v1/models/gated:predict", body=bad, headers={"Content-Type": "application/json"})
+                response = conn.getresponse()
+                statuses.append((response.status, json.loads(response.read())["error"]))
+        finally:
+            conn.close()
+
+    try:
+        sender = threading.Thread(target=send_bad, daemon=True)
+        sender.start()
+        wait_for(lambda: served.ranker.stats()["malformed_waits"] >= 1, "a malformed request waiting")
+        status, answer = post(f"{served.url}:predict", {"instances": good}, timeout=WAIT_S)
+        assert status == 200, answer
+        np.testing.assert_allclose(answer["predictions"], expected(local, good), rtol=1e-6, atol=1e-7)
+        sender.join(WAIT_S)
+        assert [s for s, _ in statuses] == [400] * 5 and all("user_id" in e for _, e in statuses), statuses
+        stats = served.ranker.stats()
+        assert stats["malformed_waits"] >= 3 and stats["errors_400"] == 5, stats
+    finally:
+        served.close()

@@ -31,8 +31,9 @@ for --idle-timeout-s is closed; a request not received within --read-timeout-s o
 connection is closed, so slow or idle clients cannot hold the ranker's connections. A malformed request, and every
 later request of a connection answered a 4xx, is parsed with Python's thread switch interval at --slow-path-switch-ms,
 so that its parse cannot hold the interpreter's lock against the event loop and the others' requests for long
-(_ShortSlices). Binds to
-127.0.0.1 unless --host says otherwise.
+(_ShortSlices), and such requests are served at most --malformed-qps a second (beyond, they wait their turn: a client
+sending malformed requests back to back cannot take the core from well-formed ones). Binds to 127.0.0.1 unless --host
+says otherwise.
 """
 
 import argparse
@@ -361,7 +362,7 @@ class Ranker:
         self._lock = threading.Lock()
         self._counts = {"requests": 0, "instances": 0, "batches": 0, "batched_instances": 0, "errors_400": 0,
                         "errors_408": 0, "errors_411": 0, "errors_413": 0, "errors_503": 0, "errors_500": 0,
-                        "idle_closed": 0}
+                        "idle_closed": 0, "malformed_waits": 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._batch_loop, name="ranker_batcher", daemon=True)
         self._thread.start()
@@ -377,6 +378,17 @@ class Ranker:
         answer and errors are the reference, in short thread slices (slow_path_switch_s)."""
         return parse_request(body, self._id_names, self._dense_names, self.max_instances, self.max_ids,
                              self.values_per_instance, slow_path=self.short_slices)
+
+    def parse_fast(self, body):
+        """parse's answer for a well-formed body (parse_arrays), None for any other (parse_slow names its problem);
+        TooLarge for a body of more JSON values than the limits allow."""
+        body = _check_value_count(body, self.max_instances, self.max_ids, self.values_per_instance)
+        return parse_arrays(body, self._id_names, self._dense_names, self.max_instances, self.max_ids)
+
+    def parse_slow(self, body):
+        """parse's answer or error for a body parse_fast refused: parse_body's, in short thread slices."""
+        with self.short_slices:
+            return parse_body(body, self.max_instances, self.max_ids, self.values_per_instance)
 
     def prepare(self, inputs):
         """Checks a request's columnar inputs -> (flats, dense, batch); InputError naming the field."""
@@ -473,6 +485,36 @@ class Ranker:
         self.model.close()
 
 
+class _RateGate:
+    """At most `rate` admissions a second (a token bucket holding up to rate / 20 + 1), awaited in the event loop in
+    the order asked; rate 0: no limit."""
+
+    def __init__(self, rate):
+        self.rate = rate
+        self.burst = rate / 20 + 1
+        self._tokens, self._last, self._lock = self.burst, None, None
+
+    async def admit(self):
+        """Waits for a turn -> whether it had to wait."""
+        if self.rate <= 0:
+            return False
+        loop = asyncio.get_running_loop()
+        if self._lock is None:
+            self._lock, self._last = asyncio.Lock(), loop.time()
+        async with self._lock:
+            self._refill(loop.time())
+            waited = self._tokens < 1
+            if waited:
+                await asyncio.sleep((1 - self._tokens) / self.rate)
+                self._refill(loop.time())
+            self._tokens = max(0.0, self._tokens - 1)
+            return waited
+
+    def _refill(self, now):
+        self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+        self._last = now
+
+
 class RankerApp:
     """The ranker's HTTP endpoints (the module's docstring), the application of an http_server.AsyncHTTPServer.
 
@@ -480,13 +522,20 @@ class RankerApp:
     `handler_threads` threads (so that a large or malformed body never holds the loop), its rows and scores come from
     the Ranker's batcher, whose answer the loop awaits. A connection that was answered a 4xx has its later requests
     parsed in short thread slices (Ranker.short_slices), as a body the fast parser refuses is.
+
+    Malformed traffic is served at a bounded rate: the requests of a connection that was answered a 4xx, and a body
+    the fast parser refuses (before the reference parser names its problem), pass a gate of `malformed_qps` a second
+    (0: no gate) in the event loop; beyond it they wait their turn, holding no thread. So a client sending malformed
+    requests back to back gets its 4xx answers at that rate, and cannot take the ranker's core (and its interpreter's
+    lock) from the well-formed requests, which never pass the gate.
     """
 
     _COUNTED = ("errors_400", "errors_408", "errors_411", "errors_413", "errors_503", "errors_500", "idle_closed")
 
-    def __init__(self, ranker, name, handler_threads=4):
+    def __init__(self, ranker, name, handler_threads=4, malformed_qps=100.0):
         self.ranker, self.name = ranker, name
         self._pool = futures.ThreadPoolExecutor(handler_threads, thread_name_prefix="ranker_parse")
+        self._malformed_gate = _RateGate(malformed_qps)
 
     def event(self, name):
         # Every other error status (414, 417, 431, 501, 505: malformed requests) counts as a 400.
@@ -507,10 +556,15 @@ class RankerApp:
             return self._get(what)
         if what != ":predict":
             return 405, {"error": f"POST is for /v1/models/{name}:predict"}
-        ranker = self.ranker
+        ranker, loop = self.ranker, asyncio.get_running_loop()
         try:
-            prepared, shape = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self._prepare, request.body, request.suspect)
+            if request.suspect:
+                await self._pass_gate()
+            prepared = await loop.run_in_executor(self._pool, self._prepare, request.body, request.suspect)
+            if prepared is None:  # a clean connection's body the fast parser refused: named by the reference parser
+                await self._pass_gate()
+                prepared = await loop.run_in_executor(self._pool, self._prepare_refused, request.body)
+            prepared, shape = prepared
             scores, version = await asyncio.wait_for(asyncio.wrap_future(ranker.enqueue(prepared)),
                                                      ranker.answer_timeout_s)
         except TooLarge as e:
@@ -530,12 +584,28 @@ class RankerApp:
             raise http_server.HTTPError(500, f"{type(e).__name__}: {e}") from None
         return 200, {"predictions" if shape == "instances" else "outputs": scores, "model_version": str(version)}
 
+    async def _pass_gate(self):
+        if await self._malformed_gate.admit():
+            self.ranker.count("malformed_waits")
+
     def _prepare(self, body, suspect):
-        """(prepared request, its shape) from a predict body, in a handler thread."""
+        """(prepared request, its shape) from a predict body, in a handler thread; None when the fast parser refuses
+        the body of a clean connection (_prepare_refused then names the problem). A suspect connection's request runs
+        in short thread slices, through the reference parser if the fast one refuses it."""
         with self.ranker.short_slices if suspect else contextlib.nullcontext():
-            inputs, shape = self.ranker.parse(body)
+            parsed = self.ranker.parse_fast(body)
+            if parsed is None:
+                if not suspect:
+                    return None
+                parsed = self.ranker.parse_slow(body)
             del body
+            inputs, shape = parsed
             return self.ranker.prepare(inputs), shape
+
+    def _prepare_refused(self, body):
+        inputs, shape = self.ranker.parse_slow(body)
+        del body
+        return self.ranker.prepare(inputs), shape
 
     def _get(self, what):
         ranker, name = self.ranker, self.name
@@ -588,6 +658,9 @@ def parse_args(argv=None):
     p.add_argument("--io-threads", type=int, default=8, help="threads sending lookups to the servers")
     p.add_argument("--handler-threads", type=int, default=4,
                    help="threads parsing and checking request bodies (connections wait in one event loop)")
+    p.add_argument("--malformed-qps", type=float, default=100.0,
+                   help="malformed requests served a second at most (bodies the fast parser refuses, and the requests "
+                        "of connections answered a 4xx); beyond, they wait their turn (0: no limit)")
     p.add_argument("--slow-path-switch-ms", type=float, default=DEFAULT_SLOW_PATH_SWITCH_S * 1000,
                    help="Python's thread switch interval while a body the fast parser refuses (a malformed one) is "
                         "parsed and while a connection that was answered a 4xx is served, so that a client sending "
@@ -612,8 +685,8 @@ def parse_args(argv=None):
     for flag in ("max_body_mb", "timeout_s", "idle_timeout_s", "read_timeout_s"):
         if not getattr(args, flag) > 0:
             p.error(f"--{flag.replace('_', '-')} must be > 0")
-    if args.cache_mb < 0 or args.batch_wait_ms < 0 or args.slow_path_switch_ms < 0:
-        p.error("--cache-mb, --batch-wait-ms, --slow-path-switch-ms must be >= 0")
+    if args.cache_mb < 0 or args.batch_wait_ms < 0 or args.slow_path_switch_ms < 0 or args.malformed_qps < 0:
+        p.error("--cache-mb, --batch-wait-ms, --slow-path-switch-ms, --malformed-qps must be >= 0")
     return args
 
 
@@ -663,8 +736,9 @@ def build(args):
 
 def make_server(ranker, args):
     """The HTTP server of a Ranker from the parsed flags (bound, not yet serving: serve_forever)."""
+    app = RankerApp(ranker, args.name, handler_threads=args.handler_threads, malformed_qps=args.malformed_qps)
     return http_server.AsyncHTTPServer(
-        (args.host, args.port), RankerApp(ranker, args.name, handler_threads=args.handler_threads),
+        (args.host, args.port), app,
         max_connections=args.max_connections, idle_timeout_s=args.idle_timeout_s, read_timeout_s=args.read_timeout_s,
         max_body_bytes=int(args.max_body_mb * MB), name="tf_fusedrec-ranker", max_error_chars=MAX_ERROR_CHARS)
 
