@@ -736,6 +736,26 @@ def serve_curve(path="docs/serve/serve_curve.json"):
                   "l" * 12, rows)
 
 
+def serve_targets(directories):
+    """Issue 22's latency and saturation targets per serve bench run (directory/serve_bench.json and serve_curve.json
+    of `python -m tf_fusedrec.serve.bench --curve-pooling off --curve-cache off`): p50 at the low load (5 q/s, ranker
+    without pooling and cache), the most served, the highest offered rate answered whole, and p99 at the offered rate
+    nearest half of the most served."""
+    rows = []
+    for directory in directories:
+        low = next(r for r in _json(f"{directory}/serve_bench.json")["runs"]
+                   if not r["pooling"] and not r["cache_mb"] and r["load"] == "low")
+        points = _json(f"{directory}/serve_curve.json")["points"]
+        best = max(points, key=lambda p: p["requests_per_s"])
+        whole = max((p for p in points if not p["dropped"] and not p["errors"]), key=lambda p: p["offered_qps"])
+        half = min(points, key=lambda p: abs(p["offered_qps"] - best["requests_per_s"] / 2))
+        rows.append([directory, f"{low['p50_ms']:.1f}", f"{best['requests_per_s']:.1f} at {best['offered_qps']:g}",
+                     f"{whole['offered_qps']:g}", f"{half['p99_ms']:.1f} at {half['offered_qps']:g}"])
+    return _table(["run", "p50 ms at 5 q/s (target <= 10)", "most served req/s (at offered)",
+                   "highest offered q/s answered whole", "p99 ms near half of the most served (target <= 50)"],
+                  "lrrrr", rows)
+
+
 def _probes():
     """{network: (run dir, probe.json)} of the 2-worker probes, loopback first, then by rate."""
     probes = {}
@@ -777,6 +797,65 @@ def bench_per_feature_ceiling(directory="docs/bench/per_feature_ceiling"):
     return _table(["run", "fused samples/s, CPU / step (rank 0)", "per_feature samples/s, CPU / step",
                    "dense_only samples/s, CPU / step", "fused vs per_feature",
                    "dense_only vs per_feature"], "lrrrrr", rows)
+
+
+def _hostile_cells(result):
+    """A bench_serve_hostile.py result -> [quiet p50/p99, hostile p50/p99 (ms, per phase), hostile p99 / quiet p99,
+    malformed requests answered a phase]."""
+    phases = result["phases"]
+
+    def span(kind, key):
+        values = [p[key] for p in phases if p["kind"] == kind]
+        return ", ".join(f"{v:.1f}" for v in values)
+
+    ratios = result["p99_ratio_hostile_to_quiet"]
+    answered = [sum(p["fuzz_answers"].values()) for p in phases if p["kind"] == "hostile"]
+    return [f"{span('quiet', 'p50_ms')} / {span('quiet', 'p99_ms')}",
+            f"{span('hostile', 'p50_ms')} / {span('hostile', 'p99_ms')}",
+            ", ".join(f"{r:.2f}x" for r in ratios), ", ".join(f"{a:,}" for a in answered)]
+
+
+_HOSTILE_HEADER = ["quiet p50 / p99 ms", "hostile p50 / p99 ms", "hostile p99 / quiet p99",
+                   "malformed answered a phase"]
+
+
+def serve_async_hostile(directory="docs/serve/async_server"):
+    """directory/hostile-{threaded,async}-N.json (its run.sh): the well-formed client's latency quiet and beside the
+    back-to-back fuzzer and 64 idle connections, with the thread-per-connection ranker and the asyncio one,
+    alternated."""
+    rows = []
+    for path in sorted(glob.glob(_path(f"{directory}/hostile-*-*.json")),
+                       key=lambda p: (int(p.rsplit("-", 1)[1][:-5]), "async" in os.path.basename(p))):
+        variant, n = os.path.basename(path)[:-5].split("-")[1:]
+        rows.append([n, variant] + _hostile_cells(_json(path)))
+    return _table(["round", "HTTP server"] + _HOSTILE_HEADER, "llrrrr", rows)
+
+
+def serve_async_saturation(directory="docs/serve/async_server"):
+    """directory/saturation-{threaded,async}-N.json (its run.sh): open-loop 64-instance requests at 5, 160 and 320
+    q/s offered (ranker without pooling or cache), per server and round: achieved req/s, p50 / p99, dropped."""
+    rows = []
+    for path in sorted(glob.glob(_path(f"{directory}/saturation-*-*.json")),
+                       key=lambda p: (int(p.rsplit("-", 1)[1][:-5]), "async" in os.path.basename(p))):
+        variant, n = os.path.basename(path)[:-5].split("-")[1:]
+        cells = []
+        for run in sorted(_json(path)["runs"], key=lambda r: r["offered_qps"]):
+            cells.append(f"{run['requests_per_s']:.1f}, {run['p50_ms']:.1f} / {run['p99_ms']:.1f} ms, "
+                         f"{run['dropped']} dropped, {run['errors']} errors")
+        rows.append([n, variant] + cells)
+    return _table(["round", "HTTP server", "5 q/s offered: req/s, p50 / p99, dropped",
+                   "160 q/s offered", "320 q/s offered"], "llrrr", rows)
+
+
+def serve_malformed_gate(directory="docs/serve/malformed_gate"):
+    """directory/{off,on}-N.json (its run.sh): the hostile bench with --malformed-qps 0 (off) and the default 100
+    (on), alternated."""
+    rows = []
+    for path in sorted(glob.glob(_path(f"{directory}/*-*.json")),
+                       key=lambda p: (int(p.rsplit("-", 1)[1][:-5]), "on" in os.path.basename(p))):
+        variant, n = os.path.basename(path)[:-5].split("-")
+        rows.append([n, "100 (default)" if variant == "on" else "0 (no gate)"] + _hostile_cells(_json(path)))
+    return _table(["round", "--malformed-qps"] + _HOSTILE_HEADER, "llrrrr", rows)
 
 
 def steps_per_call_more(directory):
@@ -1091,6 +1170,11 @@ TABLES = {
     "serve-curve": (("docs/serve/serve_curve.json",), serve_curve),
     "serve-bench-1127": (("docs/serve/plain_1127/serve_bench.json",),
                          lambda: serve_bench("docs/serve/plain_1127/serve_bench.json")),
+    "serve-targets-1127": (("docs/serve/plain_1127/serve_*.json", "docs/serve/async_1127*/serve_*.json"),
+                           lambda: serve_targets(["docs/serve/plain_1127", "docs/serve/async_1127",
+                                                  "docs/serve/async_1127_2"])),
+    "serve-curve-async-1127": (("docs/serve/async_1127/serve_curve.json",),
+                               lambda: serve_curve("docs/serve/async_1127/serve_curve.json")),
     "serve-curve-plain-1127": (("docs/serve/plain_1127/serve_curve.json",),
                                lambda: serve_curve("docs/serve/plain_1127/serve_curve.json")),
     "serve-curve-plain": (("docs/serve/plain/serve_curve.json",),
@@ -1111,6 +1195,9 @@ TABLES = {
     "bench-vs-396d1ef": (("docs/bench/vs_396d1ef/*/bench.json",), bench_vs_396d1ef),
     "cluster-bench-1127": (("docs/cluster/run_1127/*-n2/bench.json", "docs/cluster/model.json"),
                            lambda: cluster_bench("docs/cluster/run_1127")),
+    "serve-async-hostile": (("docs/serve/async_server/hostile-*.json",), serve_async_hostile),
+    "serve-async-saturation": (("docs/serve/async_server/saturation-*.json",), serve_async_saturation),
+    "serve-malformed-gate": (("docs/serve/malformed_gate/*.json",), serve_malformed_gate),
     "model-checks": (("docs/cluster/model.json",), model_checks),
     "model-scores": (("docs/cluster/model.json", "docs/cluster/rerun/model.json"), model_scores),
     "model-projection": (("docs/cluster/model.json",), model_projection),
