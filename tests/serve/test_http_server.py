@@ -24,6 +24,7 @@ class ToyApp:
         self.release = None  # an asyncio.Event, made on the loop
         self.closed = False
         self.slow_started = threading.Event()
+        self.handled = 0
 
     def event(self, name):
         self.events.append(name)
@@ -32,6 +33,7 @@ class ToyApp:
         self.closed = True
 
     async def handle(self, request):
+        self.handled += 1
         if request.target == "/slow":
             self.release = self.release or asyncio.Event()
             self.slow_started.set()
@@ -287,3 +289,20 @@ def test_parse_head_reads_what_is_sent():
     assert headers == {"host": ["a"], "x-two": ["1", "2"], "empty": [""]}
     assert http_server.content_length("POST", {"content-length": ["12", "12"]}, 100) == 12
     assert http_server.content_length("GET", {}, 100) == 0
+
+
+def test_a_client_that_does_not_read_its_answers_is_dropped(served):
+    """Requests pipelined without reading the answers: once the answers back up the server reads and serves no more,
+    and drops the connection read_timeout_s (1 s) later, instead of buffering answers without bound. Answers of 60 KB:
+    the kernel's socket buffers (a few MB on loopback) hold a few hundred of them; a server that went on serving would
+    answer thousands in that second."""
+    with served.connect() as sock:
+        sock.settimeout(5.0)
+        request = b"GET /" + b"a" * 60_000 + b" HTTP/1.1\r\n\r\n"
+        try:
+            for _ in range(100_000):
+                sock.sendall(request)
+        except OSError:  # the server stopped reading (the send timed out) or dropped the connection (reset)
+            pass
+        wait_for(lambda: served.server.open_count() == 0, "the connection dropped")
+    assert served.app.handled < 1000, f"{served.app.handled} requests served whose answers were not taken"

@@ -15,7 +15,10 @@ threads of its own. asyncio's loop is the server; the request head is read by th
   head is accepted;
 * every error is a JSON object {"error": message naming the problem}; a connection answered an error it cannot read
   past (a bad head, a refused body) is shut for writing and what the client still sends is read and dropped for up
-  to LINGER_S before it closes, so that the close does not reset the connection under the answer.
+  to LINGER_S before it closes, so that the close does not reset the connection under the answer (at most
+  max_connections such connections at once; beyond, one closes at once);
+* a client that does not take its answers (pipelining requests without reading) has no more requests read or served
+  until it does, and is dropped after `read_timeout_s`.
 
 The application is an object with `async handle(request) -> (status, payload)` (payload: JSON-serialisable; an
 HTTPError it raises is answered as the server's own errors are), `event(name)` (told "errors_<status>" for every error
@@ -157,6 +160,8 @@ class _Connection(asyncio.Protocol):
         self._task = None
         self._closed = False
         self._keep_alive_after = True  # False once the client shut its end of the connection
+        self._writing_paused = False  # the client is not taking its answers as fast as they are written
+        self._lingering = False
         self._scanned = 0  # how far the buffer was searched for the head's end
 
     # --- asyncio callbacks ---
@@ -171,14 +176,14 @@ class _Connection(asyncio.Protocol):
         if self.state == "closing":
             return  # an answer that ends the connection is out: what follows is dropped
         self.buffer += data
-        if self.state == "busy":
+        if self.state in ("busy", "draining"):
             if len(self.buffer) > self.server.max_body_bytes + MAX_HEAD_BYTES:
                 self.transport.pause_reading()  # a client sending its next requests ahead: it waits for the answer
             return
         self._advance()
 
     def eof_received(self):
-        if self.state == "busy":
+        if self.state in ("busy", "draining"):
             self._keep_alive_after = False  # the client sent its request and shut its end: answered, then closed
             return True
         if self.state in ("head", "body") or (self.state == "idle" and self.buffer):
@@ -186,18 +191,31 @@ class _Connection(asyncio.Protocol):
         return False  # the transport closes once what is written went out
 
     def pause_writing(self):
+        # Answers pile up unread (a client pipelining requests without reading): no more requests are read or
+        # served until they drain, and a client that does not take them within read_timeout_s is dropped.
+        self._writing_paused = True
+        self.transport.pause_reading()
         if self._write_timer is None:
             self._write_timer = self.server.loop.call_later(self.server.read_timeout_s, self._abort)
 
     def resume_writing(self):
+        self._writing_paused = False
         if self._write_timer is not None:
             self._write_timer.cancel()
             self._write_timer = None
+        if self.state == "draining" and not self._closed:
+            self.transport.resume_reading()
+            self._await_request()
 
     def connection_lost(self, exc):
         self._closed = True
         self._cancel_timer()
-        self.resume_writing()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+        if self._lingering:
+            self._lingering = False
+            self.server.lingering -= 1
         if self._task is not None:
             self._task.cancel()
         self.server._forget(self)  # noqa: SLF001
@@ -205,6 +223,9 @@ class _Connection(asyncio.Protocol):
     # --- the request cycle ---
 
     def _await_request(self):
+        if not self._keep_alive_after:  # the client shut its end: nothing more will come
+            self._end()
+            return
         self.state, self._head = "idle", None
         self.idle_since = self.server.loop.time()
         self._set_timer(self.server.idle_timeout_s, self._idle_timeout)
@@ -276,6 +297,9 @@ class _Connection(asyncio.Protocol):
         if not keep_alive:
             self._end()
             return
+        if self._writing_paused:
+            self.state = "draining"  # resume_writing goes on once the client has taken its answers
+            return
         self.transport.resume_reading()
         self._await_request()
 
@@ -297,9 +321,9 @@ class _Connection(asyncio.Protocol):
             reason = http.HTTPStatus(status).phrase
         except ValueError:
             reason = "Status"
+        connection = "Connection: close\r\n" if close else ""
         head = (f"HTTP/1.1 {status} {reason}\r\nServer: {self.server.name}\r\nDate: {self.server.date()}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-                f"{'Connection: close' + chr(13) + chr(10) if close else ''}\r\n").encode("latin-1")
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{connection}\r\n").encode("latin-1")
         self.transport.write(head + body)
 
     def _fail(self, error):
@@ -317,7 +341,10 @@ class _Connection(asyncio.Protocol):
         self.server._forget(self)  # noqa: SLF001  (its slot is free from now)
         if self._closed:
             return
-        if self.transport.can_write_eof():
+        # Lingering connections are bounded too (max_connections of them): beyond, one closes at once.
+        if self.transport.can_write_eof() and self.server.lingering < self.server.max_connections:
+            self.server.lingering += 1
+            self._lingering = True
             self.transport.write_eof()
             self._set_timer(LINGER_S, self.transport.close)
         else:
@@ -382,6 +409,7 @@ class AsyncHTTPServer:
         self.socket = socket.create_server(address, family=family, backlog=128)
         self.server_address = self.socket.getsockname()
         self.refused = self.evicted = 0
+        self.lingering = 0  # connections closed for writing, dropping what the client still sends (LINGER_S)
         self.date = _Date()
         self.loop = None
         self._connections = {}  # the open connections (insertion order), each counted against max_connections
