@@ -20,8 +20,8 @@ Connections wait in one asyncio event loop (tf_fusedrec/serve/http_server.py), n
 is parsed and checked in one of --handler-threads threads (unknown feature, wrong type, negative or out-of-range id,
 malformed or too deeply nested JSON: HTTP 400 naming the field), then queued for the batcher, which merges the
 requests waiting (up to --max-batch instances: those queued when the model comes free, and with --batch-wait-ms
-those arriving within it) into one embedding lookup per group and one call of the dense SavedModel. A server that is down or saturated
-answers HTTP 503 naming it; the ranker stays up and uses it again once it is back.
+those arriving within it) into one embedding lookup per group and one call of the dense SavedModel. A server that is
+down or saturated answers HTTP 503 naming it; the ranker stays up and uses it again once it is back.
 
 Bounds (each answered with a status naming the flag): the body (--max-body-mb, 413; no Content-Length: 411), the
 instances and ids of a request (--max-instances, --max-ids: 413, counted while the body is parsed, so an oversized
