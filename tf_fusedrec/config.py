@@ -505,10 +505,11 @@ def parse_config(raw, where="config"):
     model = _build(ModelConfig, raw.get("model"), f"{where}.model")
     if model.name not in MODELS:
         raise ValueError(f"{where}.model.name: must be one of {MODELS}, got {model.name!r}")
-    if (model.name == "grm") != (data.source in SEQUENCE_SOURCES):
+    if (model.name == "grm" and data.source not in SEQUENCE_SOURCES) or (
+            model.name == "dcn" and data.source in SEQUENCE_SOURCES):
         raise ValueError(f"{where}.model.name: {model.name!r} does not fit data.source {data.source!r} (the grm "
-                         f"model takes the sequence sources {SEQUENCE_SOURCES} and their two labels; dlrm and dcn "
-                         f"the others)")
+                         f"model takes the sequence sources {SEQUENCE_SOURCES} and their two labels, dcn the others, "
+                         f"dlrm both: on a sequence source with one logit per label, the history a pooled bag)")
     if model.name == "grm":
         _check_grm_model(model, f"{where}.model")
     embedding = _build(EmbeddingConfig, raw.get("embedding"), f"{where}.embedding")
@@ -581,7 +582,11 @@ def _check_sequences(config, where):
 
     seq = config.data.sequences
     for f in config.features:
-        if f.name == seq.feature and f.combiner is not None:
+        # The GRM embeds every item of the history; the DLRM baseline pools it (combiner sum or mean: a bag).
+        if f.name == seq.feature and config.model.name == "dlrm" and f.combiner not in ("sum", "mean"):
+            raise ValueError(f"{where}.features ({f.name}): the DLRM pools the sequence feature, give it combiner "
+                             f"sum or mean, got {f.combiner!r}")
+        if f.name == seq.feature and config.model.name == "grm" and f.combiner is not None:
             raise ValueError(f"{where}.features ({f.name}): the sequence feature needs combiner null (one "
                              f"embedding per item), got {f.combiner!r}")
     spec = MovieLensSeqSpec if config.data.source == "movielens_seq" else SequenceSpec

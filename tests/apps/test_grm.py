@@ -330,8 +330,12 @@ def test_config_errors_name_the_field(apps, section, key, value, fragment):
 
 def test_config_errors_on_mismatched_model_source_and_combiner(apps):
     raw = _raw(apps)
-    raw["model"]["name"] = "dlrm"
-    with pytest.raises(ValueError, match=r"grm.yaml.model.name: 'dlrm' does not fit data.source 'grm_synthetic'"):
+    raw["model"] = {"name": "dcn"}
+    with pytest.raises(ValueError, match=r"grm.yaml.model.name: 'dcn' does not fit data.source 'grm_synthetic'"):
+        cfg.parse_config(raw, where="grm.yaml")
+    raw["model"] = {"name": "dlrm"}  # the baseline: it pools the history, which must say how
+    with pytest.raises(ValueError, match=r"features \(items\): the DLRM pools the sequence feature, give it combiner "
+                                         r"sum or mean, got None"):
         cfg.parse_config(raw, where="grm.yaml")
     raw = apps.tiny_config("grm")
     with pytest.raises(ValueError, match=r"model.name: 'grm' does not fit data.source 'synthetic'"):
@@ -364,3 +368,36 @@ def test_model_argument_errors_name_the_argument():
     padded = dict(batch([2, 3]), items=tf.constant([[1, 2, -1], [3, 4, 5]], tf.int64))
     with pytest.raises(ValueError, match=r"feature 'items' must be fed as a tf.RaggedTensor"):
         model(padded)
+
+
+def test_the_dlrm_baseline_on_sequences():
+    """configs/grm_synthetic_dlrm.yaml: the GRM's data with a DLRM that pools the history (combiner mean) and gives a
+    logit per task: [B, 2] logits on a batch with empty and long histories, finite, and a trained step lowers the
+    loss on that batch."""
+    import pathlib  # noqa: PLC0415
+
+    config = cfg.load_config(str(pathlib.Path(__file__).resolve().parents[2] / "configs/grm_synthetic_dlrm.yaml"))
+    assert config.model.name == "dlrm" and config.data.source == "grm_synthetic"
+    features = config.embedding_features()
+    assert {f.name: f.combiner for f in features}["items"] == "mean"
+    embedding = fr.FusedEmbedding(features, optimizer={"name": "adagrad", "learning_rate": 0.1},
+                                  name=f"grm_dlrm_{next(_names)}")
+    model = experiment.make_model(config, embedding)
+    assert isinstance(model, models.DLRM) and model.tasks == 2
+    inputs = dict(batch([3, 0, 7, 1]), user_segment=tf.constant([1, 2, 3, 4], tf.int64))
+    labels = tf.constant([[1, 1], [0, 0], [1, 0], [0, 0]], tf.float32)
+    optimizer = fr.train.make_optimizer(model, default={"name": "adam", "learning_rate": 0.01})
+
+    def loss():
+        return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, model(inputs, training=True)))
+
+    logits = model(inputs)
+    assert logits.shape == (4, 2) and np.isfinite(logits.numpy()).all()
+    before = float(loss())
+    for _ in range(5):
+        with tf.GradientTape() as tape:
+            value = loss()
+        optimizer.apply_gradients(zip(tape.gradient(value, model.trainable_variables), model.trainable_variables))
+    assert float(loss()) < before
+    with pytest.raises(ValueError, match="DLRM: tasks must be a positive int, got 0"):
+        models.DLRM(embedding, num_dense=0, tasks=0)

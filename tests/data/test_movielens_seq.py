@@ -353,7 +353,8 @@ def test_shipped_config():
     (lambda r: r["features"][1].update(vocab=4000), "target: feature 'target' has vocab 4000"),
     (lambda r: r["features"][2].update(hotness=[0, 2]), "feature 'gender': hotness must be 1"),
     (lambda r: r["data"]["sequences"].update(max_length=0), "max_length must be an int >= 1"),
-    (lambda r: r["model"].update(name="dlrm"), "model.name: 'dlrm' does not fit data.source 'movielens_seq'"),
+    (lambda r: r["model"].update(name="dcn"), "model.name: 'dcn' does not fit data.source 'movielens_seq'"),
+    (lambda r: r["model"].update(name="dlrm"), "the DLRM pools the sequence feature, give it combiner sum or mean"),
 ])
 def test_config_rejections(change, fragment):
     raw = raw_config()

@@ -17,10 +17,16 @@ class DLRM(tf.keras.Model):
       bottom_mlp: widths of the bottom MLP; the last is the interaction dim.
       top_mlp: widths of the top MLP before the final logit.
       num_dense: number of dense features (0: none; then the interaction runs over embeddings only).
+      tasks: logits per sample: 1 gives [B], more give [B, tasks] (one top MLP, an output per task: the sequence
+        sources' click and conversion, with the history a pooled bag; the GRM's baseline).
     """
 
-    def __init__(self, embedding, bottom_mlp=(64, 16), top_mlp=(64, 32), num_dense=13, seed=0, name="dlrm"):
+    def __init__(self, embedding, bottom_mlp=(64, 16), top_mlp=(64, 32), num_dense=13, seed=0, name="dlrm",
+                 tasks=1):
         super().__init__(name=name)
+        if isinstance(tasks, bool) or not isinstance(tasks, int) or tasks < 1:
+            raise ValueError(f"DLRM: tasks must be a positive int, got {tasks!r}")
+        self.tasks = tasks
         self.embedding = embedding
         self.feature_names = sorted(f.name for f in embedding.features)
         self.num_dense = num_dense
@@ -33,7 +39,7 @@ class DLRM(tf.keras.Model):
             for d in dims
         }
         self._dims = {f.name: f.dim for f in embedding.features}
-        self.top = _blocks.mlp(list(top_mlp) + [1], "top_mlp", last_activation=None, seed=seed + 1000)
+        self.top = _blocks.mlp(list(top_mlp) + [tasks], "top_mlp", last_activation=None, seed=seed + 1000)
 
     @unconverted
     def call(self, inputs, training=None):
@@ -49,4 +55,5 @@ class DLRM(tf.keras.Model):
             vectors = [dense] + vectors
         interactions = _blocks.pairwise_dots(vectors)  # [B, F (F - 1) / 2]: the pairs i < j, row by row
         parts = [interactions] + ([dense] if self.bottom is not None else [])
-        return _blocks.logits(self.top(tf.concat(parts, axis=1))[:, 0])
+        out = self.top(tf.concat(parts, axis=1))
+        return _blocks.logits(out[:, 0] if self.tasks == 1 else out)

@@ -74,7 +74,11 @@ def make_model(config, embedding):
                           attention_norm=m.attention_norm, pooling=m.pooling, experts=m.experts,
                           expert_units=m.expert_units, tower_units=m.tower_units)
     if m.name == "dlrm":
-        return models.DLRM(embedding, bottom_mlp=m.bottom_mlp, top_mlp=m.top_mlp, num_dense=config.data.num_dense)
+        from tf_fusedrec.config import SEQUENCE_SOURCES  # noqa: PLC0415
+
+        tasks = 2 if config.data.source in SEQUENCE_SOURCES else 1  # click and conversion
+        return models.DLRM(embedding, bottom_mlp=m.bottom_mlp, top_mlp=m.top_mlp, num_dense=config.data.num_dense,
+                           tasks=tasks)
     return models.DCNv2(embedding, cross_layers=m.cross_layers, deep_mlp=m.deep_mlp, num_dense=config.data.num_dense)
 
 
