@@ -756,6 +756,31 @@ def serve_targets(directories):
                   "lrrrr", rows)
 
 
+def grm_quality(path="docs/grm/quality/quality.json"):
+    """scripts/bench_grm_quality.sh's table: per data seed the held-out AUC of the GRM and of the DLRM baseline per
+    task, the GRM's margin, and each model's training loss at a third, two thirds and the end of the run."""
+    result = _json(path)
+    runs = {(r["seed"], r["model"]): r for r in result["runs"]}
+    seeds = sorted({r["seed"] for r in result["runs"]})
+    steps = result["steps"]
+    marks = [steps // 3, 2 * steps // 3, steps]
+
+    def losses(run):
+        curve = dict(map(tuple, run["loss_curve"]))
+        return ", ".join(_num(curve.get(m), ".3f") for m in marks)
+
+    rows = []
+    for seed in seeds:
+        grm, dlrm = runs[seed, "grm"], runs[seed, "dlrm"]
+        rows.append([str(seed)] + [f"{grm['auc'][t]:.4f} / {dlrm['auc'][t]:.4f} ({grm['auc'][t] - dlrm['auc'][t]:+.4f})"
+                                   for t in ("click", "conversion")] + [losses(grm), losses(dlrm)])
+    mean = result["mean_grm_minus_dlrm_auc"]
+    rows.append(["mean", f"({mean['click']:+.4f})", f"({mean['conversion']:+.4f})", "", ""])
+    return _table(["data seed", "click AUC: GRM / DLRM (GRM - DLRM)", "conversion AUC: GRM / DLRM (GRM - DLRM)",
+                   f"GRM train loss at steps {marks[0]}, {marks[1]}, {marks[2]}", "DLRM train loss, same steps"],
+                  "lrrrr", rows)
+
+
 def _probes():
     """{network: (run dir, probe.json)} of the 2-worker probes, loopback first, then by rate."""
     probes = {}
@@ -1198,6 +1223,7 @@ TABLES = {
     "serve-async-hostile": (("docs/serve/async_server/hostile-*.json",), serve_async_hostile),
     "serve-async-saturation": (("docs/serve/async_server/saturation-*.json",), serve_async_saturation),
     "serve-malformed-gate": (("docs/serve/malformed_gate/*.json",), serve_malformed_gate),
+    "grm-quality": (("docs/grm/quality/quality.json",), grm_quality),
     "model-checks": (("docs/cluster/model.json",), model_checks),
     "model-scores": (("docs/cluster/model.json", "docs/cluster/rerun/model.json"), model_scores),
     "model-projection": (("docs/cluster/model.json",), model_projection),

@@ -318,7 +318,7 @@ _AREAS = {"tests/cluster": "cluster", "tests/serve": "serving"}
 _SLOW = _MULTIWORKER | {"tests/cluster", "tests/cuda/test_cuda_harness.py", "tests/serve/test_serve_bench.py",
                         "tests/serve/test_ranker.py", "tests/serve/test_fuzz.py", "tests/test_entry_points.py",
                         "tests/serve/test_embedding_server.py", "tests/serve/test_loadtest.py",
-                        "tests/serve/test_publish.py"}
+                        "tests/serve/test_publish.py", "tests/apps/test_grm_quality.py"}
 
 
 def _under(path, prefixes):
