@@ -23,11 +23,13 @@ would tell each position how many items follow it); an int ``N`` divides by ``N`
 length). ``bucket(d) = min(floor(log2(d + 1)), position_buckets - 1)`` is a learned per-head bias of the relative
 distance (zero-initialised; ``position_buckets=0``: none).
 
-**Padding-free attention.** :func:`causal_pairs` lists the (query, key) pairs ``j <= i`` of every sequence from the
-row splits (a ragged range per token); scores are dot products of the gathered Q and K rows, and the outputs a
-segment sum of ``A * V[key]`` over the queries. Memory and time are ``O(sum_b L_b^2 * hidden_dim)``, not ``O(B
-Lmax^2)``: a batch of one long sequence and many short ones costs what its pairs cost, and every sequence's states
-equal those it gets alone.
+**Padding-free attention.** ``ops.ragged_causal_attention`` (one op each way, cc/kernels/ragged_attention_op.cc)
+computes it sequence by sequence on the flat tokens and the row splits: time ``O(sum_b L_b^2 * hidden_dim)``, not
+``O(B Lmax^2)``, memory ``O(T * hidden_dim)``: a batch of one long sequence and many short ones costs what its pairs
+cost, and every sequence's states equal those it gets alone. It replaced the pair-list form (still here as
+:func:`causal_pairs`, the tests' reference): the (query, key) pairs ``j <= i`` listed from the row splits, scores as
+dot products of the gathered Q and K rows, outputs a segment sum of ``A * V[key]``, whose ``[pairs, heads,
+head_dim]`` temporaries took about 80% of a training step (scripts/grm_op_profile.py, docs/grm/profile).
 
 **Pooling** (``pooling``): ``"last"`` (default) takes the last item's state, which has seen the whole history
 through the causal attention; ``"mean"`` averages the states of a sequence. An empty sequence pools to zeros (the
@@ -44,6 +46,7 @@ import collections
 import tensorflow as tf
 
 from tf_fusedrec.layers.protocol import unconverted
+from tf_fusedrec import ops
 from tf_fusedrec.models import _blocks
 from tf_fusedrec.ops import indexing
 
@@ -99,20 +102,22 @@ class HSTUBlock(tf.keras.layers.Layer):
       hidden_dim: width of each of U, Q, K, V; a multiple of num_heads.
       num_heads: H.
       position_buckets: relative-position buckets of the attention bias (0: none).
+      attention_norm: "causal" or a positive int (the module docstring's n_i).
       seed: seed of the kernel initialisers.
 
     Call:
       x: float32 [T, dim], the flat token states.
-      pairs: CausalPairs of the batch.
+      row_splits: int64 [B + 1], the sequences' offsets into the T tokens.
 
     Returns:
       float32 [T, dim].
     """
 
-    def __init__(self, dim, hidden_dim, num_heads=1, position_buckets=0, seed=0, name=None, **kwargs):
+    def __init__(self, dim, hidden_dim, num_heads=1, position_buckets=0, attention_norm="causal", seed=0, name=None,
+                 **kwargs):
         super().__init__(name=name, **kwargs)
         self.dim, self.hidden_dim, self.num_heads = dim, hidden_dim, num_heads
-        self.position_buckets = position_buckets
+        self.position_buckets, self.score_norm = position_buckets, attention_norm  # attention_norm is the LayerNorm
         self.input_norm = tf.keras.layers.LayerNormalization(epsilon=1e-6, name="input_norm")
         self.uqkv = tf.keras.layers.Dense(4 * hidden_dim, name="uqkv",
                                           kernel_initializer=tf.keras.initializers.GlorotUniform(seed=seed))
@@ -128,18 +133,14 @@ class HSTUBlock(tf.keras.layers.Layer):
         super().build(input_shape)
 
     @unconverted
-    def call(self, x, pairs):
+    def call(self, x, row_splits):
         heads, head_dim = self.num_heads, self.hidden_dim // self.num_heads
         uqkv = tf.nn.silu(self.uqkv(self.input_norm(x)))
         u, q, k, v = tf.split(uqkv, 4, axis=-1)  # [T, hidden_dim] each
-        q, k, v = (tf.reshape(t, [-1, heads, head_dim]) for t in (q, k, v))
-        scores = tf.reduce_sum(tf.gather(q, pairs.query) * tf.gather(k, pairs.key), axis=-1)  # [P, H]
-        if self.position_bias is not None:
-            scores += tf.gather(self.position_bias, pairs.bucket)
-        weights = tf.nn.silu(scores) / tf.cast(pairs.normalizer, scores.dtype)[:, None]  # [P, H]
-        attended = tf.math.unsorted_segment_sum(weights[..., None] * tf.gather(v, pairs.key), pairs.query,
-                                                num_segments=tf.shape(x, out_type=tf.int64)[0])  # [T, H, head_dim]
-        attended = tf.reshape(attended, [-1, self.hidden_dim])
+        q, k, v = (tf.cast(tf.reshape(t, [-1, heads, head_dim]), tf.float32) for t in (q, k, v))
+        bias = None if self.position_bias is None else tf.cast(self.position_bias, tf.float32)
+        attended = ops.ragged_causal_attention(q, k, v, row_splits, bias, self.score_norm)  # [T, H, head_dim]
+        attended = tf.cast(tf.reshape(attended, [-1, self.hidden_dim]), x.dtype)
         return x + self.output_projection(self.attention_norm(attended) * u)
 
 
@@ -237,8 +238,8 @@ class GRM(tf.keras.Model):
         self.position_buckets, self.attention_norm, self.pooling = position_buckets, attention_norm, pooling
         self.tasks = tuple(tasks)
         dim = features[sequence_feature].dim
-        self.blocks = [HSTUBlock(dim, hidden_dim, num_heads, position_buckets, seed=seed + 10 * i, name=f"hstu_{i}")
-                       for i in range(num_blocks)]
+        self.blocks = [HSTUBlock(dim, hidden_dim, num_heads, position_buckets, attention_norm, seed=seed + 10 * i,
+                                 name=f"hstu_{i}") for i in range(num_blocks)]
         self.head = MMoE(len(self.tasks), experts, expert_units, tower_units, seed=seed + 1000, name="mmoe")
 
     def _embed(self, inputs, training):
@@ -252,9 +253,8 @@ class GRM(tf.keras.Model):
 
     def _states(self, sequence):
         x, splits = sequence.flat_values, sequence.row_splits
-        pairs = causal_pairs(splits, self.position_buckets, self.attention_norm)
         for block in self.blocks:
-            x = block(x, pairs)
+            x = block(x, splits)
         return x, splits
 
     def sequence_states(self, inputs, training=None):

@@ -34,6 +34,7 @@ from tf_fusedrec.ops.native_table_ops import (
     native_table_upsert,
 )
 from tf_fusedrec.ops.partition_ops import PartitionResult, owner_of, partition_by_owner
+from tf_fusedrec.ops.ragged_attention_ops import ragged_causal_attention
 from tf_fusedrec.ops.row_ids_ops import row_ids
 from tf_fusedrec.ops.segment_unique_ops import SegmentUniqueResult, segment_unique
 from tf_fusedrec.ops.upper_triangle_ops import upper_triangle
@@ -78,6 +79,7 @@ __all__ = [
     "packed_key_bits",
     "packed_segment_bits",
     "partition_by_owner",
+    "ragged_causal_attention",
     "row_ids",
     "segment_unique",
     "upper_triangle",

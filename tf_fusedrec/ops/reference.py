@@ -577,3 +577,27 @@ def id_extremes(ids):
     flat = [np.asarray(x, np.int64).reshape(-1) for x in ids]
     return (np.array([x.min() if x.size else info.max for x in flat], np.int64),
             np.array([x.max() if x.size else info.min for x in flat], np.int64))
+
+
+def ragged_causal_attention(q, k, v, row_splits, bias=None, fixed_norm=0):
+    """ops.ragged_causal_attention in float64, a loop over each sequence's (i, j <= i) pairs: out[i, h] = sum_j
+    SiLU(<q_i, k_j>_h + bias[min(floor(log2(i - j + 1)), NB - 1), h]) / n_i * v[j, h], n_i = i + 1 (the position in
+    its sequence) or fixed_norm when > 0."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    splits = np.asarray(row_splits, np.int64)
+    nb = 0 if bias is None else np.asarray(bias).shape[0]
+    out = np.zeros_like(q)
+    for b in range(splits.size - 1):
+        start, length = splits[b], splits[b + 1] - splits[b]
+        for i in range(length):
+            n = fixed_norm if fixed_norm > 0 else i + 1
+            for j in range(i + 1):
+                score = np.sum(q[start + i] * k[start + j], axis=-1)  # [H]
+                if nb:
+                    score = score + np.asarray(bias, np.float64)[min(int(np.floor(np.log2(i - j + 1))), nb - 1)]
+                weight = score / (1.0 + np.exp(-score)) / n
+                out[start + i] += weight[:, None] * v[start + j]
+    return out
+
+
+__all__ += ["ragged_causal_attention"]
