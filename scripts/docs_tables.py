@@ -781,6 +781,57 @@ def grm_quality(path="docs/grm/quality/quality.json"):
                   "lrrrr", rows)
 
 
+def grm_speed(directory="docs/grm/profile"):
+    """directory/{pairs,op}-{median32,median100,train2}-N.json (its run.sh): the GRM's pair-list attention against
+    the attention op, alternated: one worker's step and tokens/s at median history lengths 32 and 100 (capped at
+    200), and 2 workers' tokens/s in the train app; the op's ratio to the pairs of the same round."""
+    rows = []
+    rounds = sorted({int(os.path.basename(p)[:-5].rsplit("-", 1)[1])
+                     for p in glob.glob(_path(f"{directory}/*-train2-*.json"))})
+    for n in rounds:
+        got = {}
+        for variant in ("pairs", "op"):
+            one = [_json(f"{directory}/{variant}-median{m}-{n}.json") for m in (32, 100)]
+            train = _json(f"{directory}/{variant}-train2-{n}.json")
+            got[variant] = [r["tokens_per_s"] for r in one] + [train["tokens_per_s"]]
+            rows.append([str(n), variant] + [f"{r['step_ms']:.1f} ms, {r['tokens_per_s']:,.0f}" for r in one]
+                        + [f"{train['tokens_per_s']:,.0f}"])
+        rows.append([str(n), "op / pairs"] + [f"{a / b:.2f}x" for a, b in zip(got["op"], got["pairs"])])
+    return _table(["round", "attention", "1 worker, median 32: step, tokens/s", "1 worker, median 100 (cap 200): step, "
+                   "tokens/s", "2 workers, train app: tokens/s"], "llrrr", rows)
+
+
+def grm_speed_ops(directory="docs/grm/profile", median=100, n=1, top=8):
+    """The largest op types of a GRM step (directory/{pairs,op}-median{median}-{n}.json): ms a step, before and
+    after (the function call's own type left out: it holds the whole step)."""
+    before = _json(f"{directory}/pairs-median{median}-{n}.json")
+    after = _json(f"{directory}/op-median{median}-{n}.json")
+    names = [k for k in before["ops"] if k != "Process"][:top]
+    names += [k for k in after["ops"] if k != "Process" and k not in names][:3]
+    rows = [[name] + [_num(r["ops"].get(name, {}).get("ms_per_step"), ".1f") for r in (before, after)]
+            for name in names]
+    rows.append(["step (wall)", f"{before['step_ms']:.1f}", f"{after['step_ms']:.1f}"])
+    return _table(["op type", "pair-list attention, ms / step", "attention op, ms / step"], "lrr", rows)
+
+
+def grm_movielens_like(directory="docs/grm/movielens_like", steps=2000):
+    """directory/{pairs,op}-N.json (its run.sh): configs/movielens1m_seq.yaml on MovieLens-1M-sized made-up ratings,
+    2 workers: tokens/s, samples/s, the run's wall time, and the minutes `steps` steps take at that rate (the config's
+    2000; batch 128 per worker)."""
+    rows = []
+    runs = sorted(glob.glob(_path(f"{directory}/*-*.json")),
+                  key=lambda p: (int(p.rsplit("-", 1)[1][:-5]), "op" in os.path.basename(p)))
+    for path in runs:
+        variant, n = os.path.basename(path)[:-5].split("-")
+        s = _json(path)
+        per_step = s["batch_size_per_worker"] * s["workers"]
+        rows.append([n, "pair list" if variant == "pairs" else "op", f"{s['tokens_per_s']:,.0f}",
+                     f"{s['samples_per_s']:,.0f}", f"{s['steps']} in {s['wall_s']:.0f} s",
+                     f"{steps * per_step / s['samples_per_s'] / 60:.1f}"])
+    return _table(["round", "attention", "tokens/s", "samples/s", "steps in wall time (start included)",
+                   f"minutes for {steps} steps at that rate"], "llrrrr", rows)
+
+
 def _probes():
     """{network: (run dir, probe.json)} of the 2-worker probes, loopback first, then by rate."""
     probes = {}
@@ -1224,6 +1275,9 @@ TABLES = {
     "serve-async-saturation": (("docs/serve/async_server/saturation-*.json",), serve_async_saturation),
     "serve-malformed-gate": (("docs/serve/malformed_gate/*.json",), serve_malformed_gate),
     "grm-quality": (("docs/grm/quality/quality.json",), grm_quality),
+    "grm-speed": (("docs/grm/profile/*.json",), grm_speed),
+    "grm-movielens-like": (("docs/grm/movielens_like/*.json",), grm_movielens_like),
+    "grm-speed-ops": (("docs/grm/profile/*-median100-1.json",), grm_speed_ops),
     "model-checks": (("docs/cluster/model.json",), model_checks),
     "model-scores": (("docs/cluster/model.json", "docs/cluster/rerun/model.json"), model_scores),
     "model-projection": (("docs/cluster/model.json",), model_projection),
