@@ -110,12 +110,21 @@ void OverSequences(OpKernelContext* ctx, const int64_t* splits, const Shape& sha
   });
 }
 
-class RaggedCausalAttentionOp : public OpKernel {
+// Both kernels' attribute: the fixed normaliser n_i (0: the causal one, i + 1).
+class AttentionKernel : public OpKernel {
  public:
-  explicit RaggedCausalAttentionOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit AttentionKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("fixed_norm", &fixed_norm_));
     OP_REQUIRES(ctx, fixed_norm_ >= 0, errors::InvalidArgument("fixed_norm must be >= 0, got ", fixed_norm_));
   }
+
+ protected:
+  int64_t fixed_norm_ = 0;
+};
+
+class RaggedCausalAttentionOp : public AttentionKernel {
+ public:
+  using AttentionKernel::AttentionKernel;
 
   void Compute(OpKernelContext* ctx) override {
     Shape shape;
@@ -150,16 +159,11 @@ class RaggedCausalAttentionOp : public OpKernel {
     });
   }
 
- private:
-  int64_t fixed_norm_ = 0;
 };
 
-class RaggedCausalAttentionGradOp : public OpKernel {
+class RaggedCausalAttentionGradOp : public AttentionKernel {
  public:
-  explicit RaggedCausalAttentionGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("fixed_norm", &fixed_norm_));
-    OP_REQUIRES(ctx, fixed_norm_ >= 0, errors::InvalidArgument("fixed_norm must be >= 0, got ", fixed_norm_));
-  }
+  using AttentionKernel::AttentionKernel;
 
   void Compute(OpKernelContext* ctx) override {
     Shape shape;
@@ -224,8 +228,6 @@ class RaggedCausalAttentionGradOp : public OpKernel {
     });
   }
 
- private:
-  int64_t fixed_norm_ = 0;
 };
 
 }  // namespace
