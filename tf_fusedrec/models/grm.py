@@ -45,8 +45,8 @@ import collections
 
 import tensorflow as tf
 
-from tf_fusedrec.layers.protocol import unconverted
 from tf_fusedrec import ops
+from tf_fusedrec.layers.protocol import unconverted
 from tf_fusedrec.models import _blocks
 from tf_fusedrec.ops import indexing
 
