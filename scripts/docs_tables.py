@@ -814,15 +814,22 @@ def grm_speed_ops(directory="docs/grm/profile", median=100, n=1, top=8):
     return _table(["op type", "pair-list attention, ms / step", "attention op, ms / step"], "lrr", rows)
 
 
+def _variant_rounds(directory, variants, prefix=""):
+    """[(round, variant, path)] of directory/PREFIXVARIANT-N.json for the given variants (an A/B run.sh's files), by
+    round and, within a round, in the order of `variants` (the order the run.sh ran them)."""
+    found = []
+    for variant in variants:
+        for path in glob.glob(_path(f"{directory}/{prefix}{variant}-*.json")):
+            found.append((int(os.path.basename(path)[:-5].rsplit("-", 1)[1]), variants.index(variant), path))
+    return [(str(n), variants[v], path) for n, v, path in sorted(found)]
+
+
 def grm_movielens_like(directory="docs/grm/movielens_like", steps=2000):
     """directory/{pairs,op}-N.json (its run.sh): configs/movielens1m_seq.yaml on MovieLens-1M-sized made-up ratings,
     2 workers: tokens/s, samples/s, the run's wall time, and the minutes `steps` steps take at that rate (the config's
     2000; batch 128 per worker)."""
     rows = []
-    runs = sorted(glob.glob(_path(f"{directory}/*-*.json")),
-                  key=lambda p: (int(p.rsplit("-", 1)[1][:-5]), "op" in os.path.basename(p)))
-    for path in runs:
-        variant, n = os.path.basename(path)[:-5].split("-")
+    for n, variant, path in _variant_rounds(directory, ("pairs", "op")):
         s = _json(path)
         per_step = s["batch_size_per_worker"] * s["workers"]
         rows.append([n, "pair list" if variant == "pairs" else "op", f"{s['tokens_per_s']:,.0f}",
@@ -900,9 +907,7 @@ def serve_async_hostile(directory="docs/serve/async_server"):
     back-to-back fuzzer and 64 idle connections, with the thread-per-connection ranker and the asyncio one,
     alternated."""
     rows = []
-    for path in sorted(glob.glob(_path(f"{directory}/hostile-*-*.json")),
-                       key=lambda p: (int(p.rsplit("-", 1)[1][:-5]), "async" in os.path.basename(p))):
-        variant, n = os.path.basename(path)[:-5].split("-")[1:]
+    for n, variant, path in _variant_rounds(directory, ("threaded", "async"), prefix="hostile-"):
         rows.append([n, variant] + _hostile_cells(_json(path)))
     return _table(["round", "HTTP server"] + _HOSTILE_HEADER, "llrrrr", rows)
 
@@ -911,9 +916,7 @@ def serve_async_saturation(directory="docs/serve/async_server"):
     """directory/saturation-{threaded,async}-N.json (its run.sh): open-loop 64-instance requests at 5, 160 and 320
     q/s offered (ranker without pooling or cache), per server and round: achieved req/s, p50 / p99, dropped."""
     rows = []
-    for path in sorted(glob.glob(_path(f"{directory}/saturation-*-*.json")),
-                       key=lambda p: (int(p.rsplit("-", 1)[1][:-5]), "async" in os.path.basename(p))):
-        variant, n = os.path.basename(path)[:-5].split("-")[1:]
+    for n, variant, path in _variant_rounds(directory, ("threaded", "async"), prefix="saturation-"):
         cells = []
         for run in sorted(_json(path)["runs"], key=lambda r: r["offered_qps"]):
             cells.append(f"{run['requests_per_s']:.1f}, {run['p50_ms']:.1f} / {run['p99_ms']:.1f} ms, "
@@ -927,9 +930,7 @@ def serve_malformed_gate(directory="docs/serve/malformed_gate"):
     """directory/{off,on}-N.json (its run.sh): the hostile bench with --malformed-qps 0 (off) and the default 100
     (on), alternated."""
     rows = []
-    for path in sorted(glob.glob(_path(f"{directory}/*-*.json")),
-                       key=lambda p: (int(p.rsplit("-", 1)[1][:-5]), "on" in os.path.basename(p))):
-        variant, n = os.path.basename(path)[:-5].split("-")
+    for n, variant, path in _variant_rounds(directory, ("off", "on")):
         rows.append([n, "100 (default)" if variant == "on" else "0 (no gate)"] + _hostile_cells(_json(path)))
     return _table(["round", "--malformed-qps"] + _HOSTILE_HEADER, "llrrrr", rows)
 
