@@ -1,19 +1,22 @@
-"""Renders the README's result tables from the committed result files under docs/ (`make docs-tables`).
+"""Renders the result tables of the README and the docs pages from the committed result files under docs/
+(`make docs-tables`).
 
-    .venv/bin/python scripts/docs_tables.py            # rewrites the generated tables in README.md in place
+    .venv/bin/python scripts/docs_tables.py            # rewrites the generated tables in place, in every page
     .venv/bin/python scripts/docs_tables.py --check    # exits 1 naming each table that differs from its data
+    .venv/bin/python scripts/docs_tables.py FILE...    # only the tables marked in these files
 
-A generated table sits between two markers in README.md, the first naming the table and the files it is read from:
+A generated table sits between two markers in a Markdown page (README.md, or a page of the docs site under docs/),
+the first naming the table and the files it is read from:
 
     <!-- table:bench-modes from docs/bench.json -->
     | mode | samples/s | ...
     <!-- /table -->
 
-Everything between the markers is rewritten: a blank line, the table (indented like the opening marker, so a table
-may sit in a list item), a blank line. The opening marker is rewritten too, so the files it names are always the
-ones read. Figures keep the rounding of the command that wrote the file (tf_fusedrec/bench, tf_fusedrec/serve/bench.py, tf_fusedrec/cluster/model.py,
-scripts/bench_grm_*.sh). Only the standard library: the README can be checked without TensorFlow
-(tests/test_docs_tables.py).
+Each table is marked in exactly one page. Everything between the markers is rewritten: a blank line, the table
+(indented like the opening marker, so a table may sit in a list item), a blank line. The opening marker is rewritten
+too, so the files it names are always the ones read. Figures keep the rounding of the command that wrote the file
+(tf_fusedrec/bench, tf_fusedrec/serve/bench.py, tf_fusedrec/cluster/model.py, scripts/bench_grm_*.sh). Only the
+standard library: the pages can be checked without TensorFlow (tests/test_docs_tables.py).
 """
 
 import argparse
@@ -24,7 +27,9 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-README = os.path.join(ROOT, "README.md")
+# The Markdown pages that may hold generated tables: the README and every page under docs/ (the raw results' own .md
+# files there hold no markers).
+PAGES = ("README.md", "docs/**/*.md")
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)<!-- table:(?P<name>[a-z0-9-]+)(?: from (?P<sources>[^>]*?))? -->[ \t]*$")
 END = re.compile(r"^[ \t]*<!-- /table -->[ \t]*$")
 
@@ -297,6 +302,19 @@ def bench_cycle_time_mpi(directory, labels):
     return _table(["run", "HOROVOD_CYCLE_TIME (ms)"] + [f"{k} samples/s" for k in modes]
                   + [f"fused vs {k}" for k in modes if k != "fused"] + [f"fused vs {labels[first]}'s"],
                   "ll" + "r" * (2 * len(modes)), rows)
+
+
+def readme_headline(directory="docs/bench/cycle_time_mpi_default"):
+    """The README's headline: the runs of `directory` at the library's defaults (directory/default-N), each mode's
+    samples/s and fused's ratio to the two baselines of the same run."""
+    runs = _value_runs(directory)
+    rows = []
+    for n in sorted(runs):
+        rate = {k: runs[n]["default"][k]["samples_per_s"] for k in TRANSPORT_MODES}
+        rows.append([n] + [f"{rate[k]:,.0f}" for k in TRANSPORT_MODES]
+                    + [f"{rate['fused'] / rate[k]:.2f}x" for k in TRANSPORT_MODES if k != "fused"])
+    return _table(["run"] + [f"{k} samples/s" for k in TRANSPORT_MODES]
+                  + [f"fused vs {k}" for k in TRANSPORT_MODES if k != "fused"], "l" + "r" * 5, rows)
 
 
 def bench_mpi_yield():
@@ -1241,6 +1259,7 @@ TABLES = {
         "docs/bench/cycle_time_mpi_modes", {"default": "unset (Horovod's 1)", "0.1": "0.1"})),
     "bench-cycle-time-mpi-default": (("docs/bench/cycle_time_mpi_default/*/bench.json",), lambda: bench_cycle_time_mpi(
         "docs/bench/cycle_time_mpi_default", {"1": "1 (Horovod's default)", "default": "unset: 0.1, the library's default"})),
+    "readme-headline": (("docs/bench/cycle_time_mpi_default/default-*/bench.json",), readme_headline),
     "hot-sweep": (("docs/hot/hot_sweep.json",), hot_sweep_loopback),
     "hot-sweep-1gbit": (("docs/hot/1gbit-n2/hot_sweep.json",), hot_sweep_1gbit),
     "serve-bench": (("docs/serve/serve_bench.json",), serve_bench),
@@ -1294,12 +1313,18 @@ def begin_marker(name, indent=""):
     return f"{indent}<!-- table:{name} from {', '.join(TABLES[name][0])} -->"
 
 
-# --- the README ------------------------------------------------------------------------------------------------------
+# --- the pages -------------------------------------------------------------------------------------------------------
 
 
-def blocks(text):
+def pages():
+    """The Markdown files (relative to the root, sorted) that may hold generated tables."""
+    return sorted({os.path.relpath(p, ROOT) for pattern in PAGES for p in glob.glob(_path(pattern), recursive=True)})
+
+
+def blocks(text, where="text"):
     """[(name, indent, first line, end line, the lines between)] of the generated tables in `text` (0-based line
-    numbers of the markers). Raises ValueError on an unknown name, a table marked twice or a marker left open."""
+    numbers of the markers). Raises ValueError, naming `where` and the line, on an unknown name, a table marked twice
+    or a marker left open."""
     lines = text.split("\n")
     found, seen, i = [], set(), 0
     while i < len(lines):
@@ -1307,17 +1332,29 @@ def blocks(text):
         if m:
             name = m["name"]
             if name not in TABLES:
-                raise ValueError(f"README line {i + 1}: unknown table {name!r}; known: {', '.join(TABLES)}")
+                raise ValueError(f"{where} line {i + 1}: unknown table {name!r}; known: {', '.join(TABLES)}")
             if name in seen:
-                raise ValueError(f"README line {i + 1}: table {name!r} is marked twice")
+                raise ValueError(f"{where} line {i + 1}: table {name!r} is marked twice")
             seen.add(name)
             end = next((j for j in range(i + 1, len(lines)) if END.match(lines[j]) or BEGIN.match(lines[j])), None)
             if end is None or not END.match(lines[end]):
-                raise ValueError(f"README line {i + 1}: table {name!r} has no <!-- /table --> before the next table")
+                raise ValueError(f"{where} line {i + 1}: table {name!r} has no <!-- /table --> before the next table")
             found.append((name, m["indent"], i, end, lines[i + 1:end]))
             i = end
         i += 1
     return found
+
+
+def marked(texts):
+    """{table name: page} over `texts` ({page: its text}). Raises ValueError for a table marked in two pages (and
+    as blocks() does within a page)."""
+    where = {}
+    for page, text in texts.items():
+        for name, *_ in blocks(text, page):
+            if name in where:
+                raise ValueError(f"{page}: table {name!r} is marked twice (also in {where[name]})")
+            where[name] = page
+    return where
 
 
 def rewrite(text):
@@ -1335,38 +1372,45 @@ def rewrite(text):
 
 
 def stale(text):
-    """Names of the generated tables in `text` that differ from their data, and of the tables `text` lacks."""
-    _, changed = rewrite(text)
-    present = {b[0] for b in blocks(text)}
-    return changed + [f"{name} (not in the README)" for name in TABLES if name not in present]
+    """Names of the generated tables in `text` that differ from their data."""
+    return rewrite(text)[1]
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--check", action="store_true", help="change nothing; exit 1 naming the tables that differ")
-    p.add_argument("--readme", default=README)
+    p.add_argument("files", nargs="*",
+                   help="pages to render or check (default: README.md and every page under docs/, where each table "
+                        "must be marked once)")
     args = p.parse_args(argv)
-    with open(args.readme) as f:
-        text = f.read()
+    files = args.files or [_path(page) for page in pages()]
+    texts = {}  # the page's name (relative to the root where it is under it) -> its text
+    for path in files:
+        with open(path) as f:
+            texts[os.path.relpath(path, ROOT) if os.path.abspath(path).startswith(ROOT + os.sep) else path] = f.read()
     try:
+        where = marked(texts)
+        missing = [] if args.files else [name for name in TABLES if name not in where]
         if args.check:
-            names = stale(text)
-            if names:
-                print("README tables that differ from their data (run `make docs-tables`): " + ", ".join(names),
-                      file=sys.stderr)
+            changed = [f"{name} ({page})" for page, text in texts.items() for name in stale(text)]
+            if changed or missing:
+                print("tables that differ from their data (run `make docs-tables`): "
+                      + ", ".join(changed + [f"{name} (marked in no page)" for name in missing]), file=sys.stderr)
                 return 1
             return 0
-        new, changed = rewrite(text)
-        missing = [name for name in TABLES if name not in {b[0] for b in blocks(text)}]
+        changed = []
+        for page, text in texts.items():
+            new, names_changed = rewrite(text)
+            changed += names_changed
+            if new != text:
+                with open(_path(page), "w") as f:
+                    f.write(new)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if new != text:
-        with open(args.readme, "w") as f:
-            f.write(new)
-    print(f"{len(TABLES) - len(missing)} tables rendered; changed: {', '.join(changed) or 'none'}")
+    print(f"{len(where)} tables rendered in {len(texts)} pages; changed: {', '.join(changed) or 'none'}")
     if missing:
-        print(f"error: no markers in {args.readme} for: {', '.join(missing)}", file=sys.stderr)
+        print(f"error: no page marks: {', '.join(missing)}", file=sys.stderr)
         return 2
     return 0
 

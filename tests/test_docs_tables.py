@@ -1,8 +1,9 @@
-"""README.md's result tables equal a fresh rendering of the committed result files (scripts/docs_tables.py).
+"""The result tables of README.md and of the docs pages equal a fresh rendering of the committed result files
+(scripts/docs_tables.py).
 
-Each table marked `<!-- table:NAME from FILES -->` ... `<!-- /table -->` in the README is checked on its own, so a
-failure names the table; `make docs-tables` rewrites them. The script uses only the standard library and reads
-JSON and text files: no TensorFlow, well under a second.
+Each table marked `<!-- table:NAME from FILES -->` ... `<!-- /table -->` in a page (README.md, or a page under docs/)
+is checked on its own, so a failure names the table and its page; `make docs-tables` rewrites them. The script uses
+only the standard library and reads JSON and text files: no TensorFlow, well under a second.
 """
 
 import ast
@@ -19,20 +20,22 @@ SCRIPT = ROOT / "scripts" / "docs_tables.py"
 
 
 docs_tables = load_script(SCRIPT, "docs_tables")
-README = (ROOT / "README.md").read_text()
-BLOCKS = {name: (indent, first, body) for name, indent, first, _, body in docs_tables.blocks(README)}
+PAGES = {page: (ROOT / page).read_text() for page in docs_tables.pages()}
+WHERE = docs_tables.marked(PAGES)
+BLOCKS = {name: (WHERE[name], indent, first, body)
+          for page, text in PAGES.items() for name, indent, first, _, body in docs_tables.blocks(text, page)}
 
 
 @pytest.mark.parametrize("name", list(docs_tables.TABLES))
-def test_readme_table_equals_its_data(name):
-    assert name in BLOCKS, f"README.md has no <!-- table:{name} --> ... <!-- /table --> block"
-    indent, first, body = BLOCKS[name]
+def test_table_equals_its_data(name):
+    assert name in BLOCKS, f"no page has a <!-- table:{name} --> ... <!-- /table --> block"
+    page, indent, first, body = BLOCKS[name]
     fresh = [""] + [indent + line for line in docs_tables.render(name).split("\n")] + [""]
     if body != fresh:
-        diff = "\n".join(difflib.unified_diff(body, fresh, "README.md", "rendered from the data", lineterm=""))
-        pytest.fail(f"README table {name!r} (line {first + 1}) differs from its data; run `make docs-tables`:\n{diff}")
-    assert README.split("\n")[first] == docs_tables.begin_marker(name, indent), (
-        f"README table {name!r}: its opening marker does not name the files it is read from; run `make docs-tables`")
+        diff = "\n".join(difflib.unified_diff(body, fresh, page, "rendered from the data", lineterm=""))
+        pytest.fail(f"table {name!r} ({page} line {first + 1}) differs from its data; run `make docs-tables`:\n{diff}")
+    assert PAGES[page].split("\n")[first] == docs_tables.begin_marker(name, indent), (
+        f"table {name!r} ({page}): its opening marker does not name the files it is read from; run `make docs-tables`")
 
 
 @pytest.mark.parametrize("name", list(docs_tables.TABLES))
@@ -45,19 +48,23 @@ def test_every_marked_table_is_known():
     assert set(BLOCKS) == set(docs_tables.TABLES)
 
 
+def test_the_readme_has_its_headline_table():
+    assert WHERE["readme-headline"] == "README.md"
+
+
 def test_a_changed_figure_is_named_and_rewritten(tmp_path, capsys):
-    indent, first, body = BLOCKS["bench-table-backend"]
-    lines = README.split("\n")
+    page, _, first, body = BLOCKS["bench-table-backend"]
+    lines = PAGES[page].split("\n")
     row = next(i for i in range(first + 1, first + 1 + len(body)) if lines[i].startswith("| fused_native |"))
     lines[row] = lines[row].replace("71,913", "71,914")
     stale_text = "\n".join(lines)
     assert docs_tables.stale(stale_text) == ["bench-table-backend"]
-    readme = tmp_path / "README.md"
-    readme.write_text(stale_text)
-    assert docs_tables.main(["--check", "--readme", str(readme)]) == 1
+    copy = tmp_path / "page.md"
+    copy.write_text(stale_text)
+    assert docs_tables.main(["--check", str(copy)]) == 1
     assert "bench-table-backend" in capsys.readouterr().err
-    assert docs_tables.main(["--readme", str(readme)]) == 0
-    assert readme.read_text() == README
+    assert docs_tables.main([str(copy)]) == 0
+    assert copy.read_text() == PAGES[page]
 
 
 def test_marker_errors_name_the_table():
@@ -65,9 +72,11 @@ def test_marker_errors_name_the_table():
         docs_tables.blocks("<!-- table:no-such-table -->\n<!-- /table -->\n")
     with pytest.raises(ValueError, match="table 'bench-modes' has no <!-- /table -->"):
         docs_tables.blocks("<!-- table:bench-modes -->\n| a |\n")
-    twice = "<!-- table:bench-modes -->\n<!-- /table -->\n"
+    once = "<!-- table:bench-modes -->\n<!-- /table -->\n"
     with pytest.raises(ValueError, match="table 'bench-modes' is marked twice"):
-        docs_tables.blocks(twice + twice)
+        docs_tables.blocks(once + once)
+    with pytest.raises(ValueError, match=r"b.md: table 'bench-modes' is marked twice \(also in a.md\)"):
+        docs_tables.marked({"a.md": once, "b.md": once})
 
 
 def test_the_script_imports_only_the_standard_library():

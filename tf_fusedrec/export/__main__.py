@@ -13,7 +13,8 @@ import sys
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m tf_fusedrec.export", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tf_fusedrec.export",
+                                description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--config", required=True, help="the configs/*.yaml the model was trained with")
     p.add_argument("--model-dir", required=True, help="the training's --model-dir (its newest checkpoint is exported)")
     p.add_argument("--out", required=True, help="the export directory to write")

@@ -623,22 +623,27 @@ class RankerApp:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m tf_fusedrec.serve.ranker", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tf_fusedrec.serve.ranker",
+                                description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--export", required=True, help="the export (python -m tf_fusedrec.export)")
     p.add_argument("--servers", required=True,
                    help="embedding servers host:port,...: server i holds routing range i of n (even ranges); "
                         "'local' holds every row in this process instead")
-    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--port", type=int, required=True, help="the port of the REST API (TensorFlow Serving's: 8501)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
     p.add_argument("--name", default="model", help="the model's name in /v1/models/NAME")
     p.add_argument("--no-pooling", action="store_true", help="fetch multi-hot rows instead of pooling on the servers")
     p.add_argument("--cache-mb", type=float, default=64.0, help="the row cache's budget (0: no cache)")
     p.add_argument("--no-packed-signature", action="store_true",
                    help="call the dense SavedModel input by input, not through its packed signature (same scores)")
-    p.add_argument("--cache-policy", choices=["lru", "lfu"], default="lru")
+    p.add_argument("--cache-policy", choices=["lru", "lfu"], default="lru",
+                   help="which cached rows go first when the cache is full or shrinks: least recently or least "
+                        "frequently read")
     p.add_argument("--cache-high-load", type=float, default=256.0,
                    help="mean instances per request (over the last 64) above which the cache shrinks")
-    p.add_argument("--cache-low-load", type=float, default=64.0, help="... below which it grows back")
+    p.add_argument("--cache-low-load", type=float, default=64.0,
+                   help="mean instances per request (over the last 64) below which the cache grows back, up to "
+                        "--cache-mb")
     p.add_argument("--max-batch", type=int, default=1024, help="most instances in one model call")
     p.add_argument("--batch-wait-ms", type=float, default=0.0,
                    help="how long a batch waits for more requests (default 0: it takes what is queued when the model "
