@@ -121,7 +121,9 @@ int main(int argc, char** argv) {
   std::vector<int64_t> prefill_keys(prefill);
   for (int64_t k = 0; k < prefill; ++k) prefill_keys[k] = k;
   const std::vector<float> grad(dim, 0.01f);
-  const OptimizerHyper hyper{0.05f, 0.9f, 0.999f, 0.0f};
+  OptimizerHyper hyper;  // Adagrad with lr 0.05 and epsilon 0, as the table benchmark's native run
+  hyper.lr = 0.05f;
+  hyper.epsilon = 0.0f;
   if (map.Reserve(prefill) != TableStatus::kOk) return 1;
   for (int64_t k : prefill_keys) {
     bool inserted;

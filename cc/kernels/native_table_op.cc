@@ -2,6 +2,7 @@
 #include "cc/kernels/native_table_op.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -53,26 +54,47 @@ Status NativeTableConfig::FromAttrs(OpKernelConstruction* ctx, NativeTableConfig
   TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "value", &c->value));
   TF_RETURN_IF_ERROR(ctx->GetAttr("salts", &c->salts));
   TF_RETURN_IF_ERROR(ctx->GetAttr("track_access", &c->track_access));
+  TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "momentum", &c->momentum));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("nesterov", &c->nesterov));
+  TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "rho", &c->rho));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("centered", &c->centered));
+  TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "epsilon", &c->epsilon));
+  TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "beta_1", &c->beta_1));
+  TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "beta_2", &c->beta_2));
+  TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "weight_decay", &c->weight_decay));
+  TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "learning_rate_power", &c->learning_rate_power));
+  TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "l1_regularization_strength", &c->l1));
+  TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "l2_regularization_strength", &c->l2));
+  TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "l2_shrinkage_regularization_strength", &c->l2_shrinkage));
+  TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "beta", &c->beta));
 
   auto error = [&](auto... args) { return errors::InvalidArgument("native table '", c->name, "': ", args...); };
   if (c->dim < 1) return error("dim must be >= 1, got ", c->dim);
-  int expected_slots;
   if (c->optimizer == "sgd") {
     c->optimizer_kind = TableOptimizer::kSgd;
-    expected_slots = impl::SgdRule::kSlots;
   } else if (c->optimizer == "adagrad") {
     c->optimizer_kind = TableOptimizer::kAdagrad;
-    expected_slots = impl::AdagradRule::kSlots;
   } else if (c->optimizer == "adam") {
     c->optimizer_kind = TableOptimizer::kAdam;
-    expected_slots = impl::AdamRule::kSlots;
+  } else if (c->optimizer == "adamw") {
+    c->optimizer_kind = TableOptimizer::kAdamW;
+  } else if (c->optimizer == "ftrl") {
+    c->optimizer_kind = TableOptimizer::kFtrl;
+  } else if (c->optimizer == "rmsprop") {
+    c->optimizer_kind = TableOptimizer::kRmsprop;
   } else {
-    return error("optimizer must be sgd, adagrad or adam, got '", c->optimizer, "'");
+    return error("optimizer must be sgd, adagrad, adam, adamw, ftrl or rmsprop, got '", c->optimizer, "'");
   }
+  TF_RETURN_IF_ERROR(c->CheckHyperparameters());
+  const int expected_slots = c->ExpectedSlots();
   if (c->num_slots() != expected_slots) {
-    return error("optimizer ", c->optimizer, " has ", expected_slots, " slots, so slot_init must have ",
-                 expected_slots, " values, got ", c->slot_init.size());
+    return error("optimizer ", c->optimizer, " has ", expected_slots, " slots with these hyperparameters, so ",
+                 "slot_init must have ", expected_slots, " values, got ", c->slot_init.size());
   }
+  if (c->optimizer_kind == TableOptimizer::kFtrl && !(c->slot_init[0] >= 0)) {
+    return error("ftrl's initial_accumulator_value (slot_init[0]) must be >= 0, got ", c->slot_init[0]);
+  }
+  c->hyper = c->RuleConstants();
   if (c->storage == "float32") {
     c->storage_kind = RowStorage::kFloat32;
   } else if (c->storage == "float16") {
@@ -104,6 +126,87 @@ Status NativeTableConfig::FromAttrs(OpKernelConstruction* ctx, NativeTableConfig
   return OkStatus();
 }
 
+Status NativeTableConfig::CheckHyperparameters() const {
+  auto error = [&](auto... args) {
+    return errors::InvalidArgument("native table '", name, "': optimizer ", optimizer, ": ", args...);
+  };
+  const std::pair<const char*, double> values[] = {
+      {"momentum", momentum},
+      {"epsilon", epsilon},
+      {"beta_1", beta_1},
+      {"beta_2", beta_2},
+      {"weight_decay", weight_decay},
+      {"learning_rate_power", learning_rate_power},
+      {"l1_regularization_strength", l1},
+      {"l2_regularization_strength", l2},
+      {"l2_shrinkage_regularization_strength", l2_shrinkage},
+      {"beta", beta},
+      {"rho", rho}};
+  for (const auto& [attr, value] : values) {
+    if (!std::isfinite(value)) return error(attr, " must be finite, got ", value);
+  }
+  // The checks Keras 3 makes in the optimizers' constructors.
+  switch (optimizer_kind) {
+    case TableOptimizer::kSgd:
+      if (momentum < 0 || momentum > 1) return error("momentum must be in [0, 1], got ", momentum);
+      break;
+    case TableOptimizer::kRmsprop:
+      if (momentum < 0) return error("momentum must be >= 0, got ", momentum);
+      break;
+    case TableOptimizer::kFtrl:
+      if (learning_rate_power > 0) return error("learning_rate_power must be <= 0, got ", learning_rate_power);
+      if (l1 < 0 || l2 < 0 || l2_shrinkage < 0) {
+        return error("the regularization strengths must be >= 0, got l1 ", l1, ", l2 ", l2, ", l2_shrinkage ",
+                     l2_shrinkage);
+      }
+      break;
+    default:
+      break;
+  }
+  return OkStatus();
+}
+
+int NativeTableConfig::ExpectedSlots() const {
+  switch (optimizer_kind) {
+    case TableOptimizer::kSgd:
+      return momentum > 0 ? 1 : 0;
+    case TableOptimizer::kAdagrad:
+      return impl::AdagradRule::kSlots;
+    case TableOptimizer::kAdam:
+      return impl::AdamRule::kSlots;
+    case TableOptimizer::kAdamW:
+      return impl::AdamWRule::kSlots;
+    case TableOptimizer::kFtrl:
+      return impl::FtrlRule::kSlots;
+    case TableOptimizer::kRmsprop:
+      return 1 + (momentum > 0 ? 1 : 0) + (centered ? 1 : 0);
+  }
+  return 0;
+}
+
+impl::OptimizerHyper NativeTableConfig::RuleConstants() const {
+  // float32 of a float64 (Keras: a Python float converted to a float32 tensor), and of `1 - x` taken in float64
+  // (Keras 3: `1 - self.rho` in Python). AdamRule takes its 1 - beta in float32, from beta1 and beta2, as TF's kernel.
+  auto f32 = [](double x) { return static_cast<float>(x); };
+  impl::OptimizerHyper h;
+  h.epsilon = f32(epsilon);
+  h.beta1 = f32(beta_1);
+  h.beta2 = f32(beta_2);
+  h.one_minus_beta1 = f32(1.0 - beta_1);
+  h.one_minus_beta2 = f32(1.0 - beta_2);
+  h.weight_decay = f32(weight_decay);
+  h.momentum = f32(momentum);
+  h.rho = f32(rho);
+  h.one_minus_rho = f32(1.0 - rho);
+  h.ftrl_sqrt = learning_rate_power == -0.5;
+  h.ftrl_power = f32(-learning_rate_power);
+  h.l1 = f32(l1);
+  h.l2 = f32(l2);
+  h.ftrl_beta = f32(beta);
+  h.two_l2_shrinkage = f32(2.0 * l2_shrinkage);
+  return h;
+}
+
 std::unique_ptr<impl::RowInitializer> NativeTableConfig::MakeInitializer() const {
   if (init == "hashed") return std::make_unique<impl::HashedInitializer>(stddev);
   if (init == "normal") return std::make_unique<impl::NormalInitializer>(seed, mean, stddev);
@@ -118,14 +221,21 @@ std::string NativeTableConfig::DebugString() const {
     for (const auto& v : values) strings::StrAppend(&s, s.empty() ? "" : ",", v);
     return s;
   };
-  return strings::StrCat("name=", name, " dim=", dim, " optimizer=", optimizer, " slot_init=[", join(slot_init),
-                         "] storage=", storage, " rounding=", rounding, " init=", init, " seed=", seed,
-                         " mean=", mean, " stddev=", stddev, " minval=", minval, " maxval=", maxval,
-                         " value=", value, " salts=[", join(salts), "] track_access=", track_access);
+  return strings::StrCat(
+      "name=", name, " dim=", dim, " optimizer=", optimizer, " momentum=", momentum, " nesterov=", nesterov,
+      " rho=", rho, " centered=", centered, " epsilon=", epsilon, " beta_1=", beta_1, " beta_2=", beta_2,
+      " weight_decay=", weight_decay, " learning_rate_power=", learning_rate_power, " l1=", l1, " l2=", l2,
+      " l2_shrinkage=", l2_shrinkage, " beta=", beta, " slot_init=[", join(slot_init), "] storage=", storage,
+      " rounding=", rounding, " init=", init, " seed=", seed, " mean=", mean, " stddev=", stddev, " minval=", minval,
+      " maxval=", maxval, " value=", value, " salts=[", join(salts), "] track_access=", track_access);
 }
 
 bool NativeTableConfig::operator==(const NativeTableConfig& o) const {
-  return name == o.name && dim == o.dim && optimizer == o.optimizer && slot_init == o.slot_init &&
+  return name == o.name && dim == o.dim && optimizer == o.optimizer && momentum == o.momentum &&
+         nesterov == o.nesterov && rho == o.rho && centered == o.centered && epsilon == o.epsilon &&
+         beta_1 == o.beta_1 && beta_2 == o.beta_2 && weight_decay == o.weight_decay &&
+         learning_rate_power == o.learning_rate_power && l1 == o.l1 && l2 == o.l2 && l2_shrinkage == o.l2_shrinkage &&
+         beta == o.beta && slot_init == o.slot_init &&
          storage == o.storage && rounding == o.rounding && init == o.init && seed == o.seed && mean == o.mean &&
          stddev == o.stddev && minval == o.minval && maxval == o.maxval && value == o.value && salts == o.salts &&
          track_access == o.track_access;
@@ -244,13 +354,28 @@ class TypedStore : public TableStore {
 
   void ApplySparse(const int64_t* keys, const float* grads, const int32* categories, const int64_t* ids, int64_t n,
                    const impl::OptimizerHyper& hyper, int64_t update_count) override {
+    auto apply = [&](auto rule) {
+      using Rule = decltype(rule);
+      Apply<Rule>(keys, grads, categories, ids, n, hyper, update_count);
+    };
+    const bool momentum = config_.momentum > 0;
     switch (config_.optimizer_kind) {
       case TableOptimizer::kSgd:
-        return Apply<impl::SgdRule>(keys, grads, categories, ids, n, hyper, update_count);
+        if (!momentum) return apply(impl::SgdRule());
+        return config_.nesterov ? apply(impl::MomentumRule<true>()) : apply(impl::MomentumRule<false>());
       case TableOptimizer::kAdagrad:
-        return Apply<impl::AdagradRule>(keys, grads, categories, ids, n, hyper, update_count);
+        return apply(impl::AdagradRule());
       case TableOptimizer::kAdam:
-        return Apply<impl::AdamRule>(keys, grads, categories, ids, n, hyper, update_count);
+        return apply(impl::AdamRule());
+      case TableOptimizer::kAdamW:
+        return apply(impl::AdamWRule());
+      case TableOptimizer::kFtrl:
+        return apply(impl::FtrlRule());
+      case TableOptimizer::kRmsprop:
+        if (momentum) {
+          return config_.centered ? apply(impl::RmspropRule<true, true>()) : apply(impl::RmspropRule<true, false>());
+        }
+        return config_.centered ? apply(impl::RmspropRule<false, true>()) : apply(impl::RmspropRule<false, false>());
     }
   }
 
@@ -507,7 +632,7 @@ Status NativeTable::LookupOrInit(const Tensor& keys, const Tensor& categories, c
 }
 
 Status NativeTable::ApplySparse(const Tensor& keys, const Tensor& grads, const Tensor& categories, const Tensor& ids,
-                                const impl::OptimizerHyper& hyper, int64_t update_count, bool distinct_keys) {
+                                float lr, float adam_lr, int64_t update_count, bool distinct_keys) {
   TF_RETURN_IF_ERROR(CheckCategories(categories));
   const int64_t n = keys.NumElements();
   const int64_t dim = config_.dim;
@@ -557,6 +682,9 @@ Status NativeTable::ApplySparse(const Tensor& keys, const Tensor& grads, const T
     }
   }
 
+  impl::OptimizerHyper hyper = config_.hyper;
+  hyper.lr = lr;
+  hyper.adam_lr = adam_lr;
   mutex_lock lock(mu_);
   TF_RETURN_IF_ERROR(ReserveError(store_->Reserve(store_->size() + u), store_->size() + u));
   store_->ApplySparse(k, g, c, i, u, hyper, update_count);
@@ -783,16 +911,14 @@ class NativeTableApplySparseOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckRows(*table, grads, "grads", n));
     OP_REQUIRES_OK(ctx, CheckLength(*table, categories, "categories", n, "keys"));
     OP_REQUIRES_OK(ctx, CheckLength(*table, ids, "ids", n, "keys"));
-    impl::OptimizerHyper hyper;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, *table, 5, "lr", &hyper.lr));
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, *table, 6, "beta1", &hyper.beta1));
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, *table, 7, "beta2", &hyper.beta2));
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, *table, 8, "epsilon", &hyper.epsilon));
-    const Tensor& update_count = ctx->input(9);
+    float lr, adam_lr;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, *table, 5, "lr", &lr));
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, *table, 6, "adam_lr", &adam_lr));
+    const Tensor& update_count = ctx->input(7);
     OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(update_count.shape()),
                 table->Error("update_count must be a scalar, got shape ", update_count.shape().DebugString()));
-    OP_REQUIRES_OK(ctx, table->ApplySparse(keys, grads, categories, ids, hyper, update_count.scalar<int64_t>()(),
-                                           distinct_keys_));
+    OP_REQUIRES_OK(ctx, table->ApplySparse(keys, grads, categories, ids, lr, adam_lr,
+                                           update_count.scalar<int64_t>()(), distinct_keys_));
   }
 
  private:

@@ -19,7 +19,7 @@
 namespace tensorflow {
 namespace fusedrec {
 
-enum class TableOptimizer { kSgd, kAdagrad, kAdam };
+enum class TableOptimizer { kSgd, kAdagrad, kAdam, kAdamW, kFtrl, kRmsprop };
 enum class RowStorage { kFloat32, kFloat16 };
 enum class RowRounding { kNearest, kStochastic };
 
@@ -27,9 +27,19 @@ enum class RowRounding { kNearest, kStochastic };
 struct NativeTableConfig {
   std::string name;       // names the table in every error message
   int64_t dim = 0;        // row width, >= 1
-  std::string optimizer;  // "sgd" | "adagrad" | "adam"
+  std::string optimizer;  // "sgd" | "adagrad" | "adam" | "adamw" | "ftrl" | "rmsprop"
   TableOptimizer optimizer_kind = TableOptimizer::kSgd;
-  std::vector<float> slot_init;  // initial value of each slot of a new key; one per slot
+  // The optimizer's hyperparameters other than the learning rate, static per table, with Keras 3's names: float64 as
+  // the Python floats Keras computes its constants from (an attribute each; the optimizer's own are checked, the
+  // others are ignored). sgd: momentum, nesterov; adagrad: epsilon; adam: beta_1, beta_2, epsilon; adamw: those and
+  // weight_decay; ftrl: learning_rate_power, l1, l2, l2_shrinkage (the *_regularization_strength attributes), beta;
+  // rmsprop: rho, momentum, epsilon, centered. An initial_accumulator_value is slot_init.
+  double momentum = 0, epsilon = 0, beta_1 = 0, beta_2 = 0, weight_decay = 0, learning_rate_power = 0, l1 = 0,
+         l2 = 0, l2_shrinkage = 0, beta = 0, rho = 0;
+  bool nesterov = false, centered = false;
+  // The float32 constants the update rules take, derived from the above (lr and adam_lr are the step's: zero here).
+  impl::OptimizerHyper hyper;
+  std::vector<float> slot_init;  // initial value of each slot of a new key; one per slot (ExpectedSlots)
   std::string storage;           // "float32" | "float16" (slots are always float32)
   RowStorage storage_kind = RowStorage::kFloat32;
   // How an update's float32 row becomes float16: "nearest" | "stochastic" (float16 storage only; impl::
@@ -44,6 +54,14 @@ struct NativeTableConfig {
   bool track_access = false;
 
   int num_slots() const { return static_cast<int>(slot_init.size()); }
+  // The slots the optimizer keeps with these hyperparameters: sgd 1 with momentum > 0 (else 0), adagrad 1, adam and
+  // adamw 2, ftrl 2, rmsprop 1 + (momentum > 0) + centered.
+  int ExpectedSlots() const;
+  // The checks Keras 3's optimizers make of these hyperparameters (finite; sgd momentum in [0, 1]; ftrl
+  // learning_rate_power <= 0 and strengths >= 0; rmsprop momentum >= 0).
+  Status CheckHyperparameters() const;
+  // The float32 constants of the update rule (impl::OptimizerHyper, its lr and adam_lr left zero).
+  impl::OptimizerHyper RuleConstants() const;
   std::unique_ptr<impl::RowInitializer> MakeInitializer() const;
   std::string DebugString() const;
   bool operator==(const NativeTableConfig& other) const;
@@ -81,12 +99,12 @@ class NativeTable : public ResourceBase {
   // is inserted with its slots at slot_init (and, with track_access, counted). rows: float32 [U, dim], allocated.
   Status LookupOrInit(const Tensor& keys, const Tensor& categories, const Tensor& ids, bool insert, Tensor* rows);
 
-  // One optimizer update per distinct key, with the grads of repeated keys summed first. update_count (the
-  // optimizer's 1-based update number) picks the random bits of stochastic rounding. distinct_keys: the caller
-  // vouches that no key repeats (a lookup's keys), and the deduplication pass is skipped; a repeated key is then
-  // updated once per occurrence.
-  Status ApplySparse(const Tensor& keys, const Tensor& grads, const Tensor& categories, const Tensor& ids,
-                     const impl::OptimizerHyper& hyper, int64_t update_count, bool distinct_keys = false);
+  // One optimizer update per distinct key, with the grads of repeated keys summed first, with this step's learning
+  // rate `lr` and, for adam and adamw, its bias-corrected `adam_lr`. update_count (the optimizer's 1-based update
+  // number) picks the random bits of stochastic rounding. distinct_keys: the caller vouches that no key repeats (a
+  // lookup's keys), and the deduplication pass is skipped; a repeated key is then updated once per occurrence.
+  Status ApplySparse(const Tensor& keys, const Tensor& grads, const Tensor& categories, const Tensor& ids, float lr,
+                     float adam_lr, int64_t update_count, bool distinct_keys = false);
 
   // part 0: rows, part p >= 1: slot p - 1. values: float32 [K, dim], exists: bool [K], allocated.
   Status Find(const Tensor& keys, int part, Tensor* values, Tensor* exists);

@@ -42,7 +42,7 @@ Status LookupOrInitShape(InferenceContext* c) {
   return OkStatus();
 }
 
-// table, keys [U], grads [U, dim], categories [U], ids [U], lr, beta1, beta2, epsilon, update_count (scalars).
+// table, keys [U], grads [U, dim], categories [U], ids [U], lr, adam_lr, update_count (scalars).
 Status ApplySparseShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(CheckHandle(c));
   DimensionHandle n = c->UnknownDim();
@@ -51,7 +51,7 @@ Status ApplySparseShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(MergeVector(c, 3, &n));
   TF_RETURN_IF_ERROR(MergeVector(c, 4, &n));
   ShapeHandle unused;
-  for (int i = 5; i <= 9; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
+  for (int i = 5; i <= 7; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
   return OkStatus();
 }
 
@@ -113,7 +113,20 @@ REGISTER_OP("FusedRec>NativeTableCreate")
     .Attr("shared_name: string = ''")
     .Attr("table_name: string")
     .Attr("dim: int >= 1")
-    .Attr("optimizer: {'sgd', 'adagrad', 'adam'}")
+    .Attr("optimizer: {'sgd', 'adagrad', 'adam', 'adamw', 'ftrl', 'rmsprop'}")
+    .Attr("momentum: string = '0.0'")
+    .Attr("nesterov: bool = false")
+    .Attr("rho: string = '0.9'")
+    .Attr("centered: bool = false")
+    .Attr("epsilon: string = '1e-07'")
+    .Attr("beta_1: string = '0.9'")
+    .Attr("beta_2: string = '0.999'")
+    .Attr("weight_decay: string = '0.004'")
+    .Attr("learning_rate_power: string = '-0.5'")
+    .Attr("l1_regularization_strength: string = '0.0'")
+    .Attr("l2_regularization_strength: string = '0.0'")
+    .Attr("l2_shrinkage_regularization_strength: string = '0.0'")
+    .Attr("beta: string = '0.0'")
     .Attr("slot_init: list(float) = []")
     .Attr("storage: {'float32', 'float16'} = 'float32'")
     .Attr("rounding: {'nearest', 'stochastic'} = 'nearest'")
@@ -132,8 +145,14 @@ REGISTER_OP("FusedRec>NativeTableCreate")
 The handle of a native embedding table (int64 key -> float32 or float16 row of `dim`, optimizer slots beside it),
 creating the table on first run. Tables are shared by (container, shared_name); an empty shared_name means the node
 name. Creating with a shared_name that holds a table of another config is an error.
-mean, stddev, minval, maxval, value: float64 values as decimal strings that round-trip (Python's repr): a float
-attr is float32, and the hashed initializer multiplies by stddev in float64.
+optimizer and its hyperparameters other than the learning rate (Keras 3's names and defaults; each optimizer reads
+its own, see NativeTableApplySparse): sgd momentum, nesterov; adagrad epsilon; adam and adamw beta_1, beta_2,
+epsilon (adamw also weight_decay); ftrl learning_rate_power and the *_regularization_strength, beta; rmsprop rho,
+momentum, epsilon, centered. slot_init: the initial value of each slot (an initial_accumulator_value): sgd has a
+momentum slot with momentum > 0 only, rmsprop rms, then momentum (momentum > 0), then mg (centered).
+mean, stddev, minval, maxval, value and the float hyperparameters: float64 values as decimal strings that round-trip
+(Python's repr): a float attr is float32, the hashed initializer multiplies by stddev in float64, and Keras takes
+constants such as 1 - rho in float64 before rounding them to float32.
 rounding: how an update's float32 row is rounded to float16 storage: nearest (even), or stochastic (float16 storage
 only) with random bits a function of (salts[0], key, update_count, column). Upserts and new keys' initial rows are
 rounded to nearest.
@@ -160,19 +179,20 @@ REGISTER_OP("FusedRec>NativeTableApplySparse")
     .Input("categories: int32")
     .Input("ids: int64")
     .Input("lr: float")
-    .Input("beta1: float")
-    .Input("beta2: float")
-    .Input("epsilon: float")
+    .Input("adam_lr: float")
     .Input("update_count: int64")
     .Attr("distinct_keys: bool = false")
     .SetIsStateful()
     .SetShapeFn(ApplySparseShape)
     .Doc(R"doc(
-One in-place optimizer update per distinct key (grads of repeated keys summed first). A missing key is first
-inserted with its initial row from (categories, ids). update_count: the optimizer's 1-based update number, the
-random bits' source with stochastic rounding (ignored otherwise). distinct_keys: the caller vouches that no key
-repeats (the keys of one lookup), and the deduplication pass is skipped; a repeated key is then updated once per
-occurrence.
+One in-place optimizer update per distinct key (grads of repeated keys summed first), lazy as TF's
+ResourceSparseApply* kernels: only the rows of these keys and their slots change. A missing key is first inserted
+with its initial row from (categories, ids). lr: the step's learning rate. adam_lr: adam and adamw's bias-corrected
+learning rate (lr * sqrt(1 - beta_2^t) / (1 - beta_1^t), in float32 as TF computes it; ignored by the others).
+update_count: the optimizer's 1-based update number, the random bits' source with stochastic rounding (ignored
+otherwise). distinct_keys: the caller vouches that no key repeats (the keys of one lookup), and the deduplication
+pass is skipped; a repeated key is then updated once per occurrence. The update rules are in
+cc/kernels/impl/native_table.h (float32, in TensorFlow's order of operations).
 )doc");
 
 REGISTER_OP("FusedRec>NativeTableFind")

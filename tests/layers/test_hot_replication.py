@@ -30,7 +30,8 @@ RTOL, ATOL = 1e-6, 1e-7
 
 
 def features(optimizer, packed=True):
-    opt = {"name": optimizer, "learning_rate": 0.1}
+    """optimizer: a name, or a dict with the name and hyperparameters (learning rate 0.1 unless it says)."""
+    opt = {"learning_rate": 0.1, **(optimizer if isinstance(optimizer, dict) else {"name": optimizer})}
     out = [fr.Feature("a", dim=4, optimizer=opt), fr.Feature("b", dim=4, optimizer=opt),
            fr.Feature("tags", dim=4, combiner="mean", optimizer=opt),
            fr.Feature("hist", dim=3, optimizer=opt)]

@@ -13,10 +13,28 @@ import tensorflow as tf
 from tests.subprocess_runner import execute, tail
 from tf_fusedrec.initializers import Hashed, feature_salt, hashed_rows_numpy
 from tf_fusedrec.ops import reference as ref_module
-from tf_fusedrec.ops.native_table_ops import SLOT_NAMES
+from tf_fusedrec.ops.native_table_ops import adam_bias_corrected_lr
 
 SALTS = [feature_salt(7, "user"), feature_salt(7, "item"), feature_salt(7, "tags")]
-OPTIMIZERS = ["sgd", "adagrad", "adam"]
+# The table semantics below (new keys, repeated keys, float16 storage, rounding) with each optimizer and slot layout;
+# tests/ops/test_native_optimizers.py checks each update formula against Keras.
+OPTIMIZERS = {
+    "sgd": ("sgd", {}),
+    "adagrad": ("adagrad", {}),
+    "adam": ("adam", {}),
+    "momentum": ("sgd", {"momentum": 0.9}),
+    "nesterov": ("sgd", {"momentum": 0.9, "nesterov": True}),
+    "adamw": ("adamw", {"weight_decay": 0.05}),
+    "ftrl": ("ftrl", {"l1_regularization_strength": 0.001, "l2_regularization_strength": 0.01,
+                      "l2_shrinkage_regularization_strength": 0.01, "beta": 0.1}),
+    "rmsprop": ("rmsprop", {}),
+    "rmsprop_centered_momentum": ("rmsprop", {"momentum": 0.5, "centered": True}),
+}
+
+
+def optimizer_args(key):
+    optimizer, hyperparameters = OPTIMIZERS[key]
+    return {"optimizer": optimizer, "hyperparameters": hyperparameters}
 INITS = ["hashed", "constant", "normal", "uniform", "truncated_normal"]
 INIT_ARGS = dict(seed=11, mean=0.25, stddev=0.05, minval=-0.3, maxval=0.2, value=0.125)
 
@@ -199,45 +217,48 @@ def training_steps(rng, num_steps, pool_size=400, per_step=150):
         yield step, keys
 
 
-def step_lr(optimizer, step):
-    if optimizer != "adam":
-        return np.float32(HYPER["lr"])
-    return fro_adam_lr(step + 1)
+def reference_adam_lr(table, lr, update_count):
+    """What the reference takes for adam and adamw: the bias-corrected lr, as the op's wrapper computes it."""
+    if table.optimizer not in ("adam", "adamw"):
+        return None
+    hyper = table.hyperparameters
+    return adam_bias_corrected_lr(lr, hyper["beta_1"], hyper["beta_2"], update_count).numpy()
 
 
-def fro_adam_lr(t):
-    from tf_fusedrec.ops import adam_bias_corrected_lr  # noqa: PLC0415
-
-    return adam_bias_corrected_lr(HYPER["lr"], HYPER["beta1"], HYPER["beta2"], t).numpy()
+def apply_both(fro, mode, table, want, keys, grads, categories, ids, lr, update_count=1, distinct_keys=False):
+    """One apply_sparse on the op table (in `mode`) and on the reference."""
+    mode(lambda k, g, c, i, n: fro.native_table_apply_sparse(table, k, g, c, i, lr, update_count=n,
+                                                             distinct_keys=distinct_keys),
+         keys, grads, categories, ids, np.int64(update_count))
+    want.apply_sparse(keys, grads, categories, ids, lr, reference_adam_lr(table, lr, update_count), update_count,
+                      distinct_keys=distinct_keys)
 
 
 STORAGES = {"float32": {"storage": "float32"}, "float16": {"storage": "float16"},
             "float16_stochastic": {"storage": "float16", "rounding": "stochastic"}}
 
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
 @pytest.mark.parametrize("storage", list(STORAGES))
 def test_apply_sparse_matches_reference(fro, mode, optimizer, storage):
     """25 steps of lookup + update with new keys arriving: exactly the reference's float32 arithmetic (float16:
     rounded once per update, to nearest or stochastically with the bits of (salts[0], key, update count, column))."""
-    rng = np.random.default_rng(OPTIMIZERS.index(optimizer))
-    table, want = make_pair(fro, f"apply_{optimizer}", dim=8, optimizer=optimizer, **STORAGES[storage])
+    rng = np.random.default_rng(list(OPTIMIZERS).index(optimizer))
+    table, want = make_pair(fro, f"apply_{optimizer}", dim=8, **optimizer_args(optimizer), **STORAGES[storage])
+    lr = np.float32(HYPER["lr"])
 
-    def step_fn(keys, grads, categories, ids, lr, update_count):
+    def step_fn(keys, grads, categories, ids, update_count):
         rows = fro.native_table_lookup_or_init(table, keys, categories, ids)
         with tf.control_dependencies([rows]):
-            fro.native_table_apply_sparse(table, keys, grads, categories, ids, lr, HYPER["beta1"], HYPER["beta2"],
-                                          HYPER["epsilon"], update_count=update_count)
+            fro.native_table_apply_sparse(table, keys, grads, categories, ids, lr, update_count=update_count)
         return rows
 
     for step, keys in training_steps(rng, 25):
         categories, ids = feed(keys)
         grads = rng.normal(0, 1, (keys.size, 8)).astype(np.float32)
-        lr = step_lr(optimizer, step)
-        rows = mode(step_fn, keys, grads, categories, ids, lr, np.int64(step + 1))
+        rows = mode(step_fn, keys, grads, categories, ids, np.int64(step + 1))
         np.testing.assert_array_equal(rows, want.lookup_or_init(keys, categories, ids), err_msg=f"step {step}")
-        want.apply_sparse(keys, grads, categories, ids, lr, HYPER["beta1"], HYPER["beta2"], HYPER["epsilon"],
-                          update_count=step + 1)
+        want.apply_sparse(keys, grads, categories, ids, lr, reference_adam_lr(table, lr, step + 1), step + 1)
     assert_table_equal(fro, table, want)
     if storage != "float32":
         rows = export_sorted(fro, table)[1]
@@ -307,6 +328,9 @@ def test_stochastic_rounding_needs_float16_and_an_update_count(fro):
                                                      rounding="stochastic", init="hashed", salts=[0])
 
 
+LEGACY_OPTIMIZERS = ["sgd", "adagrad", "adam"]
+
+
 def keras_optimizer(optimizer):
     legacy = tf.keras.optimizers.legacy
     if optimizer == "sgd":
@@ -316,17 +340,18 @@ def keras_optimizer(optimizer):
     return legacy.Adam(HYPER["lr"], beta_1=HYPER["beta1"], beta_2=HYPER["beta2"], epsilon=HYPER["epsilon"])
 
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.tfra  # Keras 2's legacy optimizers (tf_keras), which the [tfra] extra brings
+@pytest.mark.parametrize("optimizer", LEGACY_OPTIMIZERS)
 def test_apply_sparse_matches_keras(fro, optimizer):
     """The table against Keras' legacy optimizers on a tf.Variable of the touched rows, step by step: each step the
     touched rows (new keys with their hashed rows) and their slots go into a fresh variable, the optimizer applies a
     dense gradient to it (as TFRA's shadow variable of a step's rows gets: TensorFlow's dense kernels act on the
     touched rows only, lazy Adam), and the results are kept per key. Bit-equal, on any CPU: both round every product
-    and sum alike."""
-    rng = np.random.default_rng(10 + OPTIMIZERS.index(optimizer))
+    and sum alike. (The other optimizers: tests/ops/test_native_optimizers.py.)"""
+    rng = np.random.default_rng(10 + LEGACY_OPTIMIZERS.index(optimizer))
     dim = 8
     table = fro.NativeTableResource(f"keras_{optimizer}", dim, optimizer=optimizer, salts=SALTS)
-    slot_names = SLOT_NAMES[optimizer]
+    slot_names = table.slot_names
     slot_init = {"sgd": [], "adagrad": [0.1], "adam": [0.0, 0.0]}[optimizer]
     rows, slots = {}, {}
     for step, keys in training_steps(rng, 22, pool_size=300, per_step=100):
@@ -351,9 +376,7 @@ def test_apply_sparse_matches_keras(fro, optimizer):
             slots[k] = [opt.get_slot(var, name).numpy()[j] for name in slot_names]
         # The table
         fro.native_table_lookup_or_init(table, keys, categories, ids)
-        lr = fro_adam_lr(step + 1) if optimizer == "adam" else HYPER["lr"]
-        fro.native_table_apply_sparse(table, keys, grads, categories, ids, lr, HYPER["beta1"], HYPER["beta2"],
-                                      HYPER["epsilon"])
+        fro.native_table_apply_sparse(table, keys, grads, categories, ids, HYPER["lr"], update_count=step + 1)
         got = fro.native_table_find(table, keys).values.numpy()
         np.testing.assert_array_equal(got, var.numpy(), err_msg=f"step {step}")
         for s, name in enumerate(slot_names):
@@ -361,29 +384,28 @@ def test_apply_sparse_matches_keras(fro, optimizer):
             np.testing.assert_array_equal(got, opt.get_slot(var, name).numpy(), err_msg=f"step {step} slot {name}")
 
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
 def test_apply_sparse_sums_repeated_keys(fro, mode, optimizer):
-    table, want = make_pair(fro, f"dup_{optimizer}", dim=4, optimizer=optimizer)
+    table, want = make_pair(fro, f"dup_{optimizer}", dim=4, **optimizer_args(optimizer))
     keys = np.array([5, 9, 5, -3, 5, 9, 11], np.int64)  # 11 and -3 are new: inserted by apply_sparse itself
     categories, ids = feed(keys)
     grads = np.random.default_rng(3).normal(0, 1, (7, 4)).astype(np.float32)
     mode(lambda k, c, i: fro.native_table_lookup_or_init(table, k, c, i), keys[:2], categories[:2], ids[:2])
     want.lookup_or_init(keys[:2], categories[:2], ids[:2])
     lr = np.float32(0.1)
-    mode(lambda k, g, c, i: fro.native_table_apply_sparse(table, k, g, c, i, lr), keys, grads, categories, ids)
-    want.apply_sparse(keys, grads, categories, ids, lr)
+    apply_both(fro, mode, table, want, keys, grads, categories, ids, lr)
     assert_table_equal(fro, table, want)
     # The same as one update with the summed grads of the distinct keys.
-    once, _ = make_pair(fro, f"dup_once_{optimizer}", dim=4, optimizer=optimizer)
+    once, _ = make_pair(fro, f"dup_once_{optimizer}", dim=4, **optimizer_args(optimizer))
     fro.native_table_lookup_or_init(once, keys[:2], categories[:2], ids[:2])
     distinct = np.array([5, 9, -3, 11], np.int64)
     summed = np.stack([grads[keys == k].sum(axis=0, dtype=np.float32) for k in distinct])
-    fro.native_table_apply_sparse(once, distinct, summed, *feed(distinct), lr)
+    fro.native_table_apply_sparse(once, distinct, summed, *feed(distinct), lr, update_count=1)
     for a, b in zip(export_sorted(fro, once), export_sorted(fro, table)):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
 def test_apply_sparse_distinct_keys(fro, mode, optimizer):
     """distinct_keys=True skips the deduplication: on distinct keys (new ones among them) the table ends bit for bit
     as without it; on repeated keys each occurrence is its own update, in order (the reference's documented
@@ -395,13 +417,11 @@ def test_apply_sparse_distinct_keys(fro, mode, optimizer):
     lr = np.float32(0.1)
     tables = {}
     for distinct in (False, True):
-        table, want = make_pair(fro, f"distinct_{optimizer}_{distinct}", dim=4, optimizer=optimizer)
+        table, want = make_pair(fro, f"distinct_{optimizer}_{distinct}", dim=4, **optimizer_args(optimizer))
         mode(lambda k, c, i, t=table: fro.native_table_lookup_or_init(t, k, c, i), keys[:2], categories[:2],
              ids[:2])
         want.lookup_or_init(keys[:2], categories[:2], ids[:2])
-        mode(lambda k, g, c, i, t=table, d=distinct: fro.native_table_apply_sparse(t, k, g, c, i, lr, distinct_keys=d),
-             keys, grads, categories, ids)
-        want.apply_sparse(keys, grads, categories, ids, lr, distinct_keys=distinct)
+        apply_both(fro, mode, table, want, keys, grads, categories, ids, lr, distinct_keys=distinct)
         assert_table_equal(fro, table, want)
         tables[distinct] = export_sorted(fro, table)
     for a, b in zip(tables[False], tables[True]):
@@ -412,10 +432,8 @@ def test_apply_sparse_distinct_keys(fro, mode, optimizer):
     rep_grads = rng.normal(0, 1, (4, 4)).astype(np.float32)
     results = []
     for distinct in (False, True):
-        table, want = make_pair(fro, f"distinct_rep_{optimizer}_{distinct}", dim=4, optimizer=optimizer)
-        mode(lambda k, g, c, i, t=table, d=distinct: fro.native_table_apply_sparse(t, k, g, c, i, lr, distinct_keys=d),
-             repeated, rep_grads, rep_categories, rep_ids)
-        want.apply_sparse(repeated, rep_grads, rep_categories, rep_ids, lr, distinct_keys=distinct)
+        table, want = make_pair(fro, f"distinct_rep_{optimizer}_{distinct}", dim=4, **optimizer_args(optimizer))
+        apply_both(fro, mode, table, want, repeated, rep_grads, rep_categories, rep_ids, lr, distinct_keys=distinct)
         assert_table_equal(fro, table, want)
         results.append(export_sorted(fro, table)[1])
     assert not np.array_equal(results[0], results[1]), "per-occurrence updates should differ from the summed one"
@@ -718,9 +736,38 @@ def test_error_set_access_status(fro, mode, check):
 
 def test_error_bad_config_and_part(fro):
     with pytest.raises(ValueError, match="native table 'cfg': optimizer"):
-        fro.NativeTableResource("cfg", 2, optimizer="rmsprop")
+        fro.NativeTableResource("cfg", 2, optimizer="lamb")
     with pytest.raises(ValueError, match="native table 'cfg': .*slot_init"):
         fro.NativeTableResource("cfg", 2, optimizer="adam", slot_init=[0.0])
+    with pytest.raises(ValueError, match=r"native table 'cfg': .*slot_init .*initial_accumulator_value.*disagree"):
+        fro.NativeTableResource("cfg", 2, optimizer="adagrad", slot_init=[0.5],
+                                hyperparameters={"initial_accumulator_value": 0.1})
+    # Hyperparameters: Keras 3's names only, with the checks of Keras 3's constructors.
+    for optimizer, hyperparameters, message in [
+            ("sgd", {"rho": 0.9}, r"optimizer sgd takes the hyperparameters \['momentum', 'nesterov'\].*\['rho'\]"),
+            ("adam", {"amsgrad": True}, r"optimizer adam takes .*\['amsgrad'\]"),
+            ("sgd", {"momentum": 1.5}, r"sgd momentum must be in \[0, 1\]"),
+            ("sgd", {"nesterov": 1}, "sgd nesterov must be a bool"),
+            ("rmsprop", {"momentum": -0.1}, "rmsprop momentum must be >= 0"),
+            ("rmsprop", {"rho": "0.9"}, "rmsprop rho must be a float"),
+            ("adamw", {"epsilon": float("nan")}, "adamw epsilon must be finite"),
+            ("ftrl", {"learning_rate_power": 0.5}, "ftrl learning_rate_power must be <= 0"),
+            ("ftrl", {"l1_regularization_strength": -1.0}, "ftrl l1_regularization_strength must be >= 0"),
+            ("ftrl", {"initial_accumulator_value": -0.1}, "ftrl initial_accumulator_value must be >= 0")]:
+        with pytest.raises(ValueError, match=f"native table 'cfg': {message}"):
+            fro.NativeTableResource("cfg", 2, optimizer=optimizer, hyperparameters=hyperparameters)
+    # The kernel checks too, for graphs built without the wrapper.
+    create = fro.load_ops().fused_rec_native_table_create
+    for attrs, message in [
+            ({"optimizer": "sgd", "momentum": "0.9"}, "has 1 slots.*slot_init must have 1 values"),
+            ({"optimizer": "rmsprop", "centered": True, "slot_init": [0.0]}, "has 2 slots"),
+            ({"optimizer": "sgd", "momentum": "2.0", "slot_init": [0.0]}, r"momentum must be in \[0, 1\]"),
+            ({"optimizer": "ftrl", "slot_init": [-1.0, 0.0]}, "initial_accumulator_value"),
+            ({"optimizer": "ftrl", "learning_rate_power": "0.5", "slot_init": [0.1, 0.0]},
+             "learning_rate_power must be <= 0"),
+            ({"optimizer": "adam", "epsilon": "inf", "slot_init": [0.0, 0.0]}, "epsilon must be finite")]:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=f"native table 'cfg': .*{message}"):
+            create(table_name="cfg", dim=2, init="hashed", salts=[0], **attrs)
     with pytest.raises(ValueError, match="native table 'cfg': dim"):
         fro.NativeTableResource("cfg", 0)
     with pytest.raises(ValueError, match="native table 'cfg': storage"):

@@ -76,7 +76,7 @@ def time_steps(step, batches, dim, warmup):
 
 def bench_native(batches, dim, prefill, warmup, run_index):
     table = ops.NativeTableResource(f"bench_native_{run_index}", dim, optimizer="adagrad", slot_init=[ACCUMULATOR_INIT],
-                                    init="constant", value=ROW_INIT)
+                                    init="constant", value=ROW_INIT, hyperparameters={"epsilon": 0.0})
     for start in range(0, prefill, PREFILL_CHUNK):
         keys = tf.range(start, min(prefill, start + PREFILL_CHUNK), dtype=tf.int64)
         ops.native_table_upsert(table, keys, tf.fill([tf.size(keys), dim], ROW_INIT))
@@ -86,7 +86,7 @@ def bench_native(batches, dim, prefill, warmup, run_index):
     def step(keys, grads):
         categories = tf.zeros_like(keys, tf.int32)
         ops.native_table_lookup_or_init(table, keys, categories, keys)
-        ops.native_table_apply_sparse(table, keys, grads, categories, keys, lr=LR, epsilon=0.0)
+        ops.native_table_apply_sparse(table, keys, grads, categories, keys, lr=LR)
 
     result = time_steps(step, batches, dim, warmup)
     result["table_size"] = int(ops.native_table_size(table))

@@ -9,44 +9,82 @@ upserts (rows and each slot); what is left is one probe to read and one probe to
 How the gradient reaches the table: the trainable handle is a one-element ``tf.Variable`` (``anchor``) that the
 lookup reads under a ``tf.custom_gradient``; its gradient is an ``IndexedSlices`` whose indices are the table keys of
 the step and whose values are their rows' gradients. fr.train.GroupedOptimizer recognises the anchor and calls
-:meth:`NativeEmbeddingTable.apply_gradients`, which runs the group's optimizer in place (TF's update formulas; see
-the op). No copy of the rows is kept between the lookup and the update.
+:meth:`NativeEmbeddingTable.apply_gradients` with the group's current learning rate and update number, which runs
+the group's optimizer in place (sgd with or without momentum, adagrad, adam, adamw, ftrl, rmsprop with TensorFlow's
+update formulas, lazily: native_table_ops.native_table_apply_sparse); its other hyperparameters are the table's, from
+the group's OptimizerSpec. No copy of the rows is kept between the lookup and the update.
 
 Checkpoints, export and the summary reach the rows and each optimizer slot through :class:`NativeRows` views, which
 offer the subset of a TFRA variable's interface they use (lookup, upsert, remove, export, size, dim, name), so a
 checkpoint written with one backend restores into the other (slots match by their TFRA names).
 """
 
+import numpy as np
 import tensorflow as tf
 
+from tf_fusedrec import _keras
 from tf_fusedrec import initializers
 from tf_fusedrec.distributed import admission as admission_lib
-from tf_fusedrec.distributed.table import check_storage, make_admission
+from tf_fusedrec.distributed.table import check_storage, check_table_name, make_admission, scoped_table_name
 
-NATIVE_OPTIMIZERS = ("sgd", "adagrad", "adam")
-# Hyperparameters the native update implements, per optimizer (Keras legacy names); anything else is refused.
+NATIVE_OPTIMIZERS = ("sgd", "adagrad", "adam", "adamw", "ftrl", "rmsprop")
+# What an OptimizerSpec's config may hold for the native update, per optimizer: the learning rate (each update's) and
+# the hyperparameters the table holds (native_table_ops.HYPERPARAMETERS: Keras 3's names and defaults). Anything
+# else (clipnorm, weight_decay other than AdamW's, ...) is refused.
 _SUPPORTED_CONFIG = {
-    "sgd": {"learning_rate"},
+    "sgd": {"learning_rate", "momentum", "nesterov"},
     "adagrad": {"learning_rate", "initial_accumulator_value", "epsilon"},
-    "adam": {"learning_rate", "beta_1", "beta_2", "epsilon"},
+    "adam": {"learning_rate", "beta_1", "beta_2", "epsilon", "amsgrad"},
+    "adamw": {"learning_rate", "beta_1", "beta_2", "epsilon", "weight_decay", "amsgrad"},
+    "ftrl": {"learning_rate", "learning_rate_power", "initial_accumulator_value", "l1_regularization_strength",
+             "l2_regularization_strength", "l2_shrinkage_regularization_strength", "beta"},
+    "rmsprop": {"learning_rate", "rho", "momentum", "epsilon", "centered"},
 }
 
 
 def check_native_spec(optimizer_spec, initializer, owner):
-    """Refuses, naming `owner` (layer and group), an optimizer or initializer the native table does not implement."""
+    """Refuses, naming `owner` (layer and group), an optimizer, hyperparameter or initializer the native table does
+    not implement."""
+    table_hyperparameters(optimizer_spec, owner)
+    _initializer_attrs(initializer, owner)
+
+
+def table_hyperparameters(optimizer_spec, owner):
+    """The table's hyperparameters of an OptimizerSpec (its config without the learning rate, which comes with each
+    update), checked: ValueError naming `owner` for an optimizer the native table does not implement, a setting it
+    does not implement (amsgrad=True, gradient clipping, ...) or a bad value."""
+    from tf_fusedrec.ops import native_table_ops  # noqa: PLC0415  (the op library loads lazily)
+
     name = optimizer_spec.name
     if name not in NATIVE_OPTIMIZERS:
         raise ValueError(f"{owner}: table_backend='native' implements the optimizers {NATIVE_OPTIMIZERS}, the group "
                          f"uses {name!r}; use table_backend='tfra' for it")
-    extra = sorted(set(dict(optimizer_spec.config)) - _SUPPORTED_CONFIG[name])
+    config = dict(optimizer_spec.config)
+    extra = sorted(set(config) - _SUPPORTED_CONFIG[name])
     if extra:
         raise ValueError(f"{owner}: table_backend='native' implements {name} with {sorted(_SUPPORTED_CONFIG[name])}; "
-                         f"got also {extra}; use table_backend='tfra' for it")
-    _initializer_attrs(initializer, owner)
+                         f"got also {extra}")
+    if config.pop("amsgrad", False):
+        raise ValueError(f"{owner}: table_backend='native' implements {name} without amsgrad; got amsgrad=True")
+    config.pop("learning_rate", None)
+
+    def fail(message):
+        raise ValueError(f"{owner}: {message}")
+
+    native_table_ops.check_hyperparameters(name, config, fail)  # the table's own checks, naming owner
+    return config
+
+
+# Keras' random initializers (Keras 3's keras.initializers and tf_keras' classes, by class name) and the create op's
+# init of each: the row is drawn from a stream of (seed, category salt, id), so it never depends on the order or the
+# worker a key arrives on. Their distributions, not their values: Keras draws from a per-call random op.
+_RANDOM_INITIALIZERS = {"RandomNormal": "normal", "TruncatedNormal": "truncated_normal", "RandomUniform": "uniform"}
 
 
 def _initializer_attrs(initializer, owner):
-    """The create op's initializer attributes of a spec's initializer (Hashed, or a Keras constant/zeros/ones)."""
+    """The create op's initializer attributes of a spec's initializer: Hashed, a Keras Zeros/Ones/Constant(scalar), or
+    a Keras RandomNormal(mean, stddev, seed) / TruncatedNormal(mean, stddev, seed) / RandomUniform(minval, maxval,
+    seed), whose int seed picks the stream (seed None is seed 0: the rows are reproducible either way)."""
     if initializers.is_hashed(initializer):
         return {"init": "hashed", "seed": initializer.seed, "stddev": initializer.stddev}
     config = initializer.get_config() if hasattr(initializer, "get_config") else {}
@@ -55,11 +93,31 @@ def _initializer_attrs(initializer, owner):
         return {"init": "constant", "value": 0.0}
     if kind == "Ones":
         return {"init": "constant", "value": 1.0}
-    if kind == "Constant" and isinstance(config.get("value"), (int, float)):
+    if kind == "Constant" and _is_number(config.get("value")):
         return {"init": "constant", "value": float(config["value"])}
-    raise ValueError(f"{owner}: table_backend='native' initialises new rows with fr.initializers.Hashed or a Keras "
-                     f"Zeros/Ones/Constant(scalar); got {initializer!r} (TFRA draws random rows that depend on the "
-                     f"order keys arrive in); use table_backend='tfra' for it")
+    if kind in _RANDOM_INITIALIZERS:
+        params = ("minval", "maxval") if kind == "RandomUniform" else ("mean", "stddev")
+        seed = config.get("seed")
+        if all(_is_number(config.get(p)) for p in params) and (seed is None or _is_int(seed)):
+            attrs = {"init": _RANDOM_INITIALIZERS[kind], "seed": 0 if seed is None else int(seed)}
+            attrs.update({p: float(config[p]) for p in params})
+            if kind == "RandomUniform" and not attrs["minval"] < attrs["maxval"]:
+                raise ValueError(f"{owner}: RandomUniform needs minval < maxval, got {attrs['minval']} and "
+                                 f"{attrs['maxval']}")
+            if kind != "RandomUniform" and not attrs["stddev"] > 0:
+                raise ValueError(f"{owner}: {kind} needs stddev > 0, got {attrs['stddev']}")
+            return attrs
+    raise ValueError(f"{owner}: table_backend='native' initialises new rows with fr.initializers.Hashed, a Keras "
+                     f"Zeros/Ones/Constant(scalar) or a Keras RandomNormal/TruncatedNormal/RandomUniform with scalar "
+                     f"parameters and an int or None seed; got {initializer!r}; use table_backend='tfra' for it")
+
+
+def _is_number(x):
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_int(x):
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
 class NativeRows:
@@ -100,9 +158,12 @@ class NativeEmbeddingTable:
     Args:
       name: the table's name, derived from the layer's and the group's (must be unique in the process).
       dim: row width.
-      initializer: the spec's initializer (Hashed, or a Keras Zeros/Ones/Constant).
-      salts: for Hashed, the int64 feature_salt of each category (index = category).
-      optimizer: the group's OptimizerSpec (sgd, adagrad or adam): decides the slots.
+      initializer: the spec's initializer (Hashed, a Keras Zeros/Ones/Constant, or a Keras RandomNormal /
+        TruncatedNormal / RandomUniform: _initializer_attrs).
+      salts: the int64 feature_salt of each category (index = category): the Hashed rows' and the random
+        initializers' stream of a category.
+      optimizer: the group's OptimizerSpec (NATIVE_OPTIMIZERS): its hyperparameters other than the learning rate are
+        the table's (Keras 3's names and defaults, native_table_ops.HYPERPARAMETERS), and decide the slots.
       storage: "float32" or "float16" (rows stored as float16, read as float32, each update computed in float32
         and rounded once; slots stay float32). A new key's initial row is rounded when it is inserted, where the TFRA
         backend keeps it float32 until the key's first update: the two agree to one float16 rounding, not bit for
@@ -121,24 +182,38 @@ class NativeEmbeddingTable:
         from tf_fusedrec.ops import native_table_ops  # noqa: PLC0415  (the op library loads lazily)
 
         self.ops = native_table_ops
-        self.name, self.dim, self.initializer = name, dim, initializer
+        self.name, self.dim, self.initializer = check_table_name(name, f"table {name}", register=True), dim, initializer
         self._lookup_keys = None  # the keys tensor of the last training lookup (_trainable; apply_gradients)
         self.storage = check_storage(storage, f"table {name}")
-        check_native_spec(optimizer, initializer, f"table {name}")
+        hyperparameters = table_hyperparameters(optimizer, f"table {name}")
         self.optimizer = optimizer
-        config = dict(optimizer.config)
-        slot_names = native_table_ops.SLOT_NAMES[optimizer.name]
-        slot_init = [float(config.get("initial_accumulator_value", 0.1))] if optimizer.name == "adagrad" else (
-            [0.0] * len(slot_names))
-        self._slot_names = slot_names
         self.resource = native_table_ops.NativeTableResource(
-            name=name, dim=dim, optimizer=optimizer.name, slot_init=slot_init, storage=self.storage,
+            name=name, dim=dim, optimizer=optimizer.name, hyperparameters=hyperparameters, storage=self.storage,
             salts=[int(s) for s in salts], track_access=track_access, rounding=rounding,
             **_initializer_attrs(initializer, f"table {name}"))
+        self._slot_names = self.resource.slot_names
         prefix = name.replace("/", "_")
         # The trainable handle: its gradient is IndexedSlices(rows' gradients, table keys) (module docstring).
-        self.anchor = tf.Variable(tf.zeros([1]), trainable=True, name=f"{prefix}_native_anchor")
-        self.rows = NativeRows(self, 0, name)
+        # A keras.Variable under Keras 3 (which tracks no plain tf.Variable as a layer weight), a tf.Variable under
+        # tf_keras: either way in the layer's trainable_weights, so model.fit and custom loops compute its gradient.
+        # Who applies the update: a GroupedOptimizer (fr.train.make_optimizer) claims the table and receives the rows'
+        # gradient as IndexedSlices. An unclaimed table with a pending_update (FusedEmbedding sets one) trains under
+        # any Keras optimizer: the backward pass keeps the rows' gradient here (pending), the anchor's gradient is a
+        # zero (which moves no optimizer's zero variable), and the anchor's constraint, which every Keras optimizer
+        # (Keras 3, tf_keras' and its legacy ones) runs right after applying a step's gradients, applies the pending
+        # gradient with the group's optimizer (apply_pending). The table changes when the optimizer steps, not when
+        # a gradient is computed; the last gradient computed before a step is the one applied.
+        self.claimed = False
+        self.pending_update = None
+        self._pending_keys = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False,
+                                         name=f"{prefix}_pending_keys")
+        # Whether the pending gradient is yet to be applied. A flag, not emptied variables: assigning an empty tensor
+        # in the step's graph made TensorFlow's graph optimisation fold the size of the forward pass's keys to 0.
+        self._pending = tf.Variable(False, trainable=False, name=f"{prefix}_pending")
+        self._pending_grads = tf.Variable(tf.zeros([0, dim], tf.float32), shape=tf.TensorShape([None, dim]),
+                                          trainable=False, name=f"{prefix}_pending_grads")
+        self.anchor = _keras.variable(tf.zeros([1]), name=f"{prefix}_native_anchor", constraint=self.apply_pending)
+        self.rows = NativeRows(self, 0, scoped_table_name(name))
         self.params = self.rows  # what ShardedTable / ReplicatedTable hand to checkpoints and the summary
         if track_access:
             self.evicted = tf.Variable(0, dtype=tf.int64, trainable=False, name=f"{prefix}_evicted")
@@ -191,36 +266,59 @@ class NativeEmbeddingTable:
 
         @tf.custom_gradient
         def attach(rows):
-            anchor.read_value()  # the tape records the anchor as used here, and hands its gradient to grad
+            _keras.read(anchor)  # the tape records the anchor as used here, and hands its gradient to grad
 
             def grad(upstream, variables=None):
                 slices = tf.IndexedSlices(upstream, keys, tf.constant([1, self.dim], tf.int64))
-                return None, [slices] * len(variables or [])
+                if self.claimed or self.pending_update is None:
+                    return None, [slices] * len(variables or [])
+                # Unclaimed: kept until the optimizer's step applies it (apply_pending); the anchor's gradient is 0.
+                kept = [self._pending_keys.assign(keys), self._pending_grads.assign(upstream),
+                        self._pending.assign(True)]
+                with tf.control_dependencies(kept):
+                    zero = tf.zeros([1], tf.float32)
+                return None, [zero] * len(variables or [])
 
             return tf.identity(rows), grad
 
         return attach(rows)
 
-    def apply_gradients(self, grad, optimizer):
-        """Applies `optimizer` (the group's Keras legacy optimizer: its hyperparameters, and its step count for
-        Adam and stochastic rounding, which the caller advances once per step for all of the group's tables) to the
-        rows of grad (IndexedSlices from the anchor: values [U, dim], indices the keys) in place; -> the update op."""
+    def apply_pending(self, anchor):
+        """The anchor's constraint: applies the pending gradient (the last backward pass's) with pending_update and
+        empties it; returns the anchor's value (zeros: nothing else ever changes it). A no-op while claimed."""
+        if self.claimed or self.pending_update is None:
+            return _keras.read(anchor)
+        def apply():
+            update = self.pending_update(tf.IndexedSlices(self._pending_grads.read_value(),
+                                                          self._pending_keys.read_value(),
+                                                          tf.constant([1, self.dim], tf.int64)))
+            with tf.control_dependencies([update] if update is not None else []):
+                cleared = self._pending.assign(False, read_value=False)
+            with tf.control_dependencies([cleared] if cleared is not None else []):
+                return tf.constant(True)
+
+        done = tf.cond(self._pending.read_value(), apply, lambda: tf.constant(False))
+        with tf.control_dependencies([done]):
+            return tf.zeros([1], tf.float32)
+
+    def apply_gradients(self, grad, learning_rate, update_count):
+        """Applies the group's optimizer (its OptimizerSpec's, with the table's hyperparameters) in place to the rows
+        of grad; -> the update op.
+
+        Args:
+          grad: IndexedSlices from the anchor: values float32 [U, dim], indices the table keys int64 [U].
+          learning_rate: float32 scalar tensor, the group's current learning rate (any schedule already evaluated).
+          update_count: int64 scalar tensor, this group's 1-based update number (the caller advances it once per step
+            for all of the group's tables): Adam's and AdamW's bias correction, and stochastic rounding's bits.
+        """
         values = tf.convert_to_tensor(grad.values, tf.float32)
         keys = tf.convert_to_tensor(grad.indices, tf.int64)
-        lr = tf.cast(optimizer._decayed_lr(tf.float32), tf.float32)  # noqa: SLF001  (Keras' own schedule hook)
-        beta_1 = beta_2 = tf.constant(0.0)
-        epsilon = tf.constant(float(getattr(optimizer, "epsilon", 0.0) or 0.0), tf.float32)
-        if self.optimizer.name == "adam":  # Keras legacy Adam's bias correction (its _prepare_local)
-            beta_1 = optimizer._get_hyper("beta_1", tf.float32)  # noqa: SLF001
-            beta_2 = optimizer._get_hyper("beta_2", tf.float32)  # noqa: SLF001
-            lr = self.ops.adam_bias_corrected_lr(lr, beta_1, beta_2, optimizer.iterations + 1)
+        learning_rate = tf.cast(learning_rate, tf.float32)
+        update_count = tf.cast(update_count, tf.int64)
         # Keys the step's lookup inserted: categories and ids only matter for a key missing here, which is none.
-        # The 1-based number of this update: the update count the TFRA backend's commit rounds with.
-        update_count = tf.cast(optimizer.iterations, tf.int64) + 1
         distinct = grad.indices is self._lookup_keys  # never None: a gradient has indices
         return self.ops.native_table_apply_sparse(self.resource, keys, values, tf.zeros_like(keys, tf.int32), keys,
-                                                  lr, beta_1, beta_2, epsilon, update_count=update_count,
-                                                  distinct_keys=distinct)
+                                                  learning_rate, update_count=update_count, distinct_keys=distinct)
 
     # --- eviction and expiry (tf_fusedrec/distributed/eviction.py, admission.py) ---------------------------------
 

@@ -11,6 +11,10 @@ table costs two finds and two upserts per key for the same step (rows and slots 
 
 Semantics worth knowing:
 
+* The optimizer (sgd, adagrad, adam, adamw, ftrl, rmsprop) and its hyperparameters other than the learning rate are
+  fixed when the table is created (Keras 3's names and defaults: HYPERPARAMETERS); the learning rate, and for adam
+  and adamw the update count, come with each update. native_table_apply_sparse has the update formulas.
+
 * Initial rows are a function of (category salt, id) only: ``init="hashed"`` gives exactly
   ``tf_fusedrec.initializers.Hashed(seed, stddev).rows(ids, salts[categories], dim)``; "normal", "uniform" and
   "truncated_normal" draw from a per-(seed, salt, id) stream (TFRA's distributions, not TFRA's values);
@@ -39,14 +43,75 @@ import tensorflow as tf
 
 from tf_fusedrec.ops._loader import load_ops
 
-# Slot names per optimizer, in slot order (part p of find/upsert is slot p - 1). TFRA's and Keras' names, so
-# checkpoints match slots by name.
-SLOT_NAMES = {"sgd": (), "adagrad": ("accumulator",), "adam": ("m", "v")}
+# The hyperparameters of each optimizer other than the learning rate, with Keras 3's names and defaults
+# (keras/src/optimizers/*.py): static per table. initial_accumulator_value is the accumulator slot's initial value.
+HYPERPARAMETERS = {
+    "sgd": {"momentum": 0.0, "nesterov": False},
+    "adagrad": {"initial_accumulator_value": 0.1, "epsilon": 1e-7},
+    "adam": {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7},
+    "adamw": {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7, "weight_decay": 0.004},
+    "ftrl": {"learning_rate_power": -0.5, "initial_accumulator_value": 0.1, "l1_regularization_strength": 0.0,
+             "l2_regularization_strength": 0.0, "l2_shrinkage_regularization_strength": 0.0, "beta": 0.0},
+    "rmsprop": {"rho": 0.9, "momentum": 0.0, "epsilon": 1e-7, "centered": False},
+}
+_BOOLEAN_HYPERPARAMETERS = ("nesterov", "centered")
+# Every slot an optimizer may keep, in slot order; a table keeps those its hyperparameters ask for (slot_names: sgd's
+# momentum with momentum > 0 only, rmsprop's momentum with momentum > 0 and mg when centered), and part p of
+# find/upsert is the p-th of those. TFRA's and Keras 2's names, so checkpoints match slots by name.
+SLOT_NAMES = {"sgd": ("momentum",), "adagrad": ("accumulator",), "adam": ("m", "v"), "adamw": ("m", "v"),
+              "ftrl": ("accumulator", "linear"), "rmsprop": ("rms", "momentum", "mg")}
 STORAGES = ("float32", "float16")
 ROUNDINGS = ("nearest", "stochastic")
 INITS = ("hashed", "constant", "normal", "uniform", "truncated_normal")
-# Initial slot values when none are given: Keras' initial_accumulator_value for Adagrad, zeros for Adam.
-DEFAULT_SLOT_INIT = {"sgd": (), "adagrad": (0.1,), "adam": (0.0, 0.0)}
+# Initial slot values (of SLOT_NAMES) when none are given: an accumulator starts at the initial_accumulator_value
+# hyperparameter (Keras' default, 0.1, here), every other slot at zero.
+DEFAULT_SLOT_INIT = {"sgd": (0.0,), "adagrad": (0.1,), "adam": (0.0, 0.0), "adamw": (0.0, 0.0), "ftrl": (0.1, 0.0),
+                     "rmsprop": (0.0, 0.0, 0.0)}
+
+
+def slot_names(optimizer, hyperparameters=None):
+    """The slots a table of `optimizer` keeps with `hyperparameters` (a dict; missing ones at their defaults)."""
+    hyper = {**HYPERPARAMETERS[optimizer], **(hyperparameters or {})}
+    keep = {"momentum": hyper.get("momentum", 0.0) > 0, "mg": bool(hyper.get("centered", False))}
+    return tuple(n for n in SLOT_NAMES[optimizer] if keep.get(n, True))
+
+
+def check_hyperparameters(optimizer, given, fail):
+    """`given` (a dict or (name, value) pairs) with the optimizer's defaults filled in, as a dict of floats and bools;
+    fail(message) for an unknown name, a bad type, or a value Keras 3 refuses."""
+    given = dict(given or {})
+    known = HYPERPARAMETERS[optimizer]
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        fail(f"optimizer {optimizer} takes the hyperparameters {sorted(known)} (the learning rate comes with each "
+             f"update), got also {unknown}")
+    out = {}
+    for key, default in known.items():
+        value = given.get(key, default)
+        if key in _BOOLEAN_HYPERPARAMETERS:
+            if not isinstance(value, (bool, np.bool_)):
+                fail(f"{optimizer} {key} must be a bool, got {value!r}")
+            out[key] = bool(value)
+            continue
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+            fail(f"{optimizer} {key} must be a float, got {value!r}")
+        if not np.isfinite(value):
+            fail(f"{optimizer} {key} must be finite, got {value!r}")
+        out[key] = float(value)
+    # The checks of Keras 3's constructors (Keras 2's for Adagrad's accumulator).
+    if optimizer == "sgd" and not 0.0 <= out["momentum"] <= 1.0:
+        fail(f"sgd momentum must be in [0, 1], got {out['momentum']}")
+    if optimizer == "rmsprop" and out["momentum"] < 0:
+        fail(f"rmsprop momentum must be >= 0, got {out['momentum']}")
+    if out.get("initial_accumulator_value", 0.0) < 0:
+        fail(f"{optimizer} initial_accumulator_value must be >= 0, got {out['initial_accumulator_value']}")
+    if optimizer == "ftrl":
+        if out["learning_rate_power"] > 0:
+            fail(f"ftrl learning_rate_power must be <= 0, got {out['learning_rate_power']}")
+        negative = sorted(k for k in out if k.endswith("_strength") and out[k] < 0)
+        if negative:
+            fail(f"ftrl {', '.join(negative)} must be >= 0, got {[out[k] for k in negative]}")
+    return out
 
 NativeTableFindResult = collections.namedtuple("NativeTableFindResult", ["values", "exists"])
 NativeTableExportResult = collections.namedtuple("NativeTableExportResult", ["keys", "rows", "slots"])
@@ -60,8 +125,10 @@ class NativeTableConfig:
     Attributes:
       name: the table's name, in every error message.
       dim: row width, >= 1.
-      optimizer: "sgd" | "adagrad" | "adam"; decides the slots (SLOT_NAMES).
-      slot_init: initial value of each slot of a new key; None: DEFAULT_SLOT_INIT[optimizer].
+      optimizer: "sgd" | "adagrad" | "adam" | "adamw" | "ftrl" | "rmsprop"; with the hyperparameters decides the
+        slots (slot_names).
+      slot_init: initial value of each slot of a new key; None: DEFAULT_SLOT_INIT's, an accumulator's at the
+        initial_accumulator_value hyperparameter.
       storage: "float32" | "float16" rows.
       init: "hashed" | "constant" | "normal" | "uniform" | "truncated_normal".
       seed: seed of the random initializers (the hashed one takes its seed through the salts).
@@ -69,6 +136,9 @@ class NativeTableConfig:
       salts: int64 salt of each category, e.g. initializers.feature_salt(seed, feature).
       track_access: keep per key access counts and last access clock.
       rounding: "nearest" | "stochastic": how an update's row is rounded to float16 (float16 storage only).
+      hyperparameters: the optimizer's hyperparameters other than the learning rate (a dict or (name, value) pairs,
+        Keras 3's names: HYPERPARAMETERS); missing ones take Keras 3's defaults. Held as sorted (name, value) pairs of
+        every one of the optimizer's hyperparameters.
     """
 
     name: str
@@ -86,6 +156,7 @@ class NativeTableConfig:
     salts: tuple = (0,)
     track_access: bool = False
     rounding: str = "nearest"
+    hyperparameters: tuple = ()
 
     def __post_init__(self):
         def fail(what):
@@ -97,11 +168,22 @@ class NativeTableConfig:
             fail(f"dim must be an int >= 1, got {self.dim!r}")
         if self.optimizer not in SLOT_NAMES:
             fail(f"optimizer must be one of {sorted(SLOT_NAMES)}, got {self.optimizer!r}")
-        slot_init = DEFAULT_SLOT_INIT[self.optimizer] if self.slot_init is None else self.slot_init
-        slot_init = tuple(float(v) for v in slot_init)
-        if len(slot_init) != len(SLOT_NAMES[self.optimizer]):
-            fail(f"optimizer {self.optimizer} has slots {SLOT_NAMES[self.optimizer]}, so slot_init needs "
-                 f"{len(SLOT_NAMES[self.optimizer])} values, got {slot_init}")
+        given = dict(self.hyperparameters or {})
+        hyper = check_hyperparameters(self.optimizer, given, fail)
+        names = slot_names(self.optimizer, hyper)
+        if self.slot_init is None:
+            defaults = dict(zip(SLOT_NAMES[self.optimizer], DEFAULT_SLOT_INIT[self.optimizer]))
+            if "initial_accumulator_value" in hyper:
+                defaults["accumulator"] = hyper["initial_accumulator_value"]
+            slot_init = tuple(defaults[n] for n in names)
+        else:
+            slot_init = tuple(float(v) for v in self.slot_init)
+            if len(slot_init) != len(names):
+                fail(f"optimizer {self.optimizer} has slots {names}, so slot_init needs {len(names)} values, got "
+                     f"{slot_init}")
+            if "initial_accumulator_value" in given and slot_init[0] != hyper["initial_accumulator_value"]:
+                fail(f"slot_init {slot_init} and initial_accumulator_value {hyper['initial_accumulator_value']} "
+                     f"disagree: give one of them")
         if self.storage not in STORAGES:
             fail(f"storage must be one of {STORAGES}, got {self.storage!r}")
         if self.rounding not in ROUNDINGS:
@@ -119,6 +201,7 @@ class NativeTableConfig:
             fail("salts must name at least one category")
         object.__setattr__(self, "dim", int(self.dim))
         object.__setattr__(self, "slot_init", slot_init)
+        object.__setattr__(self, "hyperparameters", tuple(sorted(hyper.items())))
         object.__setattr__(self, "salts", salts)
         object.__setattr__(self, "seed", int(self.seed))
         object.__setattr__(self, "track_access", bool(self.track_access))
@@ -126,8 +209,13 @@ class NativeTableConfig:
             object.__setattr__(self, f, float(getattr(self, f)))
 
     @property
+    def hyper(self):
+        """The hyperparameters as a dict."""
+        return dict(self.hyperparameters)
+
+    @property
     def slot_names(self):
-        return SLOT_NAMES[self.optimizer]
+        return slot_names(self.optimizer, self.hyper)
 
     @property
     def num_slots(self):
@@ -141,7 +229,7 @@ def _float64_attr(x):
 
 def create_native_table(name, dim, optimizer="sgd", slot_init=None, storage="float32", init="hashed", seed=0,
                         mean=0.0, stddev=0.05, minval=-0.05, maxval=0.05, value=0.0, salts=(0,),
-                        track_access=False, rounding="nearest", shared_name="", container=""):
+                        track_access=False, rounding="nearest", hyperparameters=None, shared_name="", container=""):
     """The resource handle of a native table, created on first run. Prefer NativeTableResource, which also frees it.
 
     Args: as NativeTableConfig, plus
@@ -156,13 +244,21 @@ def create_native_table(name, dim, optimizer="sgd", slot_init=None, storage="flo
       InvalidArgumentError: shared_name already holds a table of another config.
     """
     config = NativeTableConfig(name, dim, optimizer, slot_init, storage, init, seed, mean, stddev, minval, maxval,
-                               value, salts, track_access, rounding)
+                               value, salts, track_access, rounding, hyperparameters)
     return _create(config, shared_name, container)
+
+
+def _hyperparameter_attrs(config):
+    """The create op's attributes of the optimizer's hyperparameters (floats as float64 decimal strings: Keras takes
+    constants such as 1 - rho in float64); the accumulator's initial value goes in slot_init."""
+    return {k: (v if isinstance(v, bool) else _float64_attr(v)) for k, v in config.hyperparameters
+            if k != "initial_accumulator_value"}
 
 
 def _create(config, shared_name, container):
     with tf.name_scope("native_table_create"):
         return load_ops().fused_rec_native_table_create(
+            **_hyperparameter_attrs(config),
             table_name=config.name, dim=config.dim, optimizer=config.optimizer, slot_init=list(config.slot_init),
             storage=config.storage, rounding=config.rounding, init=config.init, seed=config.seed,
             mean=_float64_attr(config.mean), stddev=_float64_attr(config.stddev), minval=_float64_attr(config.minval),
@@ -184,9 +280,9 @@ class NativeTableResource(tf.saved_model.experimental.TrackableResource):
 
     def __init__(self, name, dim, optimizer="sgd", slot_init=None, storage="float32", init="hashed", seed=0,
                  mean=0.0, stddev=0.05, minval=-0.05, maxval=0.05, value=0.0, salts=(0,), track_access=False,
-                 rounding="nearest", shared_name=None):
+                 rounding="nearest", hyperparameters=None, shared_name=None):
         self._config = NativeTableConfig(name, dim, optimizer, slot_init, storage, init, seed, mean, stddev, minval,
-                                         maxval, value, salts, track_access, rounding)
+                                         maxval, value, salts, track_access, rounding, hyperparameters)
         self._owns_table = shared_name is None
         self._shared_name = f"{name}_{uuid.uuid4().hex}" if shared_name is None else shared_name
         super().__init__()
@@ -215,6 +311,11 @@ class NativeTableResource(tf.saved_model.experimental.TrackableResource):
     @property
     def optimizer(self):
         return self._config.optimizer
+
+    @property
+    def hyperparameters(self):
+        """The optimizer's hyperparameters other than the learning rate: a dict, every one of them."""
+        return self._config.hyper
 
     @property
     def slot_names(self):
@@ -356,28 +457,54 @@ tf.no_gradient("FusedRec>NativeTableLookupOrInit")
 
 
 @_not_autograph
-def native_table_apply_sparse(table, keys, grads, categories, ids, lr, beta1=0.9, beta2=0.999, epsilon=1e-7,
-                              update_count=None, distinct_keys=False, name=None):
-    """One in-place optimizer update per distinct key, with TF's float32 arithmetic.
+def native_table_apply_sparse(table, keys, grads, categories, ids, lr, update_count=None, distinct_keys=False,
+                              name=None):
+    """One in-place optimizer update per distinct key, with TensorFlow's float32 arithmetic.
 
     Repeated keys have their grads summed first (in input order) and are updated once, as TF's sparse optimizers do
-    after deduplicating. A key not in the table is first inserted with the row lookup_or_init would give it. float16
-    rows are rounded as the table's `rounding` says.
+    after deduplicating. A key not in the table is first inserted with the row lookup_or_init would give it. The
+    update is lazy, as TF's ResourceSparseApply* kernels: only the rows of these keys and their slots change (a dense
+    optimizer also decays the momentum, moments and weights of rows without a gradient). float16 rows are computed
+    in float32 and rounded once, as the table's `rounding` says.
 
-    * sgd: w -= lr * g
-    * adagrad (ResourceSparseApplyAdagradV2): acc += g * g; w -= lr * g / (sqrt(acc) + epsilon)
-    * adam (lazy Adam as in TFRA: the touched rows only, with the arithmetic of TensorFlow's ResourceApplyAdam kernel,
-      which TFRA runs on a step's rows): m += (g - m) * (1 - beta1); v += (g * g - v) * (1 - beta2);
-      w -= (m * lr) / (sqrt(v) + epsilon), with lr bias-corrected by the caller: see adam_bias_corrected_lr.
+    The formulas, per element, in float32 and in the order TensorFlow evaluates them (cc/kernels/impl/native_table.h),
+    with g the summed gradient, w the row and the table's hyperparameters (Keras 3's names). A Python float constant
+    such as 1 - rho is taken in float64 and rounded to float32 once, as Keras 3 does; the Keras 2 (tf_keras legacy)
+    kernels take 1 - beta in float32 from float32(beta).
+
+    * sgd (TF's ResourceApplyGradientDescent): w -= lr * g.
+    * sgd with momentum > 0 (Keras 3's SGD = TF's ResourceApplyKerasMomentum, Keras 2's): m = m * momentum - g * lr,
+      then w += m, or with nesterov w += m * momentum - g * lr. Slot: momentum.
+    * adagrad (TF's ResourceSparseApplyAdagradV2, Keras 2's): acc += g * g; w -= lr * g / (sqrt(acc) + epsilon).
+      Slot: accumulator (starting at initial_accumulator_value). (Keras 3's Adagrad puts epsilon inside the root:
+      w -= (lr * g) / sqrt(acc + epsilon).)
+    * adam (lazy Adam as in TFRA: the arithmetic of TF's ResourceApplyAdam kernel, which TFRA runs on a step's rows;
+      1 - beta in float32): m += (g - m) * (1 - beta_1); v += (g * g - v) * (1 - beta_2);
+      w -= (m * adam_lr) / (sqrt(v) + epsilon), adam_lr = adam_bias_corrected_lr(lr, beta_1, beta_2, update_count).
+      Slots: m, v. (Keras 3's Adam takes 1 - beta in float64: adamw's arithmetic without the decay.)
+    * adamw (Keras 3's AdamW): w -= (w * weight_decay) * lr, then adam's step with 1 - beta taken in float64 as
+      Keras 3 does. Slots: m, v.
+    * ftrl (Keras 3's Ftrl, in its order; with learning_rate_power -0.5 also TF's ResourceApplyFtrlV2 kernel, Keras
+      2's): with p = -learning_rate_power, n the accumulator and z the linear slot: g' = g + (2 * l2_shrinkage) * w;
+      n' = n + g * g; z += g' - ((n'^p - n^p) / lr) * w; w = (clip(z, -l1, l1) - z) / (n'^p / lr + 2 * l2'), with
+      l2' = l2 + beta / (2 * lr); n = n'. x^0.5 is sqrt(x) (TF's kernel; Grappler's rewrite of Keras 3's pow in a
+      tf.function); another p is std::pow, which TensorFlow's vectorised pow (Keras 3 run eagerly) may differ from in
+      the last bit. Slots: accumulator (starting at initial_accumulator_value), linear.
+    * rmsprop (Keras 3's RMSprop): v = rho * v + (1 - rho) * (g * g); centered: mg = rho * mg + (1 - rho) * g and
+      d = (v - mg * mg) + epsilon, else d = v + epsilon; step = (lr * g) / sqrt(d); with momentum > 0:
+      mom = momentum * mom + step and w -= mom, else w -= step. Slots: rms, momentum (momentum > 0), mg (centered):
+      Keras 2's names. Keras 2's RMSprop differs: 1 - rho in float32, and without momentum epsilon outside the root,
+      w -= lr * g / (sqrt(d) + epsilon); with momentum TF's kernel, v += (g * g - v) * (1 - rho).
 
     Args:
       table: NativeTableResource.
       keys: int64 [U].
       grads: float32 [U, dim].
       categories: int32 [U]; ids: int64 [U]: initialise keys that are missing, as in lookup_or_init.
-      lr, beta1, beta2, epsilon: float32 scalars (beta1 and beta2 are used by adam only, epsilon by adagrad and adam).
-      update_count: int64 scalar, the optimizer's 1-based update number (Keras: optimizer.iterations + 1): the source
-        of stochastic rounding's random bits, required by a table with rounding="stochastic", ignored otherwise.
+      lr: float32 scalar, this step's learning rate (a schedule already evaluated).
+      update_count: int64 scalar, the optimizer's 1-based update number (Keras: optimizer.iterations + 1): adam and
+        adamw's bias correction, and the source of stochastic rounding's random bits; required by those, ignored
+        otherwise.
       distinct_keys: the caller vouches that no key repeats (e.g. the keys of one lookup_or_init, which a layer's
         lookup passes unique), and the pass that deduplicates them is skipped; a repeated key is then updated once
         per occurrence, each with its own grad. Default False: deduplicated as above.
@@ -387,29 +514,34 @@ def native_table_apply_sparse(table, keys, grads, categories, ids, lr, beta1=0.9
       The op (None when executing eagerly).
 
     Raises:
-      ValueError: a stochastic rounding table without update_count.
+      ValueError: no update_count for an adam, adamw or stochastic rounding table.
     """
     _check_table(table)
+    needs_count = table.optimizer in ("adam", "adamw") or table.rounding == "stochastic"
     if update_count is None:
-        if table.rounding == "stochastic":
-            raise ValueError(f"native table '{table.name}': rounding stochastic needs the update_count (the "
-                             f"optimizer's 1-based update number) of every apply_sparse")
+        if needs_count:
+            why = "rounding stochastic" if table.rounding == "stochastic" else f"optimizer {table.optimizer}"
+            raise ValueError(f"native table '{table.name}': {why} needs the update_count (the optimizer's 1-based "
+                             f"update number) of every apply_sparse")
         update_count = 0
     with tf.name_scope(name or "native_table_apply_sparse"):
         keys = _int64(table, keys, "keys")
         grads = _tensor(table, grads, tf.float32, "grads")
         categories = _tensor(table, categories, tf.int32, "categories")
         ids = _int64(table, ids, "ids")
-        scalars = [_hyper(table, x, w) for x, w in
-                   ((lr, "lr"), (beta1, "beta1"), (beta2, "beta2"), (epsilon, "epsilon"))]
+        lr = _hyper(table, lr, "lr")
         update_count = _int64(table, update_count, "update_count")
         _check_static(table, {"keys": (keys, 1), "grads": (grads, 2), "categories": (categories, 1), "ids": (ids, 1),
-                              "lr": (scalars[0], 0), "beta1": (scalars[1], 0), "beta2": (scalars[2], 0),
-                              "epsilon": (scalars[3], 0), "update_count": (update_count, 0)},
+                              "lr": (lr, 0), "update_count": (update_count, 0)},
                       ("keys", "grads", "categories", "ids"))
         _check_width(table, grads, "grads")
+        if table.optimizer in ("adam", "adamw"):
+            hyper = table.hyperparameters
+            adam_lr = adam_bias_corrected_lr(lr, hyper["beta_1"], hyper["beta_2"], update_count)
+        else:
+            adam_lr = lr
         return load_ops().fused_rec_native_table_apply_sparse(table.resource_handle, keys, grads, categories, ids,
-                                                              *scalars, update_count,
+                                                              lr, adam_lr, update_count,
                                                               distinct_keys=bool(distinct_keys))
 
 
@@ -418,7 +550,9 @@ tf.no_gradient("FusedRec>NativeTableApplySparse")
 
 def adam_bias_corrected_lr(lr, beta1, beta2, step):
     """The lr Adam's update takes: (lr * sqrt(1 - beta2^step)) / (1 - beta1^step), in float32 as TensorFlow's
-    ResourceApplyAdam kernel computes its alpha from Keras' beta powers (beta^step, tf.pow in float32).
+    ResourceApplyAdam kernel computes its alpha from Keras 2's beta powers (beta^step, tf.pow in float32), and as
+    Keras 3's Adam and AdamW compute theirs (the same operations, in the same order). TensorFlow's pow, not C++'s:
+    the two differ in the last bit for some arguments.
 
     Args:
       lr, beta1, beta2: float32 scalars.

@@ -252,7 +252,27 @@ def fused_sender_hot(keys, segment_ids, hot_keys, num_ranks, num_segments, wire=
 
 __all__ += ["NativeTableReference", "native_table_initial_rows"]
 
-_NATIVE_TABLE_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2}
+# Keras 3's hyperparameters and defaults (keras/src/optimizers/*.py), written again here (native_table_ops.py has
+# them for the op) so that each checks the other.
+_KERAS_HYPERPARAMETERS = {
+    "sgd": {"momentum": 0.0, "nesterov": False},
+    "adagrad": {"initial_accumulator_value": 0.1, "epsilon": 1e-7},
+    "adam": {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7},
+    "adamw": {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7, "weight_decay": 0.004},
+    "ftrl": {"learning_rate_power": -0.5, "initial_accumulator_value": 0.1, "l1_regularization_strength": 0.0,
+             "l2_regularization_strength": 0.0, "l2_shrinkage_regularization_strength": 0.0, "beta": 0.0},
+    "rmsprop": {"rho": 0.9, "momentum": 0.0, "epsilon": 1e-7, "centered": False},
+}
+
+
+def _native_table_slots(optimizer, hyper):
+    """The slot names a native table keeps (native_table_ops.slot_names)."""
+    if optimizer == "sgd":
+        return ("momentum",) if hyper["momentum"] > 0 else ()
+    if optimizer == "rmsprop":
+        return ("rms",) + (("momentum",) if hyper["momentum"] > 0 else ()) + (("mg",) if hyper["centered"] else ())
+    return {"adagrad": ("accumulator",), "adam": ("m", "v"), "adamw": ("m", "v"),
+            "ftrl": ("accumulator", "linear")}[optimizer]
 
 
 def _stream_words(base, dim, start=1, step=1):
@@ -291,7 +311,9 @@ def native_table_initial_rows(init, ids, salts, dim, seed=0, mean=0.0, stddev=0.
         return (mean + stddev * _box_muller(_stream_words(base, dim))).astype(np.float32)
     if init == "uniform":
         u = ((_stream_words(base, dim) >> np.uint64(12)).astype(np.float64) + 0.5) / 2.0**52
-        return (minval + (maxval - minval) * u).astype(np.float32)
+        # In [float32(minval), float32(maxval)): a value rounded up to float32(maxval) takes the float below it.
+        below_max = max(np.float32(minval), np.nextafter(np.float32(maxval), np.float32(-np.inf)))
+        return np.minimum((minval + (maxval - minval) * u).astype(np.float32), below_max)
     if init == "truncated_normal":
         z = _box_muller(_stream_words(base, dim))
         retry = 1
@@ -354,15 +376,22 @@ def stochastic_float16(values, random_bits):
 class NativeTableReference:
     """The native table as dicts: key -> row (float32, already rounded to float16 for float16 storage), slots
     (float32 [S, dim]) and access [count, last]. Same arguments and outputs as the op wrappers (export and
-    access_status sorted by key); float32 arithmetic in TF's order of operations, one key at a time."""
+    access_status sorted by key), except apply_sparse: it takes adam's and adamw's bias-corrected learning rate
+    (adam_lr) from the caller, computed as TensorFlow computes it (native_table_ops.adam_bias_corrected_lr: NumPy's
+    float32 power differs from TensorFlow's in the last bit). float32 arithmetic in TF's order of operations, one key
+    at a time; ftrl's x^p is np.sqrt for p = 0.5 and np.power otherwise (the kernel's std::pow may differ from it in
+    the last bit)."""
 
     def __init__(self, dim, optimizer="sgd", slot_init=None, storage="float32", init="hashed", seed=0, mean=0.0,
                  stddev=0.05, minval=-0.05, maxval=0.05, value=0.0, salts=(0,), track_access=False,
-                 rounding="nearest"):
+                 rounding="nearest", hyperparameters=None):
         self.dim = int(dim)
         self.optimizer = optimizer
-        self.num_slots = _NATIVE_TABLE_SLOTS[optimizer]
-        default = {"sgd": (), "adagrad": (0.1,), "adam": (0.0, 0.0)}[optimizer]
+        self.hyper = {**_KERAS_HYPERPARAMETERS[optimizer], **dict(hyperparameters or {})}
+        self.slot_names = _native_table_slots(optimizer, self.hyper)
+        self.num_slots = len(self.slot_names)
+        default = [self.hyper.get("initial_accumulator_value", 0.0) if n == "accumulator" else 0.0
+                   for n in self.slot_names]
         self.slot_init = np.asarray(default if slot_init is None else slot_init, np.float32)
         self.float16 = storage == "float16"
         self.init_args = dict(init=init, seed=seed, mean=mean, stddev=stddev, minval=minval, maxval=maxval,
@@ -421,14 +450,15 @@ class NativeTableReference:
                 self.access[k][1] = self.clock
         return out
 
-    def apply_sparse(self, keys, grads, categories, ids, lr, beta1=0.9, beta2=0.999, epsilon=1e-7, update_count=0,
-                     distinct_keys=False):
+    def apply_sparse(self, keys, grads, categories, ids, lr, adam_lr=None, update_count=0, distinct_keys=False):
         keys = np.asarray(keys, np.int64)
         grads = np.asarray(grads, np.float32)
+        if self.optimizer in ("adam", "adamw") and adam_lr is None:
+            raise ValueError(f"{self.optimizer} needs adam_lr, the bias-corrected learning rate")
         if distinct_keys:  # the caller vouched for distinct keys: one update per occurrence, in order
             for i in range(keys.shape[0]):
                 self.apply_sparse(keys[i:i + 1], grads[i:i + 1], np.asarray(categories)[i:i + 1],
-                                  np.asarray(ids)[i:i + 1], lr, beta1, beta2, epsilon, update_count)
+                                  np.asarray(ids)[i:i + 1], lr, adam_lr, update_count)
             return
         initial = self.initial_rows(categories, ids)
         summed, first = {}, {}
@@ -437,23 +467,65 @@ class NativeTableReference:
                 summed[k] = np.zeros(self.dim, np.float32)
                 first[k] = i
             summed[k] = summed[k] + grads[i]
-        lr, beta1, beta2, eps = (np.float32(x) for x in (lr, beta1, beta2, epsilon))
-        one = np.float32(1)
         for k, g in summed.items():
             if k not in self.rows:
                 self._insert(k, initial[first[k]].copy())
-            w, s = self.rows[k].astype(np.float32), self.slots[k]
-            if self.optimizer == "sgd":
-                w = w - lr * g
-            elif self.optimizer == "adagrad":
-                s[0] = s[0] + g * g
-                w = w - lr * g / (np.sqrt(s[0]) + eps)
-            else:
-                # TensorFlow's ResourceApplyAdam arithmetic (what TFRA runs on a step's rows); lr is its alpha
-                s[0] = s[0] + (g - s[0]) * (one - beta1)
-                s[1] = s[1] + (g * g - s[1]) * (one - beta2)
-                w = w - (s[0] * lr) / (np.sqrt(s[1]) + eps)
+            w = self._update(self.rows[k].astype(np.float32), self.slots[k], g, np.float32(lr),
+                             np.float32(0 if adam_lr is None else adam_lr))
             self.rows[k] = self._round_update(k, w, update_count)
+
+    def _update(self, w, s, g, lr, adam_lr):
+        """One key's update: row w float32 [dim], slots s float32 [S, dim] (updated in place), summed gradient g;
+        returns the new row (float32, not rounded)."""
+        h = self.hyper
+        f32 = np.float32
+        one = f32(1)
+        eps = f32(h.get("epsilon", 0.0))
+        if self.optimizer == "sgd":
+            if not self.num_slots:
+                return w - lr * g
+            momentum = f32(h["momentum"])
+            s[0] = s[0] * momentum - g * lr
+            return w + (s[0] * momentum - g * lr if h["nesterov"] else s[0])
+        if self.optimizer == "adagrad":
+            s[0] = s[0] + g * g
+            return w - lr * g / (np.sqrt(s[0]) + eps)
+        if self.optimizer in ("adam", "adamw"):
+            if self.optimizer == "adam":  # TensorFlow's ResourceApplyAdam (what TFRA runs): 1 - beta in float32
+                c1, c2 = one - f32(h["beta_1"]), one - f32(h["beta_2"])
+            else:  # Keras 3: decoupled weight decay, then 1 - beta as a Python float
+                w = w - (w * f32(h["weight_decay"])) * lr
+                c1, c2 = f32(1 - h["beta_1"]), f32(1 - h["beta_2"])
+            s[0] = s[0] + (g - s[0]) * c1
+            s[1] = s[1] + (g * g - s[1]) * c2
+            return w - (s[0] * adam_lr) / (np.sqrt(s[1]) + eps)
+        if self.optimizer == "ftrl":
+            p = f32(-h["learning_rate_power"])
+            power = np.sqrt if h["learning_rate_power"] == -0.5 else (lambda x: np.power(x, p))
+            l1 = f32(h["l1_regularization_strength"])
+            two_l2 = f32(2) * (f32(h["l2_regularization_strength"]) + f32(h["beta"]) / (f32(2) * lr))
+            n, z = s[0], s[1]
+            shrunk = g + f32(2 * h["l2_shrinkage_regularization_strength"]) * w
+            n_new = n + g * g
+            z[:] = z + (shrunk - ((power(n_new) - power(n)) / lr) * w)
+            quadratic = power(n_new) / lr + two_l2
+            w = (np.maximum(np.minimum(z, l1), -l1) - z) / quadratic
+            s[0] = n_new
+            return w
+        # rmsprop
+        rho, one_minus_rho = f32(h["rho"]), f32(1 - h["rho"])
+        s[0] = rho * s[0] + one_minus_rho * (g * g)
+        if h["centered"]:
+            mg = s[-1]
+            mg[:] = rho * mg + one_minus_rho * g
+            denominator = (s[0] - mg * mg) + eps
+        else:
+            denominator = s[0] + eps
+        step = (lr * g) / np.sqrt(denominator)
+        if h["momentum"] > 0:
+            s[1] = f32(h["momentum"]) * s[1] + step
+            return w - s[1]
+        return w - step
 
     def find(self, keys, part=0):
         keys = np.asarray(keys, np.int64)

@@ -426,21 +426,29 @@ class TruncatedNormalInitializer : public RowInitializer {
   const double mean_, stddev_;
 };
 
-// minval + (maxval - minval) * u with u in (0, 1) from the top 52 bits of word d + 1 (52, so that + 0.5 is exact).
+// minval + (maxval - minval) * u with u in (0, 1) from the top 52 bits of word d + 1 (52, so that + 0.5 is exact), in
+// [float32(minval), float32(maxval)) as Keras' RandomUniform promises: a value that rounds up to float32(maxval) (u
+// within 2^-25 or so of 1) takes the float below it.
 class UniformInitializer : public RowInitializer {
  public:
-  UniformInitializer(int64_t seed, double minval, double maxval) : seed_(seed), minval_(minval), maxval_(maxval) {}
+  UniformInitializer(int64_t seed, double minval, double maxval)
+      : seed_(seed),
+        minval_(minval),
+        maxval_(maxval),
+        below_max_(std::max(static_cast<float>(minval),
+                            std::nextafter(static_cast<float>(maxval), -std::numeric_limits<float>::infinity()))) {}
   void Fill(int64_t id, int64_t salt, int64_t dim, float* row) const override {
     const uint64_t base = RandomStreamBase(seed_, id, salt);
     for (int64_t d = 0; d < dim; ++d) {
       const double u = (static_cast<double>(StreamWord(base, d + 1) >> 12) + 0.5) / 4503599627370496.0;
-      row[d] = static_cast<float>(minval_ + (maxval_ - minval_) * u);
+      row[d] = std::min(static_cast<float>(minval_ + (maxval_ - minval_) * u), below_max_);
     }
   }
 
  private:
   const int64_t seed_;
   const double minval_, maxval_;
+  const float below_max_;  // the largest float32 below float32(maxval) (float32(minval) if that is larger)
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -494,26 +502,63 @@ inline uint16_t StochasticFloat16Bits(uint32_t x, uint32_t r) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Sparse optimizer rules, applied in place to one float32 row `w` and its slots `s` (stride dim). The arithmetic is
-// TF's, in float32 and in TF's order of operations, each product and sum rounded on its own (the library is built
-// without FMA contraction: no -march), so the results are TF's bit for bit.
+// Sparse optimizer rules, applied in place to one float32 row `w` and its slots `s` (slot k at s + k * dim). The
+// arithmetic is TensorFlow's: float32, each product and sum rounded on its own, in the order TF evaluates the update
+// (the library is built with -ffp-contract=off and no -march: no fused multiply-adds), so a row updated every step
+// ends bit for bit where the same optimizer leaves a dense float32 tf.Variable:
 //
-// Four lanes at a time with SSE, then one at a time: the same IEEE operations either way. Written out because the
-// compiler will not vectorize std::sqrt without -fno-math-errno, and the scalar loop cost Adagrad 2x per key.
+// * sgd, adagrad, adam: TF's training kernels as Keras 2's (legacy) optimizers run them, which is what the TFRA backend
+//   runs on a step's rows (kept bit-equal to it);
+// * sgd with momentum, ftrl: Keras 3's update_step, whose arithmetic is also that of the kernels Keras 2 runs
+//   (ResourceApplyKerasMomentum; ResourceApplyFtrl(V2), where x^0.5 is a square root);
+// * rmsprop, adamw: Keras 3's update_step (Keras 2's differ: see each rule).
+//
+// Keras 3 writes hyperparameters as Python floats, so `1 - rho` is taken in float64 and rounded to float32 once, where
+// TF's kernels take 1 - float32(rho) in float32 (0.1f against 0.100000024f for rho = 0.9): OptimizerHyper holds each
+// constant as its rule's model rounds it (NativeTableConfig::FromAttrs derives them from the float64 attributes).
+//
+// Adagrad and Adam go four lanes at a time with SSE, then one at a time: the same IEEE operations either way, written
+// out because the compiler will not vectorize std::sqrt without -fno-math-errno (the scalar loop cost Adagrad 2x per
+// key). The other rules are scalar loops.
 // ---------------------------------------------------------------------------------------------------------------
 
+// The operands of an update: the step's learning rates and the table's hyperparameters as the float32 constants the
+// rules take (each rule reads its own).
 struct OptimizerHyper {
-  float lr;
-  float beta1;
-  float beta2;
-  float epsilon;
+  float lr = 0;       // this step's learning rate
+  float adam_lr = 0;  // adam, adamw: lr * sqrt(1 - beta2^t) / (1 - beta1^t), computed by the caller as TF computes it
+  float epsilon = 0;  // adagrad, adam, adamw, rmsprop
+  float beta1 = 0, beta2 = 0;                      // adam: float32(beta), the kernel takes 1 - beta in float32
+  float one_minus_beta1 = 0, one_minus_beta2 = 0;  // adamw: float32(1 - beta), 1 - beta in float64 (Keras 3)
+  float weight_decay = 0;                          // adamw
+  float momentum = 0;                              // sgd (momentum rules), rmsprop
+  float rho = 0, one_minus_rho = 0;                // rmsprop: float32(rho), float32(1 - rho) (1 - rho in float64)
+  // ftrl: the power -learning_rate_power (a square root when it is 0.5), the l1 bound, l2 and beta (which with the
+  // step's lr make the quadratic term's 2 * (l2 + beta / (2 lr))) and float32(2 * l2_shrinkage) (2 * in float64).
+  float ftrl_power = 0.5f;
+  bool ftrl_sqrt = true;
+  float l1 = 0, l2 = 0, ftrl_beta = 0, two_l2_shrinkage = 0;
 };
 
-// w -= lr * g
+// w -= lr * g (TF's ResourceApplyGradientDescent; Keras 3's w -= g * lr is the same product).
 struct SgdRule {
   static constexpr int kSlots = 0;
   static void Apply(const OptimizerHyper& h, const float* __restrict g, int64_t dim, float* __restrict w, float*) {
     for (int64_t d = 0; d < dim; ++d) w[d] -= h.lr * g[d];
+  }
+};
+
+// SGD with momentum > 0 (Keras 3's SGD; TF's ResourceApplyKerasMomentum, Keras 2's): m = m * momentum - g * lr; then
+// w += m, or with Nesterov w += m * momentum - g * lr. Slot: momentum.
+template <bool kNesterov>
+struct MomentumRule {
+  static constexpr int kSlots = 1;
+  static void Apply(const OptimizerHyper& h, const float* __restrict g, int64_t dim, float* __restrict w,
+                    float* __restrict m) {
+    for (int64_t d = 0; d < dim; ++d) {
+      m[d] = m[d] * h.momentum - g[d] * h.lr;
+      w[d] += kNesterov ? m[d] * h.momentum - g[d] * h.lr : m[d];
+    }
   }
 };
 
@@ -540,39 +585,118 @@ struct AdagradRule {
   }
 };
 
+// Adam's moments and step on one row, in the order of TF's ResourceApplyAdam kernel and of Keras 3's Adam:
+// m += (g - m) * c1; v += (g * g - v) * c2; w -= (m * alpha) / (sqrt(v) + epsilon), with c1, c2 the 1 - beta constants
+// and alpha the bias-corrected learning rate.
+inline void AdamStep(float alpha, float c1, float c2, float epsilon, const float* __restrict g, int64_t dim,
+                     float* __restrict w, float* __restrict m, float* __restrict v) {
+  int64_t d = 0;
+#if defined(__SSE2__)
+  const __m128 alpha4 = _mm_set1_ps(alpha), eps = _mm_set1_ps(epsilon);
+  const __m128 c1v = _mm_set1_ps(c1), c2v = _mm_set1_ps(c2);
+  for (; d + 4 <= dim; d += 4) {
+    const __m128 gv = _mm_loadu_ps(g + d);
+    const __m128 m0 = _mm_loadu_ps(m + d), v0 = _mm_loadu_ps(v + d);
+    const __m128 mv = _mm_add_ps(m0, _mm_mul_ps(_mm_sub_ps(gv, m0), c1v));
+    const __m128 vv = _mm_add_ps(v0, _mm_mul_ps(_mm_sub_ps(_mm_mul_ps(gv, gv), v0), c2v));
+    _mm_storeu_ps(m + d, mv);
+    _mm_storeu_ps(v + d, vv);
+    const __m128 step = _mm_div_ps(_mm_mul_ps(mv, alpha4), _mm_add_ps(_mm_sqrt_ps(vv), eps));
+    _mm_storeu_ps(w + d, _mm_sub_ps(_mm_loadu_ps(w + d), step));
+  }
+#endif
+  for (; d < dim; ++d) {
+    m[d] = m[d] + (g[d] - m[d]) * c1;
+    v[d] = v[d] + (g[d] * g[d] - v[d]) * c2;
+    w[d] -= (m[d] * alpha) / (std::sqrt(v[d]) + epsilon);
+  }
+}
+
 // Adam on the touched rows only (lazy Adam, TFRA's semantics), with the arithmetic of TensorFlow's ResourceApplyAdam
-// kernel, which is what TFRA runs on a step's rows (a TFRA shadow variable's gradient is dense over them):
-// m += (g - m) * (1 - beta1); v += (g * g - v) * (1 - beta2); w -= (m * lr) / (sqrt(v) + epsilon),
-// with lr the kernel's alpha, bias-corrected by the caller (adam_bias_corrected_lr). Slots: m, then v.
-// (Keras' sparse Adam, m * beta1 + g * (1 - beta1), rounds differently: 1-ulp differences that Adam's normalisation
-// grows over steps.) No FMA: each product and sum is rounded as TensorFlow's CPU kernel rounds it.
+// kernel, which is what TFRA runs on a step's rows (a TFRA shadow variable's gradient is dense over them): the kernel
+// takes 1 - beta in float32. Slots: m, then v. (Keras 2's sparse Adam, m * beta1 + g * (1 - beta1), rounds
+// differently: 1-ulp differences that Adam's normalisation grows over steps.)
 struct AdamRule {
   static constexpr int kSlots = 2;
   static void Apply(const OptimizerHyper& h, const float* __restrict g, int64_t dim, float* __restrict w,
                     float* __restrict s) {
-    float* __restrict m = s;
-    float* __restrict v = s + dim;
-    const float one_minus_beta1 = 1.0f - h.beta1;
-    const float one_minus_beta2 = 1.0f - h.beta2;
-    int64_t d = 0;
-#if defined(__SSE2__)
-    const __m128 alpha = _mm_set1_ps(h.lr), eps = _mm_set1_ps(h.epsilon);
-    const __m128 c1 = _mm_set1_ps(one_minus_beta1), c2 = _mm_set1_ps(one_minus_beta2);
-    for (; d + 4 <= dim; d += 4) {
-      const __m128 gv = _mm_loadu_ps(g + d);
-      const __m128 m0 = _mm_loadu_ps(m + d), v0 = _mm_loadu_ps(v + d);
-      const __m128 mv = _mm_add_ps(m0, _mm_mul_ps(_mm_sub_ps(gv, m0), c1));
-      const __m128 vv = _mm_add_ps(v0, _mm_mul_ps(_mm_sub_ps(_mm_mul_ps(gv, gv), v0), c2));
-      _mm_storeu_ps(m + d, mv);
-      _mm_storeu_ps(v + d, vv);
-      const __m128 step = _mm_div_ps(_mm_mul_ps(mv, alpha), _mm_add_ps(_mm_sqrt_ps(vv), eps));
-      _mm_storeu_ps(w + d, _mm_sub_ps(_mm_loadu_ps(w + d), step));
+    AdamStep(h.adam_lr, 1.0f - h.beta1, 1.0f - h.beta2, h.epsilon, g, dim, w, s, s + dim);
+  }
+};
+
+// AdamW (Keras 3): the decoupled weight decay w -= (w * weight_decay) * lr (Keras 3's _apply_weight_decay on the
+// TensorFlow backend, before the step), then Adam with 1 - beta taken in float64 (Keras 3's Python floats; TF's Adam
+// kernel, AdamRule, takes it in float32). Slots: m, then v. Lazy like every rule here: a row decays when its key is
+// updated, where a dense AdamW decays every row every step.
+struct AdamWRule {
+  static constexpr int kSlots = 2;
+  static void Apply(const OptimizerHyper& h, const float* __restrict g, int64_t dim, float* __restrict w,
+                    float* __restrict s) {
+    for (int64_t d = 0; d < dim; ++d) w[d] = w[d] - (w[d] * h.weight_decay) * h.lr;
+    AdamStep(h.adam_lr, h.one_minus_beta1, h.one_minus_beta2, h.epsilon, g, dim, w, s, s + dim);
+  }
+};
+
+// FTRL-proximal (Keras 3's Ftrl update_step, in its order, which is also that of TF's ResourceApplyFtrlV2 kernel,
+// Keras 2's): with p = -learning_rate_power, n the accumulator and z the linear slot,
+//   g' = g + (2 l2_shrinkage) * w;  n' = n + g * g;  z += g' - ((n'^p - n^p) / lr) * w;
+//   w = (clip(z, -l1, l1) - z) / (n'^p / lr + 2 (l2 + beta / (2 lr)));  n = n'.
+// x^0.5 is sqrt(x), as TF's kernel takes it and as Grappler rewrites Keras 3's pow(x, 0.5) in a tf.function; other
+// powers are std::pow, which TF's eager pow matches on its scalar path only (its vectorized pow differs from it in the
+// last bit for some x). Slots: accumulator, then linear.
+struct FtrlRule {
+  static constexpr int kSlots = 2;
+  static float Power(const OptimizerHyper& h, float x) {
+    return h.ftrl_sqrt ? std::sqrt(x) : std::pow(x, h.ftrl_power);
+  }
+  static void Apply(const OptimizerHyper& h, const float* __restrict g, int64_t dim, float* __restrict w,
+                    float* __restrict s) {
+    float* __restrict n = s;
+    float* __restrict z = s + dim;
+    const float two_l2 = 2.0f * (h.l2 + h.ftrl_beta / (2.0f * h.lr));
+    for (int64_t d = 0; d < dim; ++d) {
+      const float shrunk = g[d] + h.two_l2_shrinkage * w[d];
+      const float n_new = n[d] + g[d] * g[d];
+      const float power_new = Power(h, n_new);
+      z[d] += shrunk - ((power_new - Power(h, n[d])) / h.lr) * w[d];
+      const float quadratic = power_new / h.lr + two_l2;
+      const float clipped = std::max(std::min(z[d], h.l1), -h.l1);  // tf.clip_by_value: max(min(z, l1), -l1)
+      w[d] = (clipped - z[d]) / quadratic;
+      n[d] = n_new;
     }
-#endif
-    for (; d < dim; ++d) {
-      m[d] = m[d] + (g[d] - m[d]) * one_minus_beta1;
-      v[d] = v[d] + (g[d] * g[d] - v[d]) * one_minus_beta2;
-      w[d] -= (m[d] * h.lr) / (std::sqrt(v[d]) + h.epsilon);
+  }
+};
+
+// RMSprop (Keras 3's update_step, in its order): v = rho * v + (1 - rho) * (g * g); centered: mg = rho * mg +
+// (1 - rho) * g and d = (v - mg * mg) + epsilon, else d = v + epsilon; step = (lr * g) / sqrt(d); with momentum > 0:
+// mom = momentum * mom + step, w -= mom; else w -= step. Slots: rms (v), momentum (momentum > 0 only), mg (centered
+// only): Keras 2's names, which the TFRA backend's checkpoints use. Keras 2 differs: 1 - rho in float32; without
+// momentum epsilon outside the root, w -= lr * g / (sqrt(d) + epsilon); with momentum TF's kernel order,
+// v += (g * g - v) * (1 - rho).
+template <bool kMomentum, bool kCentered>
+struct RmspropRule {
+  static constexpr int kSlots = 1 + (kMomentum ? 1 : 0) + (kCentered ? 1 : 0);
+  static void Apply(const OptimizerHyper& h, const float* __restrict g, int64_t dim, float* __restrict w,
+                    float* __restrict s) {
+    float* __restrict v = s;
+    float* __restrict mom = s + dim;
+    float* __restrict mg = s + (kMomentum ? 2 : 1) * dim;
+    for (int64_t d = 0; d < dim; ++d) {
+      v[d] = h.rho * v[d] + h.one_minus_rho * (g[d] * g[d]);
+      float denominator;
+      if (kCentered) {
+        mg[d] = h.rho * mg[d] + h.one_minus_rho * g[d];
+        denominator = (v[d] - mg[d] * mg[d]) + h.epsilon;
+      } else {
+        denominator = v[d] + h.epsilon;
+      }
+      const float step = (h.lr * g[d]) / std::sqrt(denominator);
+      if (kMomentum) {
+        mom[d] = h.momentum * mom[d] + step;
+        w[d] -= mom[d];
+      } else {
+        w[d] -= step;
+      }
     }
   }
 };
