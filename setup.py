@@ -126,6 +126,17 @@ def run_all(commands, stamp, newest_input=None):
         return list(pool.map(one, commands))
 
 
+# The TensorFlow versions tf_fusedrec supports and tests (DESIGN.md: 2.16 to 2.21, tested at both ends).
+SUPPORTED_TF = ">=2.16,<2.22"
+
+
+def check_supported(version):
+    """Refuses to build against a TensorFlow outside SUPPORTED_TF, naming it."""
+    major, minor = (int(x) for x in version.split(".")[:2])
+    if not (2, 16) <= (major, minor) < (2, 22):
+        raise RuntimeError(f"tf_fusedrec supports TensorFlow {SUPPORTED_TF}; the installed one is {version}")
+
+
 class TFBuildExt(build_ext):
     """Compiles the op library with g++ and tf.sysconfig flags instead of the Python extension toolchain."""
 
@@ -134,9 +145,10 @@ class TFBuildExt(build_ext):
             import tensorflow as tf
         except ImportError as e:
             raise RuntimeError(
-                "tf_fusedrec compiles against the installed TensorFlow: install tensorflow-cpu==2.16.2 first and "
-                "build with `pip install --no-build-isolation .`"
+                f"tf_fusedrec compiles against the installed TensorFlow: install tensorflow-cpu{SUPPORTED_TF} (or "
+                f"tensorflow) first and build with `pip install --no-build-isolation .`"
             ) from e
+        check_supported(tf.__version__)
         out = self.get_ext_fullpath(ext.name)
         # Python's EXT_SUFFIX would give _fusedrec_ops.cpython-311-...so; the loader looks for the plain name.
         out = os.path.join(os.path.dirname(out), "_fusedrec_ops.so")
@@ -158,7 +170,9 @@ class TFBuildExt(build_ext):
         cxx = os.environ.get("CXX", "g++")
         # -ffp-contract=off: no fused multiply-adds even where CXXFLAGS allow FMA, so the table's optimizer updates
         # round each product and sum as TensorFlow's CPU kernels and the NumPy references do.
-        flags = ["-fPIC", "-O3", "-ffp-contract=off", "-Wall", "-I."] + tf.sysconfig.get_compile_flags() + cuda_flags
+        # FUSEDREC_TF_VERSION: the TensorFlow built against, recorded in the library (cc/kernels/build_info.cc).
+        flags = (["-fPIC", "-O3", "-ffp-contract=off", "-Wall", "-I.", f'-DFUSEDREC_TF_VERSION="{tf.__version__}"']
+                 + tf.sysconfig.get_compile_flags() + cuda_flags)
         for src in ext.sources:
             obj = os.path.join(build_dir, os.path.basename(src).replace(".cc", ".o"))
             commands.append(([cxx, "-c"] + flags + [src, "-o", obj], obj))
@@ -174,11 +188,22 @@ class TFBuildExt(build_ext):
 setup(
     name="tf_fusedrec",
     version="0.1.0",
-    description="Fused, lossless embedding communication for TFRA + Horovod recommendation training",
+    description="Fused, lossless embedding communication for recommendation training on TensorFlow + Horovod",
     packages=find_packages(include=["tf_fusedrec", "tf_fusedrec.*"]),
     ext_modules=[Extension(LIB_NAME, sources=SOURCES, depends=HEADERS + CUDA_SOURCES)],
     cmdclass={"build_ext": TFBuildExt},
     python_requires=">=3.9",
-    install_requires=["numpy<2", "pyyaml", "orjson"],
+    # TensorFlow itself is not named here: it comes as `tensorflow` or `tensorflow-cpu` (pip cannot say "either"), and
+    # the op library is compiled against the one installed (the build refuses one outside SUPPORTED_TF). The extras
+    # name one: [cpu] or [gpu]; [tfra] is the TFRA stack (the per-feature baseline, table_backend="tfra", Keras 2).
+    install_requires=["numpy", "pyyaml", "orjson"],
+    extras_require={
+        "cpu": [f"tensorflow-cpu{SUPPORTED_TF}"],
+        "gpu": [f"tensorflow{SUPPORTED_TF}"],
+        # TFRA 0.8.1 (its last release) declares tensorflow<=2.16.2 and needs Keras 2 (tf-keras); its kernels call
+        # the CUDA runtime that only the `tensorflow` wheel's libtensorflow_framework carries (requirements.txt).
+        "tfra": ["tensorflow==2.16.2", "tf-keras==2.16.0", "tensorflow-recommenders-addons==0.8.1", "numpy<2",
+                 "setuptools<81"],
+    },
     zip_safe=False,
 )

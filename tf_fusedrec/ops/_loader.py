@@ -8,6 +8,7 @@ tf.device("/device:CPU:0") unless the variable, read at every op call, opts in.
 """
 
 import functools
+import mmap
 import os
 
 import tensorflow as tf
@@ -15,6 +16,8 @@ import tensorflow as tf
 _LIB_ENV = "TF_FUSEDREC_OPS_LIB"
 _DEFAULT_LIB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_fusedrec_ops.so")
 GPU_ENV = "TF_FUSEDREC_GPU"
+# cc/kernels/build_info.cc: the TensorFlow version the library was compiled against, as bytes in the file.
+_BUILD_MARKER = b"tf_fusedrec-built-against-tensorflow="
 
 
 def library_path():
@@ -49,6 +52,18 @@ class _PlacedOps:
         return placed
 
 
+def built_against(path):
+    """The TensorFlow version the op library at `path` was compiled against (cc/kernels/build_info.cc), read from the
+    file without loading it; None when the file carries no marker."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        start = data.find(_BUILD_MARKER)
+        if start < 0:
+            return None
+        start += len(_BUILD_MARKER)
+        end = data.find(b";", start, start + 64)
+        return data[start:end].decode("ascii", "replace") if end > 0 else None
+
+
 @functools.lru_cache(maxsize=None)
 def load_ops():
     """Returns the loaded op module (its ops placed on the CPU unless $TF_FUSEDREC_GPU=1); raises ImportError saying
@@ -60,6 +75,12 @@ def load_ops():
     ).format(env=_LIB_ENV)
     if not os.path.exists(path):
         raise ImportError(f"tf_fusedrec op library not found at {path}. {hint}")
+    built_for = built_against(path)
+    if built_for != tf.__version__:
+        what = f"TensorFlow {built_for}" if built_for else "an unknown TensorFlow (no build marker: an older build)"
+        raise ImportError(f"tf_fusedrec op library {path} was built against {what}, but this process runs "
+                          f"TensorFlow {tf.__version__}; a custom-op library must be built against the TensorFlow "
+                          f"that loads it. {hint}")
     try:
         return _PlacedOps(tf.load_op_library(path))
     except tf.errors.NotFoundError as e:
