@@ -18,7 +18,13 @@ import sys
 import types
 from pathlib import Path
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+import importlib.util  # noqa: E402
+
+# Which Keras the suite runs under is the lane's: where TFRA (the [tfra] extra) is installed, Keras 2 (tf_keras), as a
+# TFRA user's process has it; elsewhere Keras 3, TensorFlow's default. tf_fusedrec itself never chooses.
+TFRA_INSTALLED = importlib.util.find_spec("tensorflow_recommenders_addons") is not None
+if TFRA_INSTALLED:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 _ROOT = Path(__file__).resolve().parents[1]
@@ -329,8 +335,36 @@ def pytest_configure(config):
     for name, what in (("slow", "starts processes or servers (not in `make test-fast`)"),
                        ("multiworker", "runs Horovod workers under horovodrun"),
                        ("cluster", "builds namespaced hosts (root, ip, tc)"),
-                       ("serving", "starts embedding servers or a ranker")):
+                       ("serving", "starts embedding servers or a ranker"),
+                       ("tfra", "needs the [tfra] extra (TFRA, Keras 2): skipped, and said so, only where it is not "
+                                "installed; TF_FUSEDREC_REQUIRE_TFRA=1 (the baseline lane) fails the run instead. Also "
+                                "given to every test parametrized with a TFRA variant (TFRA_PARAMETERS)"),
+                       ("keras2", "needs Keras 2 (tf_keras: its legacy optimizers, tf.compat.v1 graphs around Keras "
+                                  "layers): skipped, and said so, where tf.keras is Keras 3")):
         config.addinivalue_line("markers", f"{name}: {what}")
+    if not TFRA_INSTALLED and os.environ.get("TF_FUSEDREC_REQUIRE_TFRA") == "1":
+        raise pytest.UsageError("TF_FUSEDREC_REQUIRE_TFRA=1 but tensorflow-recommenders-addons is not installed: "
+                                "install the [tfra] extra (scripts/install.sh does) or unset the variable")
+
+
+_SKIPPED_FOR_TFRA = []
+_SKIPPED_FOR_KERAS2 = []
+# Parameter values that name a TFRA variant (a table backend, the per-feature baseline, the bench's hand fusion): a
+# test parametrized with one needs TFRA in that variant, and gets the `tfra` marker there.
+TFRA_PARAMETERS = ("tfra", "per_feature", "hand_fused", "tfra_hand_fused", "PerFeatureEmbedding")
+
+
+def _keras3():
+    return not tf.keras.layers.Layer.__module__.startswith("tf_keras")
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _SKIPPED_FOR_TFRA:
+        terminalreporter.write_line(f"tf_fusedrec: this environment has no TFRA (the [tfra] extra): "
+                                    f"{len(_SKIPPED_FOR_TFRA)} tests marked `tfra` were skipped")
+    if _SKIPPED_FOR_KERAS2:
+        terminalreporter.write_line(f"tf_fusedrec: tf.keras is Keras 3 here: {len(_SKIPPED_FOR_KERAS2)} tests marked "
+                                    f"`keras2` were skipped")
 
 
 def _shares_module_state(item, path):
@@ -355,7 +389,19 @@ def pytest_collection_modifyitems(config, items):
     long group alone at the end (modules sort alphabetically, which put tests/serve/test_export.py and
     tests/train/test_steps_per_call.py last)."""
     weight = {}
+    no_tfra = pytest.mark.skip(reason="needs the [tfra] extra (TFRA, Keras 2), not installed in this environment")
+    no_keras2 = pytest.mark.skip(reason="needs Keras 2 (tf_keras); tf.keras is Keras 3 here")
+    keras3 = _keras3()
     for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and any(part in TFRA_PARAMETERS for part in callspec.id.split("-")):
+            item.add_marker(pytest.mark.tfra)
+        if not TFRA_INSTALLED and item.get_closest_marker("tfra"):
+            item.add_marker(no_tfra)
+            _SKIPPED_FOR_TFRA.append(item.nodeid)
+        elif keras3 and item.get_closest_marker("keras2"):
+            item.add_marker(no_keras2)
+            _SKIPPED_FOR_KERAS2.append(item.nodeid)
         path = Path(str(item.fspath)).resolve().relative_to(_ROOT).as_posix()
         weight[item.nodeid] = 0 if _under(path, _MULTIWORKER) else 1 if _under(path, _SLOW) else 2
         if _under(path, _SLOW):

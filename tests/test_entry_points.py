@@ -53,9 +53,11 @@ def test_command_line_help_loads_no_framework(module):
 
 
 def test_public_names_load_tensorflow_on_first_access():
+    """Names load TensorFlow on first use, and the package never chooses the process's Keras: with
+    TF_USE_LEGACY_KERAS unset, tf.keras is Keras 3 after the package built a layer, and the variable stays unset."""
     code = """
 import json, os, sys
-os.environ.pop("TF_USE_LEGACY_KERAS", None)  # the package selects Keras 2 itself
+os.environ.pop("TF_USE_LEGACY_KERAS", None)
 import tf_fusedrec as fr
 before = "tensorflow" in sys.modules or "tf_fusedrec.layers" in sys.modules
 layer = fr.FusedEmbedding([fr.Feature("a", dim=4), fr.Feature("b", dim=4)], name="sparse")
@@ -63,17 +65,58 @@ import tensorflow as tf
 names = {n: getattr(fr, n) is not None for n in fr.__all__}
 print(json.dumps({"before": before,
                   "keras": tf.keras.layers.Dense.__module__, "legacy": os.environ.get("TF_USE_LEGACY_KERAS"),
+                  "tfra": "tensorflow_recommenders_addons" in sys.modules, "backend": layer.table_backend,
                   "groups": len(layer.groups), "names": names, "make_optimizer": callable(fr.train.make_optimizer),
                   "export_model": callable(fr.export.export_model)}))
 """
     result, output = python(code)
     assert not result["before"], "`import tf_fusedrec` imported TensorFlow or the layers before any name was used"
-    assert result["legacy"] == "1" and result["keras"].startswith("tf_keras"), result
+    assert result["legacy"] is None and result["keras"].startswith("keras"), result
+    assert not result["tfra"] and result["backend"] == "native", result
     assert result["groups"] == 1 and result["make_optimizer"] and result["export_model"], result
     assert all(result["names"].values()) and len(result["names"]) >= 12, result["names"]
-    # TensorFlow's start-up lines that the package drops (TFRA's print included).
-    for line in ("Unable to register cuDNN factory", "_SingleDeviceSaver removed"):
-        assert line not in output, output
+    # TensorFlow's start-up lines that the package drops.
+    assert "Unable to register cuDNN factory" not in output, output
+
+
+def test_without_tfra_its_names_say_how_to_get_it():
+    """TFRA absent (hidden here, so the test runs in both lanes): the core works, and what needs TFRA raises an
+    ImportError naming the [tfra] extra."""
+    code = """
+import json, sys
+sys.modules["tensorflow_recommenders_addons"] = None  # as if not installed
+import tf_fusedrec as fr
+layer = fr.FusedEmbedding([fr.Feature("a", dim=4)], name="core")
+errors = {}
+for what, make in (("per_feature", lambda: fr.PerFeatureEmbedding([fr.Feature("a", dim=4)], name="pf")),
+                   ("tfra_backend", lambda: fr.FusedEmbedding([fr.Feature("a", dim=4)], table_backend="tfra",
+                                                              name="t"))):
+    try:
+        make()
+        errors[what] = None
+    except ImportError as e:
+        errors[what] = str(e)
+print(json.dumps({"backend": layer.table_backend, "errors": errors}))
+"""
+    result, _ = python(code)
+    assert result["backend"] == "native", result
+    for what, message in result["errors"].items():
+        assert message is not None and "tf_fusedrec[tfra]" in message, (what, message)
+
+
+def test_tfra_under_keras3_is_refused_naming_the_fix():
+    code = """
+import json, os
+os.environ.pop("TF_USE_LEGACY_KERAS", None)
+import tf_fusedrec as fr
+try:
+    fr.FusedEmbedding([fr.Feature("a", dim=4)], table_backend="tfra", name="t")
+    print(json.dumps(None))
+except ImportError as e:
+    print(json.dumps(str(e)))
+"""
+    message, _ = python(code)
+    assert message is not None and ("TF_USE_LEGACY_KERAS=1" in message or "not installed" in message), message
 
 
 def test_sequence_sources_import_without_the_experiment_schema():
@@ -83,29 +126,39 @@ def test_sequence_sources_import_without_the_experiment_schema():
 
 
 @pytest.mark.parametrize("module", ["tf_fusedrec.layers", "tf_fusedrec.train"])
-def test_tfra_is_imported_without_keras3_and_keras3_stays_importable(module):
+def test_the_core_imports_no_tfra(module):
+    loaded, _ = python(f"import importlib, json, sys\nimportlib.import_module({module!r})\n"
+                       f"print(json.dumps('tensorflow_recommenders_addons' in sys.modules))")
+    assert loaded is False, f"importing {module} imported TFRA"
+
+
+@pytest.mark.tfra
+def test_tfra_is_imported_without_keras3_and_keras3_stays_importable():
     """TFRA's optional `import keras` (Keras 3: its VarianceScaling and SavedModel patches, unused with Keras 2) is
-    kept out while the package imports TFRA, by the package's modules reached directly too; afterwards `import keras`
-    gets Keras 3 as usual."""
-    code = f"""
-import importlib, json, sys
-importlib.import_module({module!r})
-during = {{m: m in sys.modules for m in ("tensorflow_recommenders_addons.dynamic_embedding", "keras", "matplotlib")}}
+    kept out while the package imports TFRA; afterwards `import keras` gets Keras 3 as usual."""
+    code = """
+import json, os, sys
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+from tf_fusedrec import _frameworks
+_frameworks.tfra()
+during = {m: m in sys.modules for m in ("tensorflow_recommenders_addons.dynamic_embedding", "keras", "matplotlib")}
 import keras
-print(json.dumps({{"during": during, "keras": keras.__version__.split(".")[0]}}))
+print(json.dumps({"during": during, "keras": keras.__version__.split(".")[0]}))
 """
     result, _ = python(code)
     assert result == {"during": {"tensorflow_recommenders_addons.dynamic_embedding": True, "keras": False,
                                  "matplotlib": False}, "keras": "3"}, result
 
 
+@pytest.mark.tfra
 def test_keras3_imported_first_is_left_to_tfra():
     """A process that imported Keras 3 before the package keeps it, and TFRA sees it (its initializer patch)."""
     code = """
-import json, sys
+import json, os, sys
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
 import keras
-import tf_fusedrec as fr
-fr.FusedEmbedding  # loads TensorFlow and TFRA
+from tf_fusedrec import _frameworks
+_frameworks.tfra()
 from tensorflow_recommenders_addons.dynamic_embedding.python.ops import tf_patch
 print(json.dumps({"same": sys.modules["keras"] is keras, "tfra_saw_keras3": tf_patch.kinit_K is not None}))
 """

@@ -1,13 +1,13 @@
-"""tf_fusedrec: fused, lossless embedding communication for TFRA + Horovod recommendation training.
+"""tf_fusedrec: fused, lossless embedding communication for recommendation training on TensorFlow + Horovod.
 
     import tf_fusedrec as fr
     emb = fr.FusedEmbedding([fr.Feature("user_id", dim=16), fr.Feature("tags", dim=8, combiner="mean")])
 
 Importing the package loads nothing heavy, like horovod's root: each public name (below, `__all__`) loads TensorFlow
-and TFRA (quietly, with Keras 2 selected: tf_fusedrec/_frameworks.py) and its own module on first access (PEP 562),
-so tools that never touch them (the serving load generator, embedding servers and client, the cluster launcher and
-its cost model) start without TensorFlow. The import itself sets TF_USE_LEGACY_KERAS=1 (unless set), so TensorFlow
-imported afterwards, by the package or by the caller, gives TFRA the Keras 2 it needs.
+(quietly: tf_fusedrec/_frameworks.py) and its own module on first access (PEP 562), so tools that never touch them
+(the serving load generator, embedding servers and client, the cluster launcher and its cost model) start without
+TensorFlow. The package works with the Keras that `tf.keras` is in the caller's process (Keras 3, or Keras 2 where the
+caller set TF_USE_LEGACY_KERAS=1) and never changes it; TFRA (the `[tfra]` extra) is imported only by what uses it.
 """
 
 import importlib as _importlib
@@ -15,11 +15,11 @@ import importlib.util as _importlib_util
 
 from tf_fusedrec import _frameworks
 
-_frameworks.select_keras2()
+_frameworks.quiet_start()
 
 __version__ = "0.1.0"
 
-# Public name -> the module that defines it; each loads on first access, after TensorFlow and TFRA.
+# Public name -> the module that defines it; each loads on first access, after TensorFlow.
 _NAMES = {
     "Admission": "tf_fusedrec.distributed.admission",
     "Eviction": "tf_fusedrec.distributed.eviction",

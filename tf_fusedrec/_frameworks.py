@@ -1,42 +1,70 @@
-"""TensorFlow and TFRA, imported the way tf_fusedrec imports them: Keras 2 selected first, their harmless start-up
-chatter dropped.
+"""TensorFlow, Keras and TFRA, imported the way tf_fusedrec imports them: quietly, and never choosing a Keras for the
+user.
 
 The package root imports this module and nothing heavier (it uses only the standard library), so that tools which
 never touch TensorFlow (the serving load generator and embedding servers, the cluster launcher and its cost model)
 start without it. What needs TensorFlow calls `import_tensorflow()` before its first TensorFlow import: the root's
 lazy names (`fr.FusedEmbedding`, `fr.train`, ...), and the packages behind the command lines that import TensorFlow
 themselves (tf_fusedrec.train and tf_fusedrec.bench in their __init__, which `python -m` runs first; the export
-CLI and fr.export.export_model). A submodule imported directly (`from tf_fusedrec.layers import ...`) imports
-TensorFlow itself, with Keras 2 selected by the package root's import but without the dropping.
+CLI and fr.export.export_model).
+
+Which Keras: the one `tf.keras` resolves to in the user's process. TensorFlow >= 2.16 gives Keras 3 unless
+TF_USE_LEGACY_KERAS=1 was set before TensorFlow was imported, which gives Keras 2 (the tf-keras package). tf_fusedrec
+works under either and never sets that variable. TFRA (the `[tfra]` extra: the per-feature baseline and
+`table_backend="tfra"`) needs Keras 2: `tfra()` says how to get both when either is missing.
 """
 
 import os
 import sys
 
+TFRA_EXTRA_HINT = ("install the extra with `pip install 'tf_fusedrec[tfra]'` (TensorFlow 2.16.2, tf-keras 2.16, "
+                   "tensorflow-recommenders-addons 0.8.1) and set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported")
 
-def select_keras2():
-    """Sets TF_USE_LEGACY_KERAS=1 unless set: TFRA's Keras layers need Keras 2 (tf-keras). TensorFlow reads it when
-    `tf.keras` is first resolved, so it must be set before that (and, to be safe, before TensorFlow is imported).
-    Unless TensorFlow is already imported, also TF_CPP_MIN_LOG_LEVEL=2 unless set: no INFO or WARNING lines of
-    TensorFlow's C++ start-up (TensorRT absent, CPU instructions)."""
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+def quiet_start():
+    """Unless TensorFlow is already imported, TF_CPP_MIN_LOG_LEVEL=2 unless set: no INFO or WARNING lines of
+    TensorFlow's C++ start-up (TensorRT absent, CPU instructions). Nothing else about the process is changed."""
     if "tensorflow" not in sys.modules:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def import_tensorflow():
-    """Imports TensorFlow and TFRA's dynamic_embedding (once; later calls return at once); returns `tensorflow`."""
-    select_keras2()
+    """Imports TensorFlow (once; later calls return at once) without its harmless start-up chatter; returns
+    `tensorflow`. Does not import TFRA: `tfra()` does, for the code that needs it."""
+    quiet_start()
     _import_tensorflow_quietly()
-    _import_tfra_quietly()
     return sys.modules["tensorflow"]
 
 
+def keras_is_legacy():
+    """True when `tf.keras` is Keras 2 (tf-keras, TF_USE_LEGACY_KERAS=1), False when it is Keras 3."""
+    return import_tensorflow().keras.layers.Layer.__module__.startswith("tf_keras")
+
+
+def tfra_available():
+    """Whether TFRA can be used in this process: installed, and `tf.keras` is Keras 2 (what TFRA needs)."""
+    import importlib.util  # noqa: PLC0415
+
+    return importlib.util.find_spec("tensorflow_recommenders_addons") is not None and keras_is_legacy()
+
+
 def tfra():
-    """TFRA's `dynamic_embedding` module, imported as import_tensorflow() imports it. The package's modules that use
-    TFRA take it from here rather than importing it themselves, so that a process reaching them directly (a script
-    doing `from tf_fusedrec.layers import ...`) also imports TFRA without Keras 3 (see _import_tfra_quietly)."""
+    """TFRA's `dynamic_embedding` module, imported quietly. The package's modules that use TFRA (the tfra table
+    backend, PerFeatureEmbedding, the TFRA comparisons of the bench) take it from here, at the point of use.
+
+    Raises:
+      ImportError: TFRA is not installed, or `tf.keras` is Keras 3 in this process; the message says what to do.
+    """
     import_tensorflow()
+    import importlib.util  # noqa: PLC0415
+
+    if importlib.util.find_spec("tensorflow_recommenders_addons") is None:
+        raise ImportError(f"this needs TensorFlow Recommenders Addons (TFRA), which is not installed: "
+                          f"{TFRA_EXTRA_HINT}. The rest of tf_fusedrec (native tables, the default) needs no TFRA.")
+    if not keras_is_legacy():
+        raise ImportError(f"TFRA needs Keras 2, but tf.keras is Keras 3 in this process (TF_USE_LEGACY_KERAS is "
+                          f"{os.environ.get('TF_USE_LEGACY_KERAS')!r}): {TFRA_EXTRA_HINT}")
+    _import_tfra_quietly()
     return sys.modules["tensorflow_recommenders_addons.dynamic_embedding"]
 
 
@@ -106,3 +134,21 @@ def _import_tfra_quietly():
                 if line.strip() != "_SingleDeviceSaver removed after tf version 2.15"]
         if rest:
             print("\n".join(rest))
+
+
+def tfra_loaded():
+    """Whether TFRA's dynamic_embedding is already imported (by a TFRA table or layer): code that only needs to
+    recognise TFRA's objects asks this first, and never imports TFRA for it."""
+    return "tensorflow_recommenders_addons.dynamic_embedding" in sys.modules
+
+
+class _LazyTFRA:
+    """TFRA's dynamic_embedding, imported by tfra() on the first attribute read: modules that use TFRA in some of
+    their code paths bind `de = _frameworks.de` at import, and a process that never takes those paths never imports
+    (or needs) TFRA."""
+
+    def __getattr__(self, name):
+        return getattr(tfra(), name)
+
+
+de = _LazyTFRA()

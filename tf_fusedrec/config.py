@@ -16,7 +16,7 @@ from tf_fusedrec.sequence_config import SequenceConfig  # data.sequences (its ow
 
 COMBINERS = (None, "sum", "mean", "sqrtn")
 KEY_DTYPES = (tf.int32, tf.int64)
-OPTIMIZER_NAMES = ("sgd", "adagrad", "adam", "ftrl", "rmsprop")
+OPTIMIZER_NAMES = ("sgd", "adagrad", "adam", "adamw", "ftrl", "rmsprop")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,21 +30,13 @@ class OptimizerSpec:
     name: str
     config: Tuple[Tuple[str, Any], ...] = ()
 
-    def build(self):
-        """A fresh Keras 2 optimizer of this spec (one per group: optimizer state is per table).
+    def build(self, for_tfra=False):
+        """A fresh Keras optimizer of this spec (one per group: optimizer state is per table), of the Keras the
+        process runs: Keras 3's class, or under Keras 2 (tf_keras) the legacy (OptimizerV2) one, which TFRA's tables
+        need (tf_fusedrec/_keras.py). for_tfra: refuse an optimizer TFRA cannot wrap (AdamW)."""
+        from tf_fusedrec import _keras  # noqa: PLC0415
 
-        The legacy (OptimizerV2) classes: they run in eager, tf.function and tf.compat.v1 graphs alike, which the
-        new Keras optimizers do not with TFRA's TrainableWrappers.
-        """
-        legacy = tf.keras.optimizers.legacy
-        classes = {
-            "sgd": legacy.SGD,
-            "adagrad": legacy.Adagrad,
-            "adam": legacy.Adam,
-            "ftrl": legacy.Ftrl,
-            "rmsprop": legacy.RMSprop,
-        }
-        return classes[self.name](**dict(self.config))
+        return _keras.build_optimizer(self.name, dict(self.config), for_tfra=for_tfra)
 
     def __str__(self):
         if not self.config:
@@ -56,6 +48,8 @@ def optimizer_spec(optimizer, what="optimizer"):
     """Canonical OptimizerSpec from a name, a dict with "name", or an OptimizerSpec; ValueError naming `what`."""
     if isinstance(optimizer, OptimizerSpec):
         return optimizer
+    if _is_keras_optimizer(optimizer):
+        return _spec_of_keras_optimizer(optimizer, what)
     if isinstance(optimizer, str):
         name, config = optimizer, {}
     elif isinstance(optimizer, dict) and "name" in optimizer:
@@ -70,6 +64,51 @@ def optimizer_spec(optimizer, what="optimizer"):
     if name not in OPTIMIZER_NAMES:
         raise ValueError(f"{what}: unknown optimizer {name!r}; expected one of {OPTIMIZER_NAMES}")
     return OptimizerSpec(name, tuple(sorted(config.items())))
+
+
+def _is_keras_optimizer(obj):
+    from tf_fusedrec import _keras  # noqa: PLC0415
+
+    return _keras.is_optimizer(obj)
+
+
+def _spec_of_keras_optimizer(optimizer, what):
+    """The OptimizerSpec of a Keras optimizer instance (FusedEmbedding(optimizer=keras.optimizers.Adagrad(0.05))): its
+    class and the hyperparameters its class takes; each table gets a fresh optimizer of that spec (the instance's
+    state is not shared). ValueError naming `what` for settings a table's update does not implement (gradient
+    clipping, EMA, ...) or a learning-rate schedule."""
+
+    names = {cls.lower(): name for name, cls in _optimizer_classes().items()}
+    name = names.get(type(optimizer).__name__.lower())
+    if name is None:
+        raise ValueError(f"{what}: Keras optimizer {type(optimizer).__name__} has no tf_fusedrec table update; "
+                         f"expected one of {sorted(names.values())}")
+    from tf_fusedrec.ops.native_table_ops import HYPERPARAMETERS  # noqa: PLC0415  (the op wrappers import config)
+
+    config = optimizer.get_config()
+    own = {"learning_rate", *HYPERPARAMETERS[name]}
+    for key in sorted(_REFUSED_OPTIMIZER_SETTINGS - own):
+        if config.get(key) not in (None, False, 0, 0.0):
+            raise ValueError(f"{what}: {type(optimizer).__name__}({key}={config[key]!r}) is not implemented for "
+                             f"embedding tables; leave {key} unset")
+    spec = {key: config[key] for key in sorted(own) if key in config}
+    spec = {k: v.item() if hasattr(v, "item") and not isinstance(v, dict) else v for k, v in spec.items()}
+    if not isinstance(spec.get("learning_rate", 0.0), (int, float)):
+        raise ValueError(f"{what}: a learning-rate schedule in a Keras optimizer given for embedding tables is not "
+                         f"supported; give a float learning_rate (the dense optimizer of make_optimizer may use one)")
+    return OptimizerSpec(name, tuple(sorted(spec.items())))
+
+
+# Settings of a Keras optimizer that a table's update does not implement: refused unless unset (None, False or 0).
+# Other generic settings (jit_compile, the EMA's momentum and frequency without use_ema) change nothing for a table.
+_REFUSED_OPTIMIZER_SETTINGS = {"clipnorm", "clipvalue", "global_clipnorm", "use_ema", "gradient_accumulation_steps",
+                               "loss_scale_factor", "decay", "weight_decay", "amsgrad"}
+
+
+def _optimizer_classes():
+    from tf_fusedrec import _keras  # noqa: PLC0415
+
+    return _keras.OPTIMIZER_CLASSES
 
 
 def default_initializer():

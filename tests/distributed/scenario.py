@@ -206,7 +206,11 @@ def main():
 
 
 def run_one(rank, size, layer, optimizer, steps, mode, autograph, out, name):
-    optimizer = {"name": optimizer, "learning_rate": 0.1}
+    # A few named variants with hyperparameters (tests/distributed/test_native_workers.py), else the plain optimizer.
+    variants = {"momentum": {"name": "sgd", "momentum": 0.9, "nesterov": True},
+                "rmsprop": {"name": "rmsprop", "momentum": 0.5, "centered": True},
+                "ftrl": {"name": "ftrl", "l1_regularization_strength": 0.01, "l2_regularization_strength": 0.01}}
+    optimizer = {"learning_rate": 0.1, **variants.get(optimizer, {"name": optimizer})}
     features = make_features(optimizer, max_id_bits=20 if layer == "fused_packed" else None)
     layer_cls = fr.PerFeatureEmbedding if layer == "per_feature" else fr.FusedEmbedding
     # fp16s: float16 rows rounded stochastically (tf_fusedrec/distributed/rounding.py).

@@ -92,8 +92,10 @@ def test_optimizer_spec_canonical_form():
     assert cfg.optimizer_spec(a) is a
     with pytest.raises(ValueError, match="unknown optimizer"):
         cfg.optimizer_spec("nadamw")
-    with pytest.raises(ValueError):
-        cfg.optimizer_spec(tf.keras.optimizers.SGD())
+    # A Keras optimizer instance stands for its class and hyperparameters (tests/layers/test_keras_training.py).
+    assert cfg.optimizer_spec(tf.keras.optimizers.SGD(0.25)).name == "sgd"
+    with pytest.raises(ValueError, match="has no tf_fusedrec table update"):
+        cfg.optimizer_spec(tf.keras.optimizers.Adamax())
 
 
 def test_optimizer_spec_build():

@@ -89,8 +89,10 @@ class Simulation:
 
 def make_layer(policy, storage="float32", capacity=5, interval=2, name="ev"):
     features = [fr.Feature("a", dim=4, max_id_bits=8, optimizer={"name": "adagrad", "learning_rate": 0.3})]
+    # The TFRA backend's tables: these tests read its status table and optimizer slots directly (the native
+    # backend evicts the same rows: test_native_backend.py, test_native_eviction_evicts_like_tfra).
     layer = fr.FusedEmbedding(features, eviction=fr.Eviction(capacity=capacity, policy=policy, interval=interval),
-                              storage=storage, name=name)
+                              storage=storage, table_backend="tfra", name=name)
     optimizer = fr.train.make_optimizer(layer, default="sgd")
 
     def step(ids):
@@ -117,6 +119,7 @@ def held_ids(layer, optimizer):
 @pytest.mark.parametrize("policy, storage, mode", [
     ("lfu", "float32", "function"), ("lru", "float32", "function"), ("lfu", "float16", "function"),
     ("lru", "float32", "eager")])
+@pytest.mark.tfra
 def test_training_keeps_what_the_simulation_keeps(policy, storage, mode):
     layer, optimizer, step = make_layer(policy, storage)
     step = tf.function(step) if mode == "function" else step
@@ -133,6 +136,7 @@ def test_training_keeps_what_the_simulation_keeps(policy, storage, mode):
     assert stats[group]["capacity"] == 5 and stats[group]["evicted"] > 0 and stats[group]["rows"] == len(sim.held)
 
 
+@pytest.mark.tfra
 def test_one_step_over_capacity_keeps_its_rows():
     layer, optimizer, step = make_layer("lru", capacity=2, interval=1)
     step(tf.constant([1, 2, 3, 4, 5], tf.int64))
@@ -141,6 +145,7 @@ def test_one_step_over_capacity_keeps_its_rows():
     assert held_ids(layer, optimizer) == {6, 5}  # 5 was read in step 1 like the others: the larger key stays
 
 
+@pytest.mark.tfra
 def test_evicted_id_comes_back_as_new():
     layer, optimizer, step = make_layer("lru", capacity=1, interval=1, name="back")
     fresh, fresh_optimizer, fresh_step = make_layer("lru", capacity=100, interval=1, name="fresh")
@@ -385,5 +390,4 @@ def test_capacity_of_unknown_or_conflicting_features():
     with pytest.raises(ValueError, match="eviction must be None or fr.Eviction"):
         fr.FusedEmbedding(features, eviction=5, name="e3")
     layer = fr.FusedEmbedding(features, eviction=fr.Eviction(capacity={"a": 3}), name="e4")
-    assert layer.tables[0].status is not None
     assert layer.access_tables() == layer.tables  # what checkpoints save the status of

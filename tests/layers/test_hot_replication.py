@@ -124,6 +124,7 @@ def test_unified_keys_equal_category_unique(encoding):
 
 # --- equality with the plain layer --------------------------------------------------------------------------------
 
+@pytest.mark.tfra
 @pytest.mark.parametrize("optimizer, packed, mode", [("sgd", True, "function"), ("adagrad", False, "function"),
                                                      ("adam", True, "function"), ("adam", False, "eager")])
 def test_replicated_layer_trains_like_the_plain_one(optimizer, packed, mode):
@@ -153,6 +154,7 @@ def test_replicated_layer_trains_like_the_plain_one(optimizer, packed, mode):
         np.testing.assert_allclose(g, w, rtol=RTOL, atol=ATOL, err_msg=f"inference {k}")
 
 
+@pytest.mark.tfra
 def test_hot_hits_count_the_ids_of_hot_pairs():
     t = Trainer("sgd", fr.HotReplication(rows=4))
     rl.choose_hot_set(t.layer, [batch(s) for s in range(3)])
@@ -244,6 +246,7 @@ def test_merge_counts_on_one_worker_sorts_by_count_then_key():
 
 # --- re-peek ------------------------------------------------------------------------------------------------------
 
+@pytest.mark.tfra
 @pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
 def test_move_hot_set_keeps_every_row_and_slot_and_training_goes_on(optimizer):
     plain = Trainer(optimizer)
@@ -268,6 +271,7 @@ def test_move_hot_set_keeps_every_row_and_slot_and_training_goes_on(optimizer):
 
 # --- checkpoints --------------------------------------------------------------------------------------------------
 
+@pytest.mark.tfra
 def test_checkpoint_holds_the_hot_set_and_both_tables(tmp_path):
     comm = SingleProcessComm()
 

@@ -10,6 +10,8 @@ import tensorflow as tf
 import tf_fusedrec as fr
 from tests.layers import reference as ref
 from tests.layers.test_fused_embedding import (  # noqa: F401  (fixtures)
+
+pytestmark = pytest.mark.tfra  # PerFeatureEmbedding is TFRA's layer, one per feature
     UNUSUAL_NAMES,
     check_outputs,
     inputs_of,

@@ -26,6 +26,7 @@ def test_the_layers_are_embedding_layers(make):
     assert len(layer.optimizer_groups()) >= 1
 
 
+@pytest.mark.tfra
 def test_defaults_of_a_layer_without_the_optional_features():
     layer = fr.PerFeatureEmbedding(FEATURES, name="plain")
     assert layer.replicated_tables() == [] and layer.replicated_variables() == []

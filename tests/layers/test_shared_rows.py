@@ -185,6 +185,7 @@ CASES = [  # (table_backend, mode, encoding, replication)
 ]
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("backend, mode, encoding, replication", CASES,
                          ids=["-".join(str(x) for x in c if x is not None) for c in CASES])
 def test_fused_equals_the_unfused_model(backend, mode, encoding, replication):
@@ -247,6 +248,7 @@ def test_fused_equals_the_unfused_model(backend, mode, encoding, replication):
         assert sum(stats[n]["hot_hits"] for n in group.feature_names) > 0
 
 
+@pytest.mark.keras2
 def test_float16_storage_keeps_one_row_for_both_features():
     """storage="float16": the shared rows are stored float16 values, the reference's to float16 rounding."""
     features = make_features()
@@ -328,6 +330,7 @@ def local_slice(inputs, weights, rank, size):
     return {n: x[lo:hi] for n, x in inputs.items()}, local_weights
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("backend, encoding", [("tfra", "hashed"), ("native", "packed")])
 def test_two_workers_equal_the_unfused_model(backend, encoding):
     """Two workers (threads over a ThreadHub, each with its half of every batch) train the rows one unfused model

@@ -185,12 +185,12 @@ def test_rounding_argument():
         fr.FusedEmbedding([fr.Feature("a", dim=4)], storage="float16", rounding="up", name="bad_rounding")
     layer = fr.FusedEmbedding([fr.Feature("a", dim=4)], storage="float16", rounding="stochastic", name="sr_cfg")
     assert layer.get_config()["rounding"] == "stochastic"
-    assert isinstance(layer.tables[0].rounding, rounding.StochasticRounding)
+    assert layer.tables[0].resource.rounding == "stochastic"
     with tf.compat.v1.variable_scope("clone"):
         assert fr.FusedEmbedding.from_config(layer.get_config()).rounding == "stochastic"
     # float32 rows are never rounded: the argument is accepted (a config's default) and changes nothing.
     plain = fr.FusedEmbedding([fr.Feature("a", dim=4)], rounding="stochastic", name="sr_plain")
-    assert plain.tables[0].rounding.name == "nearest"
+    assert plain.tables[0].resource.rounding == "nearest"
     with pytest.raises(ValueError, match="table t: rounding stochastic needs storage float16"):
         EmbeddingTable("t", 4, initializers.Hashed(), [0], storage="float32", rounding="stochastic")
 

@@ -786,6 +786,7 @@ def test_error_bad_config_and_part(fro):
 # The benchmark harness (tiny sizes; asserts what it writes, never its speed)
 # ----------------------------------------------------------------------------------------------------------------
 
+@pytest.mark.tfra
 def test_bench_harness_writes_three_entries(tmp_path):
     cmd = [sys.executable, "-m", "tf_fusedrec.bench.table", "--out", str(tmp_path), "--dim", "4", "--batches", "3",
            "--batch-size", "300", "--prefill", "2000", "--vocab", "3000", "--warmup", "1", "--repeats", "2"]

@@ -406,6 +406,7 @@ def accumulation_batches():
     return batches
 
 
+@pytest.mark.tfra
 @pytest.mark.parametrize("optimizer,table_backend", [("sgd", "tfra"), ("adagrad", "tfra"), ("adagrad", "native")])
 def test_accumulator_eagerly_equals_one_step_on_the_union(optimizer, table_backend):
     """The union's reference step always runs on TFRA tables: the native accumulation is checked against them."""
@@ -439,6 +440,7 @@ def test_accumulator_eagerly_equals_one_step_on_the_union(optimizer, table_backe
         assert not np.allclose(rows.numpy(), initial.numpy())
 
 
+@pytest.mark.tfra
 def test_accumulator_errors_name_the_problem():
     layer, head, opt = accumulation_model("acc_errors")
     accumulator = balance.Accumulator([layer, head], opt, name="errors")

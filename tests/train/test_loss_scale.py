@@ -50,9 +50,7 @@ def state(model, optimizer):
     table = model.embedding.tables[0]
     keys, rows = (x.numpy() for x in table.params.export())
     order = np.argsort(keys)
-    opt = optimizer.sparse_optimizer_of(table.shadow)
-    slots = [opt.get_slot(table.shadow, n).params.lookup(tf.constant(keys[order])).numpy()
-             for n in sorted(opt.get_slot_names())]
+    slots = [slot.lookup(tf.constant(keys[order])).numpy() for _, slot in optimizer.slot_tables(table.trainable)]
     return [keys[order], rows[order], *slots] + [v.numpy() for v in model.dense.weights]
 
 

@@ -135,6 +135,7 @@ def test_a_built_model_is_traced_once(backend, dense):
     assert unbuilt.dense.built
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("default", [lambda: tf.keras.optimizers.SGD(0.1), lambda: tf.keras.optimizers.Adam(0.01)])
 def test_a_keras_optimizer_instance_as_default_trains_like_its_legacy_twin(default):
     """A (non-legacy) Keras optimizer passed as the dense default makes its variables at its first update (the

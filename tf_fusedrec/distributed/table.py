@@ -17,6 +17,7 @@ reads and writes the union as float32 (checkpoints, export, hot-set moves).
 """
 
 import collections
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -28,7 +29,7 @@ from tf_fusedrec.distributed import admission as admission_lib
 from tf_fusedrec.distributed import rounding as rounding_lib
 from tf_fusedrec.ops import indexing
 
-de = _frameworks.tfra()  # TFRA's dynamic_embedding, imported without Keras 3 (_frameworks.tfra)
+de = _frameworks.de  # TFRA's dynamic_embedding, imported on first use (_frameworks.tfra: an error saying how to get it)
 
 
 ShardedTable = collections.namedtuple("ShardedTable", ["name", "params", "trainable", "ids_of_keys", "counts"],
@@ -56,17 +57,36 @@ def packed_ids(num_categories):
     return lambda keys: np.bitwise_and(np.asarray(keys, np.int64), mask)
 
 
-def check_table_name(name, owner):
-    """TFRA's get_variable silently hands back an existing table of the same name: refuse instead, naming it.
+# Names of the native tables made under each default graph, whose variable store is the registry TFRA's tables are in:
+# native tables are not variables of that store, but their names must be as unique as TFRA's (checkpoints and exports
+# key tables by name). Keyed weakly by the graph, so clear_session() (a new graph, a new store) forgets them as it
+# forgets TFRA's.
+_NATIVE_TABLE_NAMES = weakref.WeakKeyDictionary()
+
+
+def scoped_table_name(name):
+    """The table name with the variable scope it is made in (what TFRA names its variables; a native table's rows are
+    named alike)."""
+    scope = variable_scope.get_variable_scope()
+    return f"{scope.name}/{name}" if scope.name else name
+
+
+def check_table_name(name, owner, register=False):
+    """Refuses a table name already taken in this process, naming it (TFRA's get_variable would silently hand back
+    the existing table); `register`: takes the name for a native table.
 
     Table names derive from the layer's name (and the group's), so two layers of one name in one model (or process,
-    until tf.keras.backend.clear_session()) would share rows. Every worker builds the same names."""
-    scope = variable_scope.get_variable_scope()
-    full_name = f"{scope.name}/{name}" if scope.name else name
-    if full_name in variable_scope._get_default_variable_store()._vars:  # noqa: SLF001  (TFRA's own registry)
+    until tf.keras.backend.clear_session()) would share rows (TFRA) or checkpoint files (native). Every worker builds
+    the same names."""
+    full_name = scoped_table_name(name)
+    store = variable_scope._get_default_variable_store()  # noqa: SLF001  (TFRA's own registry)
+    graph = tf.compat.v1.get_default_graph()
+    if full_name in store._vars or full_name in _NATIVE_TABLE_NAMES.get(graph, ()):  # noqa: SLF001
         raise ValueError(f"{owner}: an embedding table named '{full_name}' already exists in this process; give "
                          f"each embedding layer a distinct name (or build them in distinct "
                          f"tf.compat.v1.variable_scope's, or call tf.keras.backend.clear_session() between models)")
+    if register:
+        _NATIVE_TABLE_NAMES.setdefault(graph, set()).add(full_name)
     return name
 
 

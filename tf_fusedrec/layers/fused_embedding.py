@@ -69,10 +69,18 @@ class FusedEmbedding(EmbeddingLayer):
         (tf_fusedrec/distributed/admission.py). Sharded tables only.
       expiry: None or fr.Expiry(steps, interval): rows not updated for `steps` steps are removed with their slots,
         checked every `interval` updates. Sharded tables only.
-      table_backend: "tfra" (TFRA dynamic_embedding variables, TFRA's optimizers through ShadowVariables) or
-        "native" (tf_fusedrec's C++ table: one probe per key to read, initialising new keys in the same pass, and
-        one to apply the group's optimizer in place, slots beside the row; sgd, adagrad and adam, the Hashed or a
-        constant initializer; see tf_fusedrec/distributed/native_table.py). Both give the same training.
+      table_backend: "native" (the default: tf_fusedrec's C++ table: one probe per key to read, initialising new
+        keys in the same pass, and one to apply the group's optimizer in place, slots beside the row; see
+        tf_fusedrec/distributed/native_table.py) or "tfra" (TFRA dynamic_embedding variables, TFRA's optimizers
+        through ShadowVariables: the `[tfra]` extra, Keras 2 only). Both give the same training.
+
+    Training: with fr.train.make_optimizer(model) (custom loops, model.fit, the train app), each group's optimizer
+    updates its table when the GroupedOptimizer applies the step's gradients. With any other optimizer (a plain Keras
+    optimizer in model.compile or a custom loop), native tables train too: when that optimizer applies a step, each
+    table applies its group's optimizer (the feature spec's, else this layer's `optimizer`) to the rows' gradient of
+    the last backward pass (NativeEmbeddingTable.apply_pending); the Keras optimizer updates the dense weights. On
+    several workers, averaging the dense gradients is then the caller's (Horovod's DistributedGradientTape);
+    replication, eviction and expiry need make_optimizer.
 
     Call:
       inputs: dict feature name -> ids: [B], [B, L] (padding -1) or tf.RaggedTensor [B, None] of the feature's
@@ -85,8 +93,9 @@ class FusedEmbedding(EmbeddingLayer):
 
     def __init__(self, features, optimizer=_common.DEFAULT_OPTIMIZER, initializer=None, comm=None,
                  dedup="segment", fusion="deferred", replication=None, storage="float32", eviction=None,
-                 table_backend="tfra", admission=None, expiry=None, rounding="nearest", name=None, **kwargs):
+                 table_backend="native", admission=None, expiry=None, rounding="nearest", name=None, **kwargs):
         super().__init__(name=name, **kwargs)
+        self.supports_jit = False  # Keras 3's fit would otherwise compile the step with XLA: the ops have no XLA kernels
         self.features = _common.parse_features(features, self.name)
         if dedup not in DEDUP_MODES:
             raise ValueError(f"{self.name}: dedup must be one of {DEDUP_MODES}, got {dedup!r}")
@@ -135,6 +144,11 @@ class FusedEmbedding(EmbeddingLayer):
                 self.hot_tables.append(hot[1])
             self.group_lookups.append(
                 make_group_lookup(group, table, self.comm, self.collective_prefix(group), dedup, fusion, hot))
+        # Per native group, its update count in the updates a plain Keras optimizer triggers (not a Keras weight: a
+        # GroupedOptimizer, which the Checkpointer needs, keeps its own).
+        self._plain = _Untracked()
+        self._plain.counts = [_plain_optimizer_update(self, group, table)
+                                 for group, table in zip(self._groups, self.tables) if table.backend == "native"]
         self._injection = _common.Injection()  # a plain object: Keras must not track the injected tensors
         # Tracked by Keras as the layer's trainable weights (empty in a tf.compat.v1 graph, see EmbeddingTable).
         self._shadows = [t.trainable for t in self.tables + self.hot_tables if t.trainable is not None]
@@ -402,3 +416,34 @@ def _sum_counts(counts):
         return counts[0]
     total = tf.add_n(counts)
     return tf.where(counts[0] < 0, counts[0], total)
+
+
+def _plain_optimizer_update(layer, group, table):
+    """Sets `table.pending_update`: the update a native table applies when a plain Keras optimizer steps, while no
+    GroupedOptimizer claims it (FusedEmbedding's docstring, "Training"; NativeEmbeddingTable.apply_pending). The
+    group's optimizer (a fresh Keras optimizer of its spec) gives the learning rate; a step count kept here counts the
+    updates (Adam's bias correction, stochastic rounding). Embedding gradients are scaled by 1 / workers, as
+    GroupedOptimizer scales them (the embeddings all-to-all has summed them over the workers that asked for each
+    row). Returns the step count."""
+    from tf_fusedrec import _keras  # noqa: PLC0415
+
+    optimizer = _Untracked()
+    optimizer.value = group.spec.optimizer.build()
+    if tf.executing_eagerly():
+        _keras.current_learning_rate(optimizer.value)  # creates a legacy optimizer's hyperparameters now, not in a trace
+    count = tf.Variable(tf.constant(0, tf.int64), name=f"{table.name.replace('/', '_')}_updates", trainable=False)
+
+    def update(grad):
+        needs = [what for what, on in (("replication", layer.replication is not None),
+                                       ("eviction", layer.eviction is not None), ("expiry", layer.expiry is not None))
+                 if on]
+        if needs:
+            raise ValueError(f"{layer.name}: {', '.join(needs)} needs fr.train.make_optimizer(model) to train the "
+                             f"tables; a plain Keras optimizer trains the layer's tables only without them")
+        if layer.comm.size > 1:
+            grad = tf.IndexedSlices(grad.values * (1.0 / layer.comm.size), grad.indices, grad.dense_shape)
+        step = tf.identity(count.assign_add(1))
+        return table.apply_gradients(grad, _keras.current_learning_rate(optimizer.value), step)
+
+    table.pending_update = update
+    return count

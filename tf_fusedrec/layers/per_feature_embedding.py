@@ -5,6 +5,7 @@ owner and an embeddings all-to-all. Inputs, outputs, combiners, sharding (owner_
 as FusedEmbedding's, so the two can be compared number for number.
 """
 
+import functools
 import re
 
 import tensorflow as tf
@@ -19,8 +20,16 @@ from tf_fusedrec.layers import _common
 from tf_fusedrec.layers import _inputs
 from tf_fusedrec.layers.protocol import EmbeddingLayer, unconverted
 
-de = _frameworks.tfra()  # TFRA's dynamic_embedding, imported without Keras 3 (_frameworks.tfra)
-from tensorflow_recommenders_addons.dynamic_embedding.python.ops.shadow_embedding_ops import HvdVariable  # noqa: E402
+de = _frameworks.de  # TFRA's dynamic_embedding, imported on first use (_frameworks.tfra: an error saying how to get it)
+
+
+def _hvd_variable_class():
+    """TFRA's HvdVariable (imported when the first TFRA layer is built: the class is TFRA's, in the [tfra] extra)."""
+    _frameworks.tfra()
+    from tensorflow_recommenders_addons.dynamic_embedding.python.ops.shadow_embedding_ops import (  # noqa: PLC0415
+        HvdVariable)
+
+    return HvdVariable
 
 
 def scope_safe(name):
@@ -33,21 +42,26 @@ def owner_partition(keys, num_ranks):
     return ops.owner_of(tf.reshape(keys, [-1]), num_ranks) if num_ranks > 1 else tf.zeros_like(keys, tf.int32)
 
 
-class _HashedInitHvdVariable(HvdVariable):
-    """TFRA's HvdVariable with Hashed initial rows inserted on the owner, right after the keys all-to-all."""
+@functools.lru_cache(maxsize=None)
+def _hashed_init_hvd_variable_class():
+    """TFRA's HvdVariable with Hashed initial rows inserted on the owner, right after the keys all-to-all (a subclass
+    made on first use, since its base is TFRA's)."""
 
-    def __init__(self, rows_of_ids, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._rows_of_ids = rows_of_ids
+    class HashedInitHvdVariable(_hvd_variable_class()):
+        def __init__(self, rows_of_ids, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._rows_of_ids = rows_of_ids
 
-    def __relocate_dense_feature__(self, ids):
-        received, remote_sizes, indices = super().__relocate_dense_feature__(ids)
-        unique_ids, _ = tf.unique(received)
-        insert = insert_missing_rows(
-            self.shadow.params, unique_ids, lambda missing: self._rows_of_ids(tf.gather(unique_ids, missing))
-        )
-        with tf.control_dependencies([insert]):
-            return tf.identity(received), remote_sizes, indices
+        def __relocate_dense_feature__(self, ids):
+            received, remote_sizes, indices = super().__relocate_dense_feature__(ids)
+            unique_ids, _ = tf.unique(received)
+            insert = insert_missing_rows(
+                self.shadow.params, unique_ids, lambda missing: self._rows_of_ids(tf.gather(unique_ids, missing))
+            )
+            with tf.control_dependencies([insert]):
+                return tf.identity(received), remote_sizes, indices
+
+    return HashedInitHvdVariable
 
 
 class TFRACommAdapter:
@@ -92,7 +106,8 @@ def make_tfra_layer(name, dim, initializer, salt_key, comm):
     def rows_of_ids(ids):
         return initializer.rows(ids, tf.fill(tf.shape(ids), salt), dim)
 
-    layer.hvd_variable = _HashedInitHvdVariable(rows_of_ids, layer.name, layer.shadow, dim, mpi_size=comm.size)
+    layer.hvd_variable = _hashed_init_hvd_variable_class()(rows_of_ids, layer.name, layer.shadow, dim,
+                                                           mpi_size=comm.size)
     layer.hvd_variable.hvd = adapter
     return layer, rows_of_ids
 
@@ -210,7 +225,7 @@ class PerFeatureEmbedding(EmbeddingLayer):
             return read(ids)
         hvd_variable = layer.hvd_variable
         # The base class's relocation: ours would insert the new ids' initial rows.
-        received, remote_sizes, indices = HvdVariable.__relocate_dense_feature__(hvd_variable, ids)
+        received, remote_sizes, indices = _hvd_variable_class().__relocate_dense_feature__(hvd_variable, ids)
         unique_ids, index = tf.unique(received)
         rows, _ = hvd_variable.hvd.alltoall(tf.gather(read(unique_ids), index), splits=remote_sizes)
         shape = tf.concat([tf.shape(ids), [layer.embedding_size]], axis=0)

@@ -128,7 +128,8 @@ class HSTUBlock(tf.keras.layers.Layer):
     def build(self, input_shape):
         self.position_bias = None
         if self.position_buckets:
-            self.position_bias = self.add_weight("position_bias", [self.position_buckets, self.num_heads],
+            # Keywords: Keras 3's add_weight takes the shape first, tf_keras' the name.
+            self.position_bias = self.add_weight(name="position_bias", shape=[self.position_buckets, self.num_heads],
                                                  initializer="zeros")
         super().build(input_shape)
 

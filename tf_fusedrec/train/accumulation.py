@@ -13,7 +13,31 @@ from tf_fusedrec.distributed.table import check_table_name
 from tf_fusedrec.train.optimizer import embedding_layers, scale_gradient
 from tf_fusedrec.train.weighting import global_count
 
-de = _frameworks.tfra()  # TFRA's dynamic_embedding, imported without Keras 3 (_frameworks.tfra)
+de = _frameworks.de  # TFRA's dynamic_embedding, imported on first use (_frameworks.tfra: an error saying how to get it)
+
+
+class KeyedSums:
+    """Row sums keyed by int64 (a native table's accumulated gradients): a TensorFlow MutableHashTable of float32
+    [dim] rows, zeros where a key is missing; the subset of a TFRA variable's interface Accumulator uses (lookup,
+    upsert, export, clear). TensorFlow's own table, so accumulation needs no TFRA."""
+
+    def __init__(self, dim, name):
+        self.name = name
+        self._table = tf.lookup.experimental.MutableHashTable(
+            key_dtype=tf.int64, value_dtype=tf.float32, default_value=tf.zeros([dim], tf.float32),
+            name=name.replace("/", "_"))
+
+    def lookup(self, keys):
+        return self._table.lookup(keys)
+
+    def upsert(self, keys, rows):
+        return self._table.insert(keys, rows)
+
+    def export(self):
+        return self._table.export()
+
+    def clear(self):
+        return self._table.remove(self._table.export()[0])
 
 
 class Accumulator:
@@ -96,18 +120,14 @@ class Accumulator:
                 continue
             if id(v) in native:  # a native table's gradient carries its keys: sums keyed by them
                 table = native[id(v)]
-                table_name = check_table_name(f"{table.name}/{name}", f"Accumulator '{name}'")
-                with tf.name_scope("FusedRecAccumulator"):
-                    sums = de.get_variable(table_name, key_dtype=tf.int64, value_dtype=tf.float32, dim=table.dim,
-                                           initializer=0.0)
-                self._native[id(v)] = (v, sums)
-            elif isinstance(v, de.shadow_ops.ShadowVariable):
+                self._native[id(v)] = (v, KeyedSums(table.dim, f"{table.name}/{name}"))
+            elif _frameworks.tfra_loaded() and isinstance(v, de.shadow_ops.ShadowVariable):
                 table_name = check_table_name(f"{v.params.name}/{name}", f"Accumulator '{name}'")
                 with tf.name_scope("FusedRecAccumulator"):
                     sums = de.get_variable(table_name, key_dtype=v.params.key_dtype, value_dtype=v.params.value_dtype,
                                            dim=v.params.dim, initializer=0.0)
                 self._sparse[id(v)] = (v, sums)
-            elif isinstance(v, de.TrainableWrapper):
+            elif _frameworks.tfra_loaded() and isinstance(v, de.TrainableWrapper):
                 raise ValueError(f"Accumulator: '{v.name}' is a TrainableWrapper (a tf.compat.v1 graph lookup): "
                                  f"build the embedding layers eagerly so their tables have shadows")
             else:

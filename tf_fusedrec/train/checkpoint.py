@@ -69,9 +69,10 @@ import numpy as np
 import tensorflow as tf
 
 from tf_fusedrec import _frameworks
+from tf_fusedrec import _keras
 from tf_fusedrec.train.optimizer import embedding_layers
 
-de = _frameworks.tfra()  # TFRA's dynamic_embedding, imported without Keras 3 (_frameworks.tfra)
+de = _frameworks.de  # TFRA's dynamic_embedding, imported on first use (_frameworks.tfra: an error saying how to get it)
 
 FORMAT = 2  # 2: manifests name their kind and parent; format 1 (every checkpoint full) restores too
 MANIFEST = "manifest.json"
@@ -236,7 +237,8 @@ class Checkpointer:
         # Not dense: TFRA's trainable wrappers, and the per-step ids/exists buffers of its shadow variables (TFRA's
         # Keras layers track them as layer variables; their shape changes every step).
         self.dense_vars = [v for v in model.variables if id(v) not in sparse_ids
-                           and not isinstance(v, (de.TrainableWrapper, de.shadow_ops.DEResourceVariable))]
+                           and not (_frameworks.tfra_loaded()
+                                    and isinstance(v, (de.TrainableWrapper, de.shadow_ops.DEResourceVariable)))]
         self._trainable_dense = [v for v in model.trainable_variables if id(v) not in sparse_ids]
         self._slots_built = False
         # The checkpoint this process saved or restored last (a delta's parent), the full one its chain starts at,
@@ -267,9 +269,8 @@ class Checkpointer:
         state.append(("grouped/iterations", self.optimizer.iterations))
         for label, opt in opts:
             state.append((f"{label}/iterations", opt.iterations))
-        for i, v in enumerate(self._trainable_dense):
-            for name in sorted(self.optimizer.dense.get_slot_names()):
-                state.append((f"dense/var{i}/{name}", self.optimizer.dense.get_slot(v, name)))
+        state.extend((f"dense/{key}", slot) for key, slot in _keras.dense_slots(self.optimizer.dense,
+                                                                                 self._trainable_dense))
         state.append(("step", self.step))
         return state
 

@@ -23,10 +23,11 @@ so every worker applies the same update to its copy, and the one a sharded table
 import tensorflow as tf
 
 from tf_fusedrec import _frameworks
+from tf_fusedrec import _keras
 from tf_fusedrec import config as cfg
 from tf_fusedrec.layers.protocol import is_embedding_layer, unconverted
 
-de = _frameworks.tfra()  # TFRA's dynamic_embedding, imported without Keras 3 (_frameworks.tfra)
+de = _frameworks.de  # TFRA's dynamic_embedding, imported on first use (_frameworks.tfra: an error saying how to get it)
 
 
 def embedding_layers(model):
@@ -35,36 +36,78 @@ def embedding_layers(model):
         return [model]
     if isinstance(model, (list, tuple)):
         return [m for m in model if is_embedding_layer(m)]
-    return [m for m in model.submodules if is_embedding_layer(m)]
+    found, seen = [], set()
+    for layer in _layers_under(model):
+        if id(layer) not in seen:
+            seen.add(id(layer))
+            found.append(layer)
+    return found
+
+
+def _layers_under(obj):
+    """The embedding layers in obj: a Keras model or layer (either Keras: _flatten_layers, recursively, which finds
+    layers kept in lists and dicts too) or a tf.Module holding them. A Keras 3 layer is no tf.Module, so a tf.Module's
+    submodules do not reach it: its attributes are searched for Keras layers, then each of those."""
+    if is_embedding_layer(obj):
+        return [obj]
+    if hasattr(obj, "_flatten_layers"):
+        return [m for m in obj._flatten_layers(include_self=False, recursive=True) if is_embedding_layer(m)]
+    if isinstance(obj, tf.Module):
+        keras_like = obj._flatten(predicate=lambda m: is_embedding_layer(m) or hasattr(m, "_flatten_layers"))  # noqa: SLF001
+        return [layer for leaf in keras_like for layer in _layers_under(leaf)]
+    return []
 
 
 def _build(optimizer):
-    if isinstance(optimizer, (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer)):
+    if _keras.is_optimizer(optimizer):
         return optimizer
     return cfg.optimizer_spec(optimizer, "default optimizer").build()
+
+
+def _base_init(optimizer, name):
+    """Keras' own Optimizer.__init__ for GroupedOptimizer: Keras 3's takes a learning rate (unused here: every
+    update goes through the wrapped optimizers), tf_keras' does not."""
+    if _keras.legacy():
+        tf.keras.optimizers.Optimizer.__init__(optimizer, name=name)
+    else:
+        tf.keras.optimizers.Optimizer.__init__(optimizer, learning_rate=0.0, name=name)
 
 
 class GroupedOptimizer(tf.keras.optimizers.Optimizer):
     """Applies each group's optimizer to its table and the default optimizer to the dense variables.
 
     Use ``apply_gradients(zip(grads, vars))`` in a custom loop, ``minimize(loss, var_list, tape)``, or pass it to
-    ``model.compile(optimizer=...)`` for ``model.fit``. It is a Keras optimizer only so that Keras accepts it: all
-    state lives in the wrapped optimizers, and ``iterations`` counts calls of apply_gradients.
+    ``model.compile(optimizer=...)`` for ``model.fit``. It is a Keras optimizer (of the Keras the process runs: Keras 3,
+    or tf_keras) only so that Keras accepts it: all state lives in the wrapped optimizers, and ``iterations`` counts
+    calls of apply_gradients.
+
+    Each group's optimizer is a Keras optimizer built from its OptimizerSpec. A native table's update runs in place in
+    the table (NativeEmbeddingTable.apply_gradients) with that optimizer's current learning rate and step count, which
+    it advances once per step; a TFRA table's goes through TFRA's DynamicEmbeddingOptimizer around it (Keras 2 only).
     """
 
     def __init__(self, groups, default, comm, name="GroupedOptimizer", replicated=(), after_update=(), native=()):
-        super().__init__(name=name)
+        _base_init(self, name)
         self.comm = comm
         # Tables stored natively (FusedEmbedding(table_backend="native")), by their trainable handle: their update
         # runs in place in the table, with the group's optimizer's hyperparameters and step count.
         self._native = {str(id(t.trainable)): t for t in native}
+        for table in native:
+            table.claimed = True  # its gradient comes to this optimizer (NativeEmbeddingTable: no update in backward)
         # functions(this optimizer) -> op or None, run in order after every update (the layers' after_update).
         self._after_update = list(after_update)
         self._replicated = {str(id(v)) for v in replicated}
-        self.dense = de.DynamicEmbeddingOptimizer(_build(default))
+        tfra_tables = any(str(id(v)) not in self._native for _, variables in groups for v in variables)
+        dense = _build(default)
+        # With TFRA tables (Keras 2), every optimizer is wrapped in TFRA's DynamicEmbeddingOptimizer as before.
+        self.dense = de.DynamicEmbeddingOptimizer(dense) if tfra_tables else dense
         # Checkpointed: the optimizers (with their slots). Not checkpointed: which variable goes where, keyed by
         # id() as a string (a checkpoint cannot hold int keys) and rebuilt with the model.
-        self.sparse = [de.DynamicEmbeddingOptimizer(spec.build()) for spec, _ in groups]
+        self.sparse = []
+        for spec, variables in groups:
+            native_group = all(str(id(v)) in self._native for v in variables)
+            built = spec.build(for_tfra=not native_group)
+            self.sparse.append(built if native_group else de.DynamicEmbeddingOptimizer(built))
         self._var_index = {str(id(v)): i for i, (_, variables) in enumerate(groups) for v in variables}
 
     def sparse_optimizer_of(self, variable):
@@ -104,7 +147,10 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
         for index, pairs in sorted(per_optimizer.items()):
             native = [(g, self._native[str(id(v))]) for g, v in pairs if str(id(v)) in self._native]
             if native:  # the group's tables (sharded and hot) updated in place, then its step counted once
-                updates = [table.apply_gradients(grad, self.sparse[index]) for grad, table in native]
+                group = self.sparse[index]
+                rate = _keras.current_learning_rate(group)
+                count = tf.cast(group.iterations, tf.int64) + 1  # this update's 1-based number
+                updates = [table.apply_gradients(grad, rate, count) for grad, table in native]
                 with tf.control_dependencies([u for u in updates if u is not None]):
                     ops.append(self.sparse[index].iterations.assign_add(1))
             else:
@@ -144,6 +190,12 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
         for index, group in per_optimizer.items():
             _create_weights(self.dense if index is None else self.sparse[index], group)
 
+    def build(self, var_list):
+        """What Keras 3's fit calls before the first step with the model's trainable variables: builds the dense
+        optimizer's slots for the dense ones (the tables' optimizers need no build)."""
+        _create_weights(self.dense, [v for v in var_list if str(id(v)) not in self._var_index])
+        self.built = True
+
     @unconverted
     def minimize(self, loss, var_list, tape=None):
         if tape is None:
@@ -153,11 +205,13 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
 
 
 def _create_weights(optimizer, variables):
-    """A legacy (OptimizerV2) optimizer's step count, hyperparameters and the slots of `variables`, created now. A
-    Keras 3-style optimizer passed as the default is left to create its own at its first update (its build() takes
-    every variable at once)."""
+    """An optimizer's step count, hyperparameters and the slots of `variables`, created now: a legacy (OptimizerV2)
+    optimizer's for these variables; a Keras 3-style optimizer's build() takes every variable at once, so it is built
+    on the first non-empty call (GroupedOptimizer.build or create_slots with the dense variables)."""
     if hasattr(optimizer, "_create_all_weights"):
         optimizer._create_all_weights(variables)  # noqa: SLF001
+    elif variables and not getattr(optimizer, "built", True):
+        optimizer.build(list(variables))
 
 
 def scale_gradient(grad, factor):
