@@ -87,11 +87,9 @@ def slot_rows(optimizer, layer, feature, ids):
     group = layer.groups[group_index]
     segments = np.full(len(ids), group.feature_names.index(feature), np.int32)
     keys = fr.ops.category_unique(ids, segments, group.num_categories, group.encoding).unified_keys
-    sparse = optimizer.sparse[group_index]
-    shadow = layer.tables[group_index].shadow
     out = {}
-    for name in sparse.get_slot_names():
-        values, exists = sparse.get_slot(shadow, name).params.lookup(keys, return_exists=True)
+    for name, slot in optimizer.slot_tables(layer.tables[group_index].trainable):  # either backend's slots
+        values, exists = slot.lookup(keys, return_exists=True)
         out[name] = [v if e else None for v, e in zip(values.numpy(), exists.numpy())]
     return out
 

@@ -10,8 +10,6 @@ import tensorflow as tf
 import tf_fusedrec as fr
 from tests.layers import reference as ref
 from tests.layers.test_fused_embedding import (  # noqa: F401  (fixtures)
-
-pytestmark = pytest.mark.tfra  # PerFeatureEmbedding is TFRA's layer, one per feature
     UNUSUAL_NAMES,
     check_outputs,
     inputs_of,
@@ -23,6 +21,8 @@ pytestmark = pytest.mark.tfra  # PerFeatureEmbedding is TFRA's layer, one per fe
     upstream_weights,
     weighted_loss,
 )
+
+pytestmark = pytest.mark.tfra  # PerFeatureEmbedding is TFRA's layer, one per feature
 
 
 def table_sizes(layer):
