@@ -338,7 +338,7 @@ def pytest_configure(config):
                        ("serving", "starts embedding servers or a ranker"),
                        ("tfra", "needs the [tfra] extra (TFRA, Keras 2): skipped, and said so, only where it is not "
                                 "installed; TF_FUSEDREC_REQUIRE_TFRA=1 (the baseline lane) fails the run instead. Also "
-                                "given to every test parametrized with a TFRA variant (TFRA_PARAMETERS)"),
+                                "given to every test whose name or parametrization names TFRA (TFRA_NAMES)"),
                        ("keras2", "needs Keras 2 (tf_keras: its legacy optimizers, tf.compat.v1 graphs around Keras "
                                   "layers): skipped, and said so, where tf.keras is Keras 3")):
         config.addinivalue_line("markers", f"{name}: {what}")
@@ -347,24 +347,31 @@ def pytest_configure(config):
                                 "install the [tfra] extra (scripts/install.sh does) or unset the variable")
 
 
-_SKIPPED_FOR_TFRA = []
-_SKIPPED_FOR_KERAS2 = []
-# Parameter values that name a TFRA variant (a table backend, the per-feature baseline, the bench's hand fusion): a
-# test parametrized with one needs TFRA in that variant, and gets the `tfra` marker there.
-TFRA_PARAMETERS = ("tfra", "per_feature", "hand_fused", "tfra_hand_fused", "PerFeatureEmbedding")
+# Words that name TFRA or a TFRA variant (a table backend, the per-feature baseline, the bench's hand fusion): a test
+# whose name or parametrization id holds one (test_native_trains_like_tfra, [dlrm-per_feature]) compares against or
+# runs TFRA there, and gets the `tfra` marker.
+TFRA_NAMES = ("tfra", "per_feature", "perfeatureembedding", "hand_fused")
 
 
 def _keras3():
     return not tf.keras.layers.Layer.__module__.startswith("tf_keras")
 
 
+_NO_TFRA_REASON = "needs the [tfra] extra (TFRA, Keras 2), not installed in this environment"
+_NO_KERAS2_REASON = "needs Keras 2 (tf_keras); tf.keras is Keras 3 here"
+
+
 def pytest_terminal_summary(terminalreporter):
-    if _SKIPPED_FOR_TFRA:
-        terminalreporter.write_line(f"tf_fusedrec: this environment has no TFRA (the [tfra] extra): "
-                                    f"{len(_SKIPPED_FOR_TFRA)} tests marked `tfra` were skipped")
-    if _SKIPPED_FOR_KERAS2:
-        terminalreporter.write_line(f"tf_fusedrec: tf.keras is Keras 3 here: {len(_SKIPPED_FOR_KERAS2)} tests marked "
-                                    f"`keras2` were skipped")
+    """Says how many tests this environment skipped for lack of TFRA or of Keras 2 (counted from the reports, which
+    under pytest-xdist reach this process while the collection ran in the workers)."""
+    skipped = [str(r.longrepr) for r in terminalreporter.stats.get("skipped", [])]
+    tfra, keras2 = (sum(reason in r for r in skipped) for reason in (_NO_TFRA_REASON, _NO_KERAS2_REASON))
+    if tfra:
+        terminalreporter.write_line(f"tf_fusedrec: this environment has no TFRA (the [tfra] extra): {tfra} tests "
+                                    f"marked `tfra` were skipped")
+    if keras2:
+        terminalreporter.write_line(f"tf_fusedrec: tf.keras is Keras 3 here: {keras2} tests marked `keras2` were "
+                                    f"skipped")
 
 
 def _shares_module_state(item, path):
@@ -389,19 +396,18 @@ def pytest_collection_modifyitems(config, items):
     long group alone at the end (modules sort alphabetically, which put tests/serve/test_export.py and
     tests/train/test_steps_per_call.py last)."""
     weight = {}
-    no_tfra = pytest.mark.skip(reason="needs the [tfra] extra (TFRA, Keras 2), not installed in this environment")
-    no_keras2 = pytest.mark.skip(reason="needs Keras 2 (tf_keras); tf.keras is Keras 3 here")
+    no_tfra = pytest.mark.skip(reason=_NO_TFRA_REASON)
+    no_keras2 = pytest.mark.skip(reason=_NO_KERAS2_REASON)
     keras3 = _keras3()
     for item in items:
         callspec = getattr(item, "callspec", None)
-        if callspec is not None and any(part in TFRA_PARAMETERS for part in callspec.id.split("-")):
+        named = f"{getattr(item, 'originalname', item.name)}[{callspec.id if callspec is not None else ''}]".lower()
+        if any(word in named for word in TFRA_NAMES):
             item.add_marker(pytest.mark.tfra)
         if not TFRA_INSTALLED and item.get_closest_marker("tfra"):
             item.add_marker(no_tfra)
-            _SKIPPED_FOR_TFRA.append(item.nodeid)
         elif keras3 and item.get_closest_marker("keras2"):
             item.add_marker(no_keras2)
-            _SKIPPED_FOR_KERAS2.append(item.nodeid)
         path = Path(str(item.fspath)).resolve().relative_to(_ROOT).as_posix()
         weight[item.nodeid] = 0 if _under(path, _MULTIWORKER) else 1 if _under(path, _SLOW) else 2
         if _under(path, _SLOW):
