@@ -41,13 +41,6 @@ def keras_is_legacy():
     return import_tensorflow().keras.layers.Layer.__module__.startswith("tf_keras")
 
 
-def tfra_available():
-    """Whether TFRA can be used in this process: installed, and `tf.keras` is Keras 2 (what TFRA needs)."""
-    import importlib.util  # noqa: PLC0415
-
-    return importlib.util.find_spec("tensorflow_recommenders_addons") is not None and keras_is_legacy()
-
-
 def tfra():
     """TFRA's `dynamic_embedding` module, imported quietly. The package's modules that use TFRA (the tfra table
     backend, PerFeatureEmbedding, the TFRA comparisons of the bench) take it from here, at the point of use.

@@ -84,13 +84,8 @@ def _loss(model, ids, labels):
     return tf.reduce_mean(tf.square(model(ids, training=True) - labels))
 
 
-@pytest.mark.parametrize("mode", ["eager", "function"])
-def test_plain_keras_optimizer_trains_the_default_layer(mode):
-    """The drop-in path: the layer's defaults and a plain Keras optimizer in a custom loop."""
-    batches = _batches()
-    model = TinyModel(_layer(name=f"plain_{mode}"))
-    optimizer = tf.keras.optimizers.SGD(LR)
-
+def _train_in_a_custom_loop(model, optimizer, batches, mode):
+    """One optimizer step per batch, eagerly or in a tf.function ("function")."""
     def step(ids, labels):
         with tf.GradientTape() as tape:
             loss = _loss(model, ids, labels)
@@ -101,6 +96,14 @@ def test_plain_keras_optimizer_trains_the_default_layer(mode):
         step = tf.function(step)
     for ids, labels in batches:
         step(ids, labels)
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_plain_keras_optimizer_trains_the_default_layer(mode):
+    """The drop-in path: the layer's defaults and a plain Keras optimizer in a custom loop."""
+    batches = _batches()
+    model = TinyModel(_layer(name=f"plain_{mode}"))
+    _train_in_a_custom_loop(model, tf.keras.optimizers.SGD(LR), batches, mode)
     assert model.embedding.table_backend == "native"
     _check(model, batches)
 
@@ -110,18 +113,7 @@ def test_make_optimizer_trains_like_the_reference(mode):
     batches = _batches()
     model = TinyModel(_layer(name=f"grouped_{mode}"))
     model(batches[0][0])
-    optimizer = fr.train.make_optimizer(model, default=tf.keras.optimizers.SGD(LR))
-
-    def step(ids, labels):
-        with tf.GradientTape() as tape:
-            loss = _loss(model, ids, labels)
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-        return loss
-
-    if mode == "function":
-        step = tf.function(step)
-    for ids, labels in batches:
-        step(ids, labels)
+    _train_in_a_custom_loop(model, fr.train.make_optimizer(model, default=tf.keras.optimizers.SGD(LR)), batches, mode)
     _check(model, batches)
 
 

@@ -441,7 +441,9 @@ def _plain_optimizer_update(layer, group, table):
             raise ValueError(f"{layer.name}: {', '.join(needs)} needs fr.train.make_optimizer(model) to train the "
                              f"tables; a plain Keras optimizer trains the layer's tables only without them")
         if layer.comm.size > 1:
-            grad = tf.IndexedSlices(grad.values * (1.0 / layer.comm.size), grad.indices, grad.dense_shape)
+            from tf_fusedrec.train.optimizer import scale_gradient  # noqa: PLC0415  (train imports the layers)
+
+            grad = scale_gradient(grad, 1.0 / layer.comm.size)
         step = tf.identity(count.assign_add(1))
         return table.apply_gradients(grad, _keras.current_learning_rate(optimizer.value), step)
 

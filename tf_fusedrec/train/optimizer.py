@@ -93,7 +93,7 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
         # runs in place in the table, with the group's optimizer's hyperparameters and step count.
         self._native = {str(id(t.trainable)): t for t in native}
         for table in native:
-            table.claimed = True  # its gradient comes to this optimizer (NativeEmbeddingTable: no update in backward)
+            table.claimed = True  # its gradient comes to this optimizer (NativeEmbeddingTable: nothing kept pending)
         # functions(this optimizer) -> op or None, run in order after every update (the layers' after_update).
         self._after_update = list(after_update)
         self._replicated = {str(id(v)) for v in replicated}
