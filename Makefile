@@ -30,7 +30,7 @@ LOCAL_HOROVODRUN := $(MPI_ROOT_ENV) $(VENV)/bin/horovodrun -np 2 -H localhost:2 
 DEMO_STEPS ?= 100
 # The Bazel build of the op library (make bazel, and make test beside the suite). Its sandboxes go to /dev/shm when
 # it is writable with a GiB free (a tmpfs on Linux): each compile action links all ~20,000 of TensorFlow's headers into its sandbox, and
-# on disk that cost 321 s of CPU (170 s in the kernel) for a build that takes 168 s on tmpfs (docs/tests/bazel_sandbox.txt).
+# on disk that cost 321 s of CPU (170 s in the kernel) for a build that takes 168 s on tmpfs (benchmarks/results/tests/bazel_sandbox.txt).
 BAZEL_SANDBOX := $(shell [ -d /dev/shm ] && [ -w /dev/shm ] && [ "$$(df --output=avail -k /dev/shm 2>/dev/null | tail -n 1)" -ge 1048576 ] 2>/dev/null && echo --sandbox_base=/dev/shm)
 BAZEL_BUILD := bazel build --jobs=2 $(BAZEL_SANDBOX) //...
 
@@ -121,12 +121,12 @@ bench: build
 	$(LOCAL_HOROVODRUN) $(PY) -m tf_fusedrec.bench --config configs/criteo_synthetic.yaml --out bench_results
 
 # Serving: 2 embedding servers and a ranker on loopback, pooling x cache, at a low and a high load, then the saturation
-# curve of pooling + cache over 7 offered rates (docs/serve: serve_bench.{json,md}, serve_curve.{json,png}); about
+# curve of pooling + cache over 7 offered rates (benchmarks/results/serve: serve_bench.{json,md}, serve_curve.{json,png}); about
 # 3.5 minutes on 2 cores.
 # BENCH_SERVE_ARGS="--curve-qps ''" skips the curve.
 BENCH_SERVE_ARGS ?=
 bench-serve: build
-	$(PY) -m tf_fusedrec.serve.bench --out docs/serve $(BENCH_SERVE_ARGS)
+	$(PY) -m tf_fusedrec.serve.bench --out benchmarks/results/serve $(BENCH_SERVE_ARGS)
 
 # The same benchmark on a cluster of namespaced hosts with shaped links (needs root; see tf_fusedrec/cluster), with
 # the link cost probe beside each run, then the cost model checked against the runs and projected to N = 8..128.
@@ -152,8 +152,9 @@ bench-cluster-runs: build
 bench-cluster: bench-cluster-runs
 	$(PY) -m tf_fusedrec.cluster.model --runs $(CLUSTER_OUT) --out $(CLUSTER_OUT)
 
-# The result tables of the README and the docs pages, rewritten in place from the committed result files under docs/
-# (standard library only; tests/test_docs_tables.py checks every table against a fresh rendering).
+# The result tables of the README and the docs pages, rewritten in place from the committed result files under
+# benchmarks/results/, and the plots the pages show copied into docs/assets/ (standard library only;
+# tests/test_docs_tables.py checks every table against a fresh rendering).
 docs-tables:
 	$(PY) scripts/docs_tables.py
 

@@ -1,35 +1,42 @@
-"""Renders the result tables of the README and the docs pages from the committed result files under docs/
-(`make docs-tables`).
+"""Renders the result tables of the README and the docs pages from the committed result files under
+benchmarks/results/, and copies the plots the pages show from there into docs/assets/ (`make docs-tables`).
 
-    .venv/bin/python scripts/docs_tables.py            # rewrites the generated tables in place, in every page
-    .venv/bin/python scripts/docs_tables.py --check    # exits 1 naming each table that differs from its data
+    .venv/bin/python scripts/docs_tables.py            # rewrites the generated tables in place, in every page,
+                                                       # and the plots' copies
+    .venv/bin/python scripts/docs_tables.py --check    # exits 1 naming each table (or plot copy) that differs
     .venv/bin/python scripts/docs_tables.py FILE...    # only the tables marked in these files
 
 A generated table sits between two markers in a Markdown page (README.md, or a page of the docs site under docs/),
 the first naming the table and the files it is read from:
 
-    <!-- table:bench-modes from docs/bench.json -->
+    <!-- table:bench-modes from benchmarks/results/bench.json -->
     | mode | samples/s | ...
     <!-- /table -->
 
 Each table is marked in exactly one page. Everything between the markers is rewritten: a blank line, the table
 (indented like the opening marker, so a table may sit in a list item), a blank line. The opening marker is rewritten
 too, so the files it names are always the ones read. Figures keep the rounding of the command that wrote the file
-(tf_fusedrec/bench, tf_fusedrec/serve/bench.py, tf_fusedrec/cluster/model.py, scripts/bench_grm_*.sh). Only the
+(tf_fusedrec/bench, tf_fusedrec/serve/bench.py, tf_fusedrec/cluster/model.py, benchmarks/grm/bench_grm_*.sh). Only the
 standard library: the pages can be checked without TensorFlow (tests/test_docs_tables.py).
 """
 
 import argparse
+import filecmp
 import glob
 import json
 import os
 import re
+import shutil
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The Markdown pages that may hold generated tables: the README and every page under docs/ (the raw results' own .md
-# files there hold no markers).
+# The Markdown pages that may hold generated tables: the README and every page under docs/.
 PAGES = ("README.md", "docs/**/*.md")
+# The plots the pages show: the site is built from docs/ alone, so each is copied from benchmarks/results/ to the same
+# path under docs/assets/, where the pages show it from.
+RESULTS, ASSETS = "benchmarks/results", "docs/assets"
+PLOTS = ("bench.png", "cluster/model.png", "hot/hot_sweep.png", "serve/serve_curve.png", "serve/plain/serve_curve.png",
+         "serve/plain_1127/serve_curve.png", "serve/async_1127/serve_curve.png")
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)<!-- table:(?P<name>[a-z0-9-]+)(?: from (?P<sources>[^>]*?))? -->[ \t]*$")
 END = re.compile(r"^[ \t]*<!-- /table -->[ \t]*$")
 
@@ -53,7 +60,7 @@ def _run_dirs(pattern):
 
 def _rates():
     """Network name -> link bytes/s (None for loopback), as the cost model recorded them."""
-    return {k: v["rate_bytes_per_s"] for k, v in _json("docs/cluster/model.json")["networks"].items()}
+    return {k: v["rate_bytes_per_s"] for k, v in _json("benchmarks/results/cluster/model.json")["networks"].items()}
 
 
 def _by_rate(networks):
@@ -73,8 +80,8 @@ def _table(header, aligns, rows):
 
 
 def grm_storage():
-    """scripts/bench_grm_storage.sh's table: per mode, rows, bytes and AUC against float32, for each data seed."""
-    d = _json("docs/grm/storage_bench.json")
+    """benchmarks/grm/bench_grm_storage.sh's table: per mode, rows, bytes and AUC against float32, for each data seed."""
+    d = _json("benchmarks/results/grm/storage_bench.json")
     seeds = sorted({r["seed"] for r in d["runs"]})
     seed_list = ", ".join(map(str, seeds))
 
@@ -104,8 +111,8 @@ def grm_storage():
 
 
 def grm_storage_seeds():
-    """float16 against float32 over more data seeds (docs/grm/storage_bench_float16_seeds.json)."""
-    d = _json("docs/grm/storage_bench_float16_seeds.json")
+    """float16 against float32 over more data seeds (benchmarks/results/grm/storage_bench_float16_seeds.json)."""
+    d = _json("benchmarks/results/grm/storage_bench_float16_seeds.json")
     base = {r["seed"]: r for r in d["runs"] if r["mode"] == "float32"}
     rows = []
     for task in ("click", "conversion"):
@@ -118,10 +125,10 @@ def grm_storage_seeds():
                    "within 0.002"], "llllr", rows)
 
 
-def grm_storage_stochastic(path="docs/grm/stochastic/storage_bench_float16_stochastic_seeds.json"):
+def grm_storage_stochastic(path="benchmarks/results/grm/stochastic/storage_bench_float16_stochastic_seeds.json"):
     """float16 rounded to nearest and stochastically (float16s) against float32 per data seed, and the controls
     float32tfra (float32 on the TFRA backend) and float32dnnoff (float32 with oneDNN off: other last bits in the dense
-    model), "-" where a mode has no run of the seed (`path`: scripts/bench_grm_storage.sh's summary)."""
+    model), "-" where a mode has no run of the seed (`path`: benchmarks/grm/bench_grm_storage.sh's summary)."""
     d = _json(path)
     base = {r["seed"]: r for r in d["runs"] if r["mode"] == "float32"}
     labels = {"float16": "float16, nearest", "float16s": "float16, stochastic",
@@ -143,8 +150,8 @@ def grm_storage_stochastic(path="docs/grm/stochastic/storage_bench_float16_stoch
 
 
 def bench_modes():
-    """`python -m tf_fusedrec.bench`'s mode table (docs/bench.json), the columns this run recorded."""
-    d = _json("docs/bench.json")
+    """`python -m tf_fusedrec.bench`'s mode table (benchmarks/results/bench.json), the columns this run recorded."""
+    d = _json("benchmarks/results/bench.json")
     modes = d["modes"]
     base, fused = modes["per_feature"]["samples_per_s"], modes["fused"]["samples_per_s"]
     rows = [[m, f"{r['samples_per_s']:,.0f}", f"{r['samples_per_s'] / base:.2f}x", f"{r['samples_per_s'] / fused:.2f}x",
@@ -160,7 +167,7 @@ def bench_modes():
 
 def bench_sweep():
     """The same run's sweep over the number of features M."""
-    sweep = _json("docs/bench.json")["sweep"]
+    sweep = _json("benchmarks/results/bench.json")["sweep"]
     modes = list(next(iter(sweep.values())))
     rows = [[m] + [f"{r[x]['samples_per_s']:,.0f}" for x in modes]
             + [f"{r['fused']['samples_per_s'] / r['per_feature']['samples_per_s']:.2f}x"]
@@ -170,16 +177,16 @@ def bench_sweep():
 
 
 def pipeline_cpu():
-    """The pipelines' CPU profile run (docs/pipeline/cpu_profile.json): step and rank 0's CPU seconds per step."""
-    modes = _json("docs/pipeline/cpu_profile.json")["modes"]
+    """The pipelines' CPU profile run (benchmarks/results/pipeline/cpu_profile.json): step and rank 0's CPU seconds per step."""
+    modes = _json("benchmarks/results/pipeline/cpu_profile.json")["modes"]
     rows = [[m, f"{r['samples_per_s']:,.0f}", f"{r['step_seconds']:.3f}", f"{r['cpu_seconds_per_step']:.3f}",
              f"{r['cpu_seconds_per_step'] / r['step_seconds']:.0%}"] for m, r in modes.items()]
     return _table(["mode", "samples/s (all workers)", "step s", "CPU s / step (rank 0)", "CPU / step"], "lrrrr", rows)
 
 
 def pipeline_clustering():
-    """`python -m tf_fusedrec.bench.clustering`'s table (docs/pipeline/clustering.json), with clustered / naive."""
-    d = _json("docs/pipeline/clustering.json")
+    """`python -m tf_fusedrec.bench.clustering`'s table (benchmarks/results/pipeline/clustering.json), with clustered / naive."""
+    d = _json("benchmarks/results/pipeline/clustering.json")
     rows = [[k, f"{r['whole']:,.0f}", f"{r['naive']:,.0f}", f"{r['naive'] / r['whole']:.2f}x", f"{r['clustered']:,.0f}",
              f"{r['clustered'] / r['whole']:.2f}x", f"{r['clustered'] / r['naive'] - 1:+.2%}"]
             for k, r in sorted(d["micro_batches"].items(), key=lambda kv: int(kv[0]))]
@@ -194,7 +201,7 @@ TABLE_ROWS = (("floor", "plain C++ loop over the native table's hash map (the fl
 
 def table_keys():
     """`python -m tf_fusedrec.bench.table`: keys/s of one thread per table (the median run)."""
-    d = _json("docs/table/table.json")
+    d = _json("benchmarks/results/table/table.json")
     return _table(["table", "keys/s, one thread"], "lr",
                   [[label, f"{d[k]['keys_per_s'] / 1e6:.2f}M"] for k, label in TABLE_ROWS])
 
@@ -213,21 +220,21 @@ def _bench_mode_table(name, baseline, alltoalls=True):
 
 
 def bench_table_backend():
-    return _bench_mode_table("docs/bench/table_backend/bench.json", "per_feature")
+    return _bench_mode_table("benchmarks/results/bench/table_backend/bench.json", "per_feature")
 
 
 def bench_step_cost_modes():
     """The modes on 2 pinned workers with the fused output sums and interaction op (fused_chain: the op chains)."""
-    return _bench_mode_table("docs/bench/step_cost_modes/bench.json", "per_feature")
+    return _bench_mode_table("benchmarks/results/bench/step_cost_modes/bench.json", "per_feature")
 
 
 def bench_step_cost_1worker():
     """1 worker: fused (and fused_chain) against dense_only, the same model fed constant embeddings."""
-    return _bench_mode_table("docs/bench/step_cost_1worker/bench.json", "dense_only", alltoalls=False)
+    return _bench_mode_table("benchmarks/results/bench/step_cost_1worker/bench.json", "dense_only", alltoalls=False)
 
 
 def _placement_runs(pattern):
-    """[(run number, placement, bench.json)] of scripts/bench_placement.sh's {pinned,unpinned}-N directories: by run
+    """[(run number, placement, bench.json)] of benchmarks/training/bench_placement.sh's {pinned,unpinned}-N directories: by run
     number, pinned before unpinned; the placement as the run recorded it (rank 0's CPUs)."""
     runs = sorted(_run_dirs(pattern),
                   key=lambda p: (int(p.rsplit("-", 1)[1]), not os.path.basename(p).startswith("pinned")))
@@ -241,15 +248,15 @@ def _placement_runs(pattern):
 
 
 def bench_pinning():
-    """docs/bench/pinning/{pinned,unpinned}-N: the run number, then pinned before unpinned."""
+    """benchmarks/results/bench/pinning/{pinned,unpinned}-N: the run number, then pinned before unpinned."""
     rows = [[run, placement] + [f"{d['modes'][m]['samples_per_s']:,.0f}" for m in ("fused_tfra", "fused_native")]
-            for run, placement, d in _placement_runs("docs/bench/pinning/*/bench.json")]
+            for run, placement, d in _placement_runs("benchmarks/results/bench/pinning/*/bench.json")]
     return _table(["run", "placement", "fused_tfra samples/s", "fused_native samples/s"], "llrr", rows)
 
 
 def _value_runs(directory):
-    """{run number: {value: the bench.json's "modes"}} of directory/VALUE-N/bench.json (scripts/bench_env.sh's and
-    scripts/bench_transport.sh's run directories; VALUE may hold dashes, N is after the last)."""
+    """{run number: {value: the bench.json's "modes"}} of directory/VALUE-N/bench.json (benchmarks/training/bench_env.sh's and
+    benchmarks/training/bench_transport.sh's run directories; VALUE may hold dashes, N is after the last)."""
     runs = {}
     for path in _run_dirs(f"{directory}/*/bench.json"):
         value, n = os.path.basename(path).rsplit("-", 1)
@@ -260,9 +267,9 @@ def _value_runs(directory):
 TRANSPORT_MODES = ("fused", "tfra_hand_fused", "per_feature")
 
 
-def bench_transport(directory="docs/bench/transport"):
-    """directory/{gloo,mpi}-N (scripts/bench_transport.sh; docs/bench/transport: MPI ranks spinning while they wait,
-    docs/bench/transport_yield: yielding, the library's default since): per run and transport, samples/s of each
+def bench_transport(directory="benchmarks/results/bench/transport"):
+    """directory/{gloo,mpi}-N (benchmarks/training/bench_transport.sh; benchmarks/results/bench/transport: MPI ranks spinning while they wait,
+    benchmarks/results/bench/transport_yield: yielding, the library's default since): per run and transport, samples/s of each
     mode, fused's ratios to the two baselines of the same run, and the MPI run's fused against the Gloo run's."""
     runs = _value_runs(directory)
     rows = []
@@ -283,7 +290,7 @@ def bench_transport(directory="docs/bench/transport"):
 
 
 def bench_cycle_time_mpi(directory, labels):
-    """directory/VALUE-N (scripts/bench_env.sh VAR=HOROVOD_CYCLE_TIME over horovodrun --mpi, values alternating):
+    """directory/VALUE-N (benchmarks/training/bench_env.sh VAR=HOROVOD_CYCLE_TIME over horovodrun --mpi, values alternating):
     per run and value (labels: value -> row label, in row order), samples/s of each mode the runs hold, fused's
     ratios to the other modes of the same run and value, and fused against the first label's fused of that run."""
     runs = _value_runs(directory)
@@ -304,7 +311,7 @@ def bench_cycle_time_mpi(directory, labels):
                   "ll" + "r" * (2 * len(modes)), rows)
 
 
-def readme_headline(directory="docs/bench/cycle_time_mpi_default"):
+def readme_headline(directory="benchmarks/results/bench/cycle_time_mpi_default"):
     """The README's headline: the runs of `directory` at the library's defaults (directory/default-N), each mode's
     samples/s and fused's ratio to the two baselines of the same run."""
     runs = _value_runs(directory)
@@ -318,9 +325,9 @@ def readme_headline(directory="docs/bench/cycle_time_mpi_default"):
 
 
 def bench_mpi_yield():
-    """docs/bench/mpi_yield/{0,default}-N (scripts/bench_env.sh over horovodrun --mpi): spinning ranks
+    """benchmarks/results/bench/mpi_yield/{0,default}-N (benchmarks/training/bench_env.sh over horovodrun --mpi): spinning ranks
     (OMPI_MCA_mpi_yield_when_idle=0) against the library's default (unset: comm.init_workers sets 1), per run."""
-    runs = _value_runs("docs/bench/mpi_yield")
+    runs = _value_runs("benchmarks/results/bench/mpi_yield")
     rows = []
     for n in sorted(runs):
         for value in ("0", "default"):
@@ -352,7 +359,7 @@ def _fused_versus(modes_result, others):
 
 
 def _value_ab(directory, values, header, label, modes, versus=True):
-    """directory/VALUE-N (scripts/bench_env.sh's or a loop's run directories): per run and value (values[0] is the
+    """directory/VALUE-N (benchmarks/training/bench_env.sh's or a loop's run directories): per run and value (values[0] is the
     baseline), each mode's samples/s (other values with their ratio to the baseline of the same run) and rank 0's CPU
     per step, and (versus) fused against the other modes of the same run and value. `label(value)`: its cell."""
     runs = _value_runs(directory)
@@ -371,31 +378,31 @@ def _value_ab(directory, values, header, label, modes, versus=True):
 
 
 def bench_malloc():
-    """docs/bench/malloc/{default,libtcmalloc_minimal.so.4}-N (scripts/bench_env.sh over horovodrun --mpi, VAR=LD_PRELOAD):
+    """benchmarks/results/bench/malloc/{default,libtcmalloc_minimal.so.4}-N (benchmarks/training/bench_env.sh over horovodrun --mpi, VAR=LD_PRELOAD):
     glibc's malloc against tcmalloc, per run: samples/s and CPU per step of each mode, and tcmalloc's ratio."""
-    return _value_ab("docs/bench/malloc", ("default", "libtcmalloc_minimal.so.4"), "malloc",
+    return _value_ab("benchmarks/results/bench/malloc", ("default", "libtcmalloc_minimal.so.4"), "malloc",
                      lambda v: "glibc (default)" if v == "default" else f"tcmalloc (`LD_PRELOAD={v}`)", TRANSPORT_MODES,
                      versus=False)
 
 
 def bench_malloc_thresholds(directory, modes):
-    """directory/{default,tuned}-N (scripts/bench_env.sh over horovodrun --mpi, VAR=TF_FUSEDREC_MALLOC at the commit
+    """directory/{default,tuned}-N (benchmarks/training/bench_env.sh over horovodrun --mpi, VAR=TF_FUSEDREC_MALLOC at the commit
     that had tf_fusedrec/malloc.py): glibc's own malloc thresholds against fixed high ones."""
     return _value_ab(directory, ("default", "tuned"), "malloc thresholds",
                      lambda v: "glibc's own" if v == "default" else "mmap 32 MiB, trim 256 MiB", modes)
 
 
 def bench_steps_per_call():
-    """docs/bench/steps_per_call/{1,4}-N (python -m tf_fusedrec.bench --steps-per-call K over horovodrun --mpi,
+    """benchmarks/results/bench/steps_per_call/{1,4}-N (python -m tf_fusedrec.bench --steps-per-call K over horovodrun --mpi,
     alternating): fused and tfra_hand_fused at K = 1 and 4."""
-    return _value_ab("docs/bench/steps_per_call", ("1", "4"), "steps per call", str, ("fused", "tfra_hand_fused"))
+    return _value_ab("benchmarks/results/bench/steps_per_call", ("1", "4"), "steps per call", str, ("fused", "tfra_hand_fused"))
 
 
 PIPELINE_MODES = ("fused", "fused_dbp", "fused_fwp", "fused_hot", "fused_hot_dbp")
 
 
-def bench_pipelines_native(directory="docs/bench/pipelines_native"):
-    """directory/{pinned,unpinned}-N (docs/bench/pipelines_native: over Gloo; docs/bench/pipelines_mpi: over Open MPI):
+def bench_pipelines_native(directory="benchmarks/results/bench/pipelines_native"):
+    """directory/{pinned,unpinned}-N (benchmarks/results/bench/pipelines_native: over Gloo; benchmarks/results/bench/pipelines_mpi: over Open MPI):
     samples/s of the schedules and of hot replication on native tables, each with its ratio to `fused` of the same
     run."""
     rows = []
@@ -433,10 +440,10 @@ def _perf_run(prefix):
 
 
 def perf_breakdown():
-    """docs/perf: the step lines of prof_step.py and perf's share of all samples per shared object."""
+    """benchmarks/results/perf: the step lines of prof_step.py and perf's share of all samples per shared object."""
     steps, shares = {}, {}
     for mode in PERF_MODES:
-        steps[mode], shares[mode] = _perf_run(f"docs/perf/{mode}")
+        steps[mode], shares[mode] = _perf_run(f"benchmarks/results/perf/{mode}")
     rows = [["step (rank 0), ms"] + [steps[m][0][0] for m in PERF_MODES],
             ["CPU per step (rank 0 / rank 1), ms"] + [f"{steps[m][0][1]} / {steps[m][1][1]}" for m in PERF_MODES]]
     for label, dsos in PERF_ROWS:
@@ -449,7 +456,7 @@ def perf_breakdown():
 
 
 def _commit_runs(pattern):
-    """[(run number, placement, {"base": bench.json, "head": bench.json})] of scripts/bench_commits.sh's
+    """[(run number, placement, {"base": bench.json, "head": bench.json})] of benchmarks/training/bench_commits.sh's
     {base,head}-{pinned,unpinned}-N directories: by run number, pinned before unpinned."""
     runs = {}
     for path in _run_dirs(pattern):
@@ -459,9 +466,9 @@ def _commit_runs(pattern):
     return [(str(n), placement, pair) for (n, _, placement), pair in sorted(runs.items())]
 
 
-def bench_step_cost(directory="docs/bench/step_cost", modes=("fused",)):
+def bench_step_cost(directory="benchmarks/results/bench/step_cost", modes=("fused",)):
     """`directory`: samples/s of `modes` and rank 0's CPU per step before a change (base) and with it (head), the
-    two trees alternating (scripts/bench_commits.sh); a mode column where there are several modes."""
+    two trees alternating (benchmarks/training/bench_commits.sh); a mode column where there are several modes."""
     rows = []
     for run, placement, pair in _commit_runs(f"{directory}/*/bench.json"):
         for mode in modes:
@@ -477,7 +484,7 @@ def bench_step_cost(directory="docs/bench/step_cost", modes=("fused",)):
 
 
 def bench_commit_modes(directory, modes):
-    """`directory` (scripts/bench_commits.sh): per run and tree (base, head), samples/s and rank 0's CPU per step of
+    """`directory` (benchmarks/training/bench_commits.sh): per run and tree (base, head), samples/s and rank 0's CPU per step of
     each mode, head's ratio to base of the same run, and fused against the other modes of the same tree and run."""
     rows = []
     for run, placement, pair in _commit_runs(f"{directory}/*/bench.json"):
@@ -495,10 +502,10 @@ INTERACTION_OPS = ("BatchMatMulV2", "FusedRec>UpperTriangle", "FusedRec>UpperTri
 
 
 def perf_op_profile():
-    """docs/perf/op_profile/{base,head}.json (scripts/op_profile.py, one worker, in the tree before and after
+    """benchmarks/results/perf/op_profile/{base,head}.json (benchmarks/profiling/op_profile.py, one worker, in the tree before and after
     ops.dot_interaction): per mode, the step, CPU per step, and the op time of DLRM's interaction (the ops of
     INTERACTION_OPS present) and of the dense layers' matmuls."""
-    trees = {t: _json(f"docs/perf/op_profile/{t}.json")["modes"] for t in ("base", "head")}
+    trees = {t: _json(f"benchmarks/results/perf/op_profile/{t}.json")["modes"] for t in ("base", "head")}
     rows = []
     for mode in trees["head"]:
         for tree in ("base", "head"):
@@ -515,13 +522,13 @@ def perf_op_profile():
 
 
 # The ops of the stack, its unstack and the interaction, with and without the list form of dot_interaction (reverted;
-# its profiles stay under docs/perf/op_profile/list_form).
+# its profiles stay under benchmarks/results/perf/op_profile/list_form).
 LIST_FORM_OPS = ("Pack", "Unpack", "FusedRec>DotInteraction", "FusedRec>DotInteractionGrad", "FusedRec>DotInteractionN",
                  "FusedRec>DotInteractionNGrad")
 
 
 def perf_op_ab(directory, modes, op_names):
-    """`directory`/{base,head}-N.json (scripts/op_profile.py, the two trees alternating): per mode, run and tree, the
+    """`directory`/{base,head}-N.json (benchmarks/profiling/op_profile.py, the two trees alternating): per mode, run and tree, the
     step and CPU per step, each of `op_names`' time per step (- where the tree has no such op) and their sum."""
     paths = sorted(glob.glob(_path(f"{directory}/*.json")),
                    key=lambda q: (int(os.path.basename(q)[:-len(".json")].split("-")[1]), q))
@@ -539,10 +546,10 @@ def perf_op_ab(directory, modes, op_names):
 
 
 def perf_op_profile_runs():
-    """docs/perf/op_profile/runs/{base,head}-N.json (scripts/op_profile.py --modes fused,dense_only --steps 60, the
+    """benchmarks/results/perf/op_profile/runs/{base,head}-N.json (benchmarks/profiling/op_profile.py --modes fused,dense_only --steps 60, the
     trees alternating): one worker's fused and dense_only steps, unprofiled, and their ratio."""
     rows = []
-    for path in sorted(glob.glob(_path("docs/perf/op_profile/runs/*.json")),
+    for path in sorted(glob.glob(_path("benchmarks/results/perf/op_profile/runs/*.json")),
                        key=lambda q: (os.path.basename(q).split("-")[1], q)):
         tree, n = os.path.basename(path)[:-len(".json")].split("-")
         m = _json(os.path.relpath(path, _path(".")))["modes"]
@@ -565,10 +572,10 @@ def bench_head_runs(directory, modes):
 
 
 def bench_cycle_time():
-    """docs/bench/cycle_time: `fused` samples/s on 2 pinned workers per HOROVOD_CYCLE_TIME (scripts/bench_env.sh),
+    """benchmarks/results/bench/cycle_time: `fused` samples/s on 2 pinned workers per HOROVOD_CYCLE_TIME (benchmarks/training/bench_env.sh),
     each run's values alternating, and the median over the runs."""
     runs = {}
-    for path in _run_dirs("docs/bench/cycle_time/*/bench.json"):
+    for path in _run_dirs("benchmarks/results/bench/cycle_time/*/bench.json"):
         value, number = os.path.basename(path).rsplit("-", 1)
         runs.setdefault(value, {})[int(number)] = _json(os.path.join(path, "bench.json"))["modes"]["fused"]
     values = sorted(runs, key=lambda v: (v != "default", float(v) if v != "default" else 0.0))
@@ -592,7 +599,7 @@ PERF_SYMBOL_ROWS = (("TensorFlow's gathers (`HandleCopies`)", ("HandleCopies",))
 
 
 def _graph_size_runs(directory):
-    """(tree, mode, record, median CPU s to build, trace and run one step) of scripts/graph_size.py's
+    """(tree, mode, record, median CPU s to build, trace and run one step) of benchmarks/profiling/graph_size.py's
     directory/graph-{base,head}.json."""
     for tree in ("base", "head"):
         for mode, r in _json(f"{directory}/graph-{tree}.json")["modes"].items():
@@ -601,9 +608,9 @@ def _graph_size_runs(directory):
 
 
 def graph_size():
-    """scripts/graph_size.py before the change (base: fused) and with it (head: fused and fused_chain)."""
+    """benchmarks/profiling/graph_size.py before the change (base: fused) and with it (head: fused and fused_chain)."""
     rows = []
-    for tree, mode, r, median_s in _graph_size_runs("docs/perf/step_cost"):
+    for tree, mode, r, median_s in _graph_size_runs("benchmarks/results/perf/step_cost"):
         types = r["by_type"]
         rows.append([tree, mode, f"{r['ops']:,}", str(types["Assert"] + types["If"]),
                      str(types["GatherV2"] + types["UnsortedSegmentSum"] + types["Where"]), f"{median_s:.2f}"])
@@ -612,28 +619,28 @@ def graph_size():
 
 
 def graph_ops():
-    """scripts/graph_size.py before the row-id and check change (base) and with it (head), fused and per_feature."""
+    """benchmarks/profiling/graph_size.py before the row-id and check change (base) and with it (head), fused and per_feature."""
     rows = [[tree, mode, f"{r['ops']:,}", f"{median_s:.2f}"]
-            for tree, mode, r, median_s in _graph_size_runs("docs/perf/graph_ops")]
+            for tree, mode, r, median_s in _graph_size_runs("benchmarks/results/perf/graph_ops")]
     return _table(["tree", "mode", "ops in the step's graph", "CPU s to build, trace, run one step (median)"], "llrr",
                   rows)
 
 
 def graph_tfra():
-    """scripts/graph_size.py before the TFRA-path change (base, 5ace59d) and with it (head): modes on TFRA tables."""
+    """benchmarks/profiling/graph_size.py before the TFRA-path change (base, 5ace59d) and with it (head): modes on TFRA tables."""
     rows = [[tree, mode, f"{r['ops']:,}", f"{median_s:.2f}"]
-            for tree, mode, r, median_s in _graph_size_runs("docs/perf/graph_tfra")]
+            for tree, mode, r, median_s in _graph_size_runs("benchmarks/results/perf/graph_tfra")]
     return _table(["tree", "mode", "ops in the step's graph", "CPU s to build, trace, run one step (median)"], "llrr",
                   rows)
 
 
 def perf_step_cost():
-    """docs/perf/step_cost: scripts/perf_step.sh before this change (base) and with it (head)."""
+    """benchmarks/results/perf/step_cost: benchmarks/profiling/perf_step.sh before this change (base) and with it (head)."""
     modes = ("base", "head")
     steps, shares, symbols = {}, {}, {}
     for mode in modes:
-        steps[mode], shares[mode] = _perf_run(f"docs/perf/step_cost/{mode}")
-        with open(_path(f"docs/perf/step_cost/{mode}-sym.txt")) as f:
+        steps[mode], shares[mode] = _perf_run(f"benchmarks/results/perf/step_cost/{mode}")
+        with open(_path(f"benchmarks/results/perf/step_cost/{mode}-sym.txt")) as f:
             symbols[mode] = [(float(line.split()[0].rstrip("%")), line) for line in f if line.strip()]
     rows = [["step (rank 0), ms"] + [steps[m][0][0] for m in modes],
             ["CPU per step (rank 0 / rank 1), ms"] + [f"{steps[m][0][1]} / {steps[m][1][1]}" for m in modes]]
@@ -651,7 +658,7 @@ def perf_step_cost():
 
 
 def _perf_shares(prefixes, dso_rows):
-    """The rows of a table of scripts/perf_step.sh runs side by side (PREFIX-{step,dso,sym}.txt each): the step and
+    """The rows of a table of benchmarks/profiling/perf_step.sh runs side by side (PREFIX-{step,dso,sym}.txt each): the step and
     CPU, the kernel's idle loop and the rest of it, Open MPI's libraries, then `dso_rows` ((label, shared objects);
     no objects: oneDNN's generated code, perf's [JIT] entries)."""
     steps, shares, idle = {}, {}, {}
@@ -680,16 +687,16 @@ JIT_ROW = ("oneDNN's generated code (the dense model's matmuls)", ())
 
 
 def perf_transport():
-    """docs/perf/transport/{gloo,mpi,mpi_yield}: scripts/perf_step.sh fused, pinned, launched over Gloo, over Open MPI
+    """benchmarks/results/perf/transport/{gloo,mpi,mpi_yield}: benchmarks/profiling/perf_step.sh fused, pinned, launched over Gloo, over Open MPI
     with its ranks spinning while they wait (before comm.OPEN_MPI_DEFAULTS), and over Open MPI with them yielding."""
-    rows = _perf_shares([f"docs/perf/transport/{r}" for r in ("gloo", "mpi", "mpi_yield")],
+    rows = _perf_shares([f"benchmarks/results/perf/transport/{r}" for r in ("gloo", "mpi", "mpi_yield")],
                         PERF_ROWS[1:3] + (JIT_ROW,) + PERF_ROWS[4:])
     return _table(["share of all samples", "Gloo", "MPI, ranks spinning", "MPI, ranks yielding (default)"], "lrrr",
                   rows)
 
 
-def perf_step_1127(directory="docs/perf/step_1127"):
-    """directory/{issue-gloo,head-gloo,head-mpi}: scripts/perf_step.sh fused in the tree issue 20 measured (396d1ef,
+def perf_step_1127(directory="benchmarks/results/perf/step_1127"):
+    """directory/{issue-gloo,head-gloo,head-mpi}: benchmarks/profiling/perf_step.sh fused in the tree issue 20 measured (396d1ef,
     its own op library) and in the tree of 2026-11-27, under the issue's launch (Gloo, unpinned), and this tree under
     make bench's (Open MPI, pinned)."""
     rows = _perf_shares([f"{directory}/{r}" for r in ("issue-gloo", "head-gloo", "head-mpi")],
@@ -714,19 +721,19 @@ def _hot_sweep(name):
 
 
 def hot_sweep_loopback():
-    return _hot_sweep("docs/hot/hot_sweep.json")
+    return _hot_sweep("benchmarks/results/hot/hot_sweep.json")
 
 
 def hot_sweep_1gbit():
-    return _hot_sweep("docs/hot/1gbit-n2/hot_sweep.json")
+    return _hot_sweep("benchmarks/results/hot/1gbit-n2/hot_sweep.json")
 
 
 def _num(x, spec):
     return "-" if x is None else format(x, spec)
 
 
-def serve_bench(path="docs/serve/serve_bench.json"):
-    """tf_fusedrec/serve/bench.py's table (docs/serve/serve_bench.md shows the same)."""
+def serve_bench(path="benchmarks/results/serve/serve_bench.json"):
+    """tf_fusedrec/serve/bench.py's table (benchmarks/results/serve/serve_bench.md shows the same)."""
     rows = []
     for r in _json(path)["runs"]:
         kb = [_num(None if r[k] is None else r[k] / 1e3, ".1f")
@@ -739,8 +746,8 @@ def serve_bench(path="docs/serve/serve_bench.json"):
                    "cache hit rate", "KB from servers / req", "KB to servers / req", "mean batch"], "l" * 13, rows)
 
 
-def serve_curve(path="docs/serve/serve_curve.json"):
-    """tf_fusedrec/serve/bench.py's saturation curve (docs/serve/serve_bench.md shows the same; the plot is
+def serve_curve(path="benchmarks/results/serve/serve_curve.json"):
+    """tf_fusedrec/serve/bench.py's saturation curve (benchmarks/results/serve/serve_bench.md shows the same; the plot is
     serve_curve.png beside it)."""
     rows = []
     for p in _json(path)["points"]:
@@ -774,8 +781,8 @@ def serve_targets(directories):
                   "lrrrr", rows)
 
 
-def grm_quality(path="docs/grm/quality/quality.json"):
-    """scripts/bench_grm_quality.sh's table: per data seed the held-out AUC of the GRM and of the DLRM baseline per
+def grm_quality(path="benchmarks/results/grm/quality/quality.json"):
+    """benchmarks/grm/bench_grm_quality.sh's table: per data seed the held-out AUC of the GRM and of the DLRM baseline per
     task, the GRM's margin, and each model's training loss at a third, two thirds and the end of the run."""
     result = _json(path)
     runs = {(r["seed"], r["model"]): r for r in result["runs"]}
@@ -799,7 +806,7 @@ def grm_quality(path="docs/grm/quality/quality.json"):
                   "lrrrr", rows)
 
 
-def grm_speed(directory="docs/grm/profile"):
+def grm_speed(directory="benchmarks/results/grm/profile"):
     """directory/{pairs,op}-{median32,median100,train2}-N.json (its run.sh): the GRM's pair-list attention against
     the attention op, alternated: one worker's step and tokens/s at median history lengths 32 and 100 (capped at
     200), and 2 workers' tokens/s in the train app; the op's ratio to the pairs of the same round."""
@@ -819,7 +826,7 @@ def grm_speed(directory="docs/grm/profile"):
                    "tokens/s", "2 workers, train app: tokens/s"], "llrrr", rows)
 
 
-def grm_speed_ops(directory="docs/grm/profile", median=100, n=1, top=8):
+def grm_speed_ops(directory="benchmarks/results/grm/profile", median=100, n=1, top=8):
     """The largest op types of a GRM step (directory/{pairs,op}-median{median}-{n}.json): ms a step, before and
     after (the function call's own type left out: it holds the whole step)."""
     before = _json(f"{directory}/pairs-median{median}-{n}.json")
@@ -842,7 +849,7 @@ def _variant_rounds(directory, variants, prefix=""):
     return [(str(n), variants[v], path) for n, v, path in sorted(found)]
 
 
-def grm_movielens_like(directory="docs/grm/movielens_like", steps=2000):
+def grm_movielens_like(directory="benchmarks/results/grm/movielens_like", steps=2000):
     """directory/{pairs,op}-N.json (its run.sh): configs/movielens1m_seq.yaml on MovieLens-1M-sized made-up ratings,
     2 workers: tokens/s, samples/s, the run's wall time, and the minutes `steps` steps take at that rate (the config's
     2000; batch 128 per worker)."""
@@ -860,13 +867,13 @@ def grm_movielens_like(directory="docs/grm/movielens_like", steps=2000):
 def _probes():
     """{network: (run dir, probe.json)} of the 2-worker probes, loopback first, then by rate."""
     probes = {}
-    for path in _run_dirs("docs/cluster/*-n2/probe.json"):
+    for path in _run_dirs("benchmarks/results/cluster/*-n2/probe.json"):
         p = _json(os.path.join(path, "probe.json"))
         probes[p["network"]] = (os.path.basename(path), p)
     return {n: probes[n] for n in _by_rate(probes)}
 
 
-def bench_vs_396d1ef(directory="docs/bench/vs_396d1ef"):
+def bench_vs_396d1ef(directory="benchmarks/results/bench/vs_396d1ef"):
     """directory/{launch}-{base,head}-N/bench.json (its run.sh): `fused` on 2 workers in the tree issue 20 measured
     (396d1ef) and in the tree of the run, alternating, per launch: samples/s, rank 0's CPU a step, and the ratio."""
     runs = {}
@@ -883,7 +890,7 @@ def bench_vs_396d1ef(directory="docs/bench/vs_396d1ef"):
                    "this tree: fused samples/s, CPU / step (rank 0)", "this tree vs 396d1ef"], "llrrr", rows)
 
 
-def bench_per_feature_ceiling(directory="docs/bench/per_feature_ceiling"):
+def bench_per_feature_ceiling(directory="benchmarks/results/bench/per_feature_ceiling"):
     """directory/run-N/bench.json (fused, per_feature, dense_only on 2 pinned workers over MPI): per run the three
     modes' samples/s and rank 0's CPU a step, fused against per_feature, and dense_only (no embedding work at all)
     against per_feature: the most any embedding layer could reach."""
@@ -920,7 +927,7 @@ _HOSTILE_HEADER = ["quiet p50 / p99 ms", "hostile p50 / p99 ms", "hostile p99 / 
                    "malformed answered a phase"]
 
 
-def serve_async_hostile(directory="docs/serve/async_server"):
+def serve_async_hostile(directory="benchmarks/results/serve/async_server"):
     """directory/hostile-{threaded,async}-N.json (its run.sh): the well-formed client's latency quiet and beside the
     back-to-back fuzzer and 64 idle connections, with the thread-per-connection ranker and the asyncio one,
     alternated."""
@@ -930,7 +937,7 @@ def serve_async_hostile(directory="docs/serve/async_server"):
     return _table(["round", "HTTP server"] + _HOSTILE_HEADER, "llrrrr", rows)
 
 
-def serve_async_saturation(directory="docs/serve/async_server"):
+def serve_async_saturation(directory="benchmarks/results/serve/async_server"):
     """directory/saturation-{threaded,async}-N.json (its run.sh): open-loop 64-instance requests at 5, 160 and 320
     q/s offered (ranker without pooling or cache), per server and round: achieved req/s, p50 / p99, dropped."""
     rows = []
@@ -944,7 +951,7 @@ def serve_async_saturation(directory="docs/serve/async_server"):
                    "160 q/s offered", "320 q/s offered"], "llrrr", rows)
 
 
-def serve_malformed_gate(directory="docs/serve/malformed_gate"):
+def serve_malformed_gate(directory="benchmarks/results/serve/malformed_gate"):
     """directory/{off,on}-N.json (its run.sh): the hostile bench with --malformed-qps 0 (off) and the default 100
     (on), alternated."""
     rows = []
@@ -987,7 +994,7 @@ def cluster_probe():
                    "allreduce MB/s"], "lllrrrrrr", rows)
 
 
-def cluster_bench(directory="docs/cluster"):
+def cluster_bench(directory="benchmarks/results/cluster"):
     """The 2-worker cluster runs side by side (`directory`/*-n2/bench.json), as in the cost model's model.md; the
     traffic columns are the loopback run's (fused_hot's hot set, and so its bytes, differ between runs)."""
     runs = {}
@@ -1014,8 +1021,8 @@ CHECKED_MODES = ("fused", "per_feature", "fused_nodedup", "tfra_hand_fused", "fu
 
 
 def model_checks():
-    """The cost model's checks (docs/cluster/model.json): measured / model ms per step, and the model's error."""
-    d = _json("docs/cluster/model.json")
+    """The cost model's checks (benchmarks/results/cluster/model.json): measured / model ms per step, and the model's error."""
+    d = _json("benchmarks/results/cluster/model.json")
     checks = [c for c in d["checks"] if c["kind"] == "check"]
     rows = []
     for net in _by_rate(dict.fromkeys(c["network"] for c in checks)):
@@ -1035,7 +1042,7 @@ def model_scores():
     """The cost model's score beside the null model's, as `python -m tf_fusedrec.cluster.model` computed them
     (model.json's scores), for the run set and its rerun."""
     rows = []
-    for name in ("docs/cluster/model.json", "docs/cluster/rerun/model.json"):
+    for name in ("benchmarks/results/cluster/model.json", "benchmarks/results/cluster/rerun/model.json"):
         for model, s in _json(name)["scores"].items():
             rows.append([f"`{os.path.dirname(name)}`", SCORE_LABELS[model], f"{s['within_25_percent']} of {s['checked']}",
                          f"{s['mean_abs_error']:.0%}", f"{s['max_abs_error']:.0%}"])
@@ -1052,7 +1059,7 @@ PROJECTION_N = (8, 32, 128)
 
 def model_projection():
     """The model's projection: ms per step (thousands of samples/s over all workers)."""
-    by = {(p["network"], p["link"], p["mode"], p["workers"]): p for p in _json("docs/cluster/model.json")["projection"]}
+    by = {(p["network"], p["link"], p["mode"], p["workers"]): p for p in _json("benchmarks/results/cluster/model.json")["projection"]}
     header = ["N"] + [f"{net}{' wire' if link == 'wire' else ''} {mode}" for net, link, mode in PROJECTION_COLUMNS]
     rows = [[n] + [f"{by[c + (n,)]['model_s'] * 1e3:.0f} ({by[c + (n,)]['samples_per_s'] / 1e3:,.0f}k)"
                    for c in PROJECTION_COLUMNS] for n in PROJECTION_N]
@@ -1061,8 +1068,8 @@ def model_projection():
 
 # name -> (the files it is read from, as the marker names them; the renderer)
 def publish_training():
-    """scripts/bench_publish.py: training samples/s with and without publishing, alternating (docs/publish)."""
-    runs = _json("docs/publish/publish_bench.json")["runs"]
+    """benchmarks/publishing/bench_publish.py: training samples/s with and without publishing, alternating (benchmarks/results/publish)."""
+    runs = _json("benchmarks/results/publish/publish_bench.json")["runs"]
     rows = []
     for i, r in enumerate(runs):
         other = runs[i + 1] if r["mode"] == "publish" and i + 1 < len(runs) else None
@@ -1074,9 +1081,9 @@ def publish_training():
 
 
 def publish_versions():
-    """scripts/bench_publish.py: each published version's rows, bytes and freshness (docs/publish)."""
+    """benchmarks/publishing/bench_publish.py: each published version's rows, bytes and freshness (benchmarks/results/publish)."""
     rows = []
-    for r in _json("docs/publish/publish_bench.json")["runs"]:
+    for r in _json("benchmarks/results/publish/publish_bench.json")["runs"]:
         for v in r.get("versions", []):
             rows.append([r["repeat"], v["version"], v["step"], "full" if v["full"] else "delta",
                          f"{v['rows_staged']:,}", f"{v['rows_held']:,}",
@@ -1087,9 +1094,9 @@ def publish_versions():
 
 
 def publish_long():
-    """scripts/bench_publish.py --steps 2000: a delta's share of the rows held as the tables fill (docs/publish/long):
+    """benchmarks/publishing/bench_publish.py --steps 2000: a delta's share of the rows held as the tables fill (benchmarks/results/publish/long):
     the first version, then every fifth."""
-    runs = _json("docs/publish/long/publish_bench.json")["runs"]
+    runs = _json("benchmarks/results/publish/long/publish_bench.json")["runs"]
     rows = []
     for r in runs:
         versions = r.get("versions", [])
@@ -1103,9 +1110,9 @@ def publish_long():
 
 
 def publish_auc():
-    """scripts/bench_freshness_auc.py: AUC of the served model on the coming batches per publish interval, per drift
-    (docs/publish/freshness_auc.json; the plot is docs/publish/freshness_auc.png)."""
-    drifts = _json("docs/publish/freshness_auc.json")["drifts"]
+    """benchmarks/publishing/bench_freshness_auc.py: AUC of the served model on the coming batches per publish interval, per drift
+    (benchmarks/results/publish/freshness_auc.json; the plot is benchmarks/results/publish/freshness_auc.png)."""
+    drifts = _json("benchmarks/results/publish/freshness_auc.json")["drifts"]
     intervals = list(next(iter(drifts.values())))
     rows = [[f"{drift} ids/step", *(f"{by[n]['auc']:.4f}" for n in intervals),
              f"{by[intervals[-1]]['auc'] - by[intervals[0]]['auc']:+.4f}"] for drift, by in drifts.items()]
@@ -1142,7 +1149,7 @@ def _span(values, fmt):
 def cuda_bench():
     """The CUDA segment unique against CUB sort + unique, first kernels (harness_v1) and now (harness), per GPU."""
     rows = []
-    for directory in sorted(glob.glob(_path("docs/cuda/final_*"))):
+    for directory in sorted(glob.glob(_path("benchmarks/results/cuda/final_*"))):
         with open(os.path.join(directory, "device.txt")) as f:
             gpu = f.read().splitlines()[1].split(",")[0].replace("NVIDIA ", "")
         runs = _cuda_runs(os.path.join(directory, "ab.log"))
@@ -1161,146 +1168,146 @@ def cuda_bench():
 
 
 TABLES = {
-    "cuda-bench": (("docs/cuda/final_*/ab.log", "docs/cuda/final_*/device.txt"), cuda_bench),
-    "grm-storage": (("docs/grm/storage_bench.json",), grm_storage),
-    "grm-storage-seeds": (("docs/grm/storage_bench_float16_seeds.json",), grm_storage_seeds),
-    "grm-storage-stochastic": (("docs/grm/stochastic/storage_bench_float16_stochastic_seeds.json",),
+    "cuda-bench": (("benchmarks/results/cuda/final_*/ab.log", "benchmarks/results/cuda/final_*/device.txt"), cuda_bench),
+    "grm-storage": (("benchmarks/results/grm/storage_bench.json",), grm_storage),
+    "grm-storage-seeds": (("benchmarks/results/grm/storage_bench_float16_seeds.json",), grm_storage_seeds),
+    "grm-storage-stochastic": (("benchmarks/results/grm/stochastic/storage_bench_float16_stochastic_seeds.json",),
                                grm_storage_stochastic),
-    "grm-storage-noise": (("docs/grm/noise/storage_bench_float32_noise_seeds.json",),
-                          lambda: grm_storage_stochastic("docs/grm/noise/storage_bench_float32_noise_seeds.json")),
-    "bench-modes": (("docs/bench.json",), bench_modes),
-    "bench-sweep": (("docs/bench.json",), bench_sweep),
-    "pipeline-cpu": (("docs/pipeline/cpu_profile.json",), pipeline_cpu),
-    "pipeline-clustering": (("docs/pipeline/clustering.json",), pipeline_clustering),
-    "table-keys": (("docs/table/table.json",), table_keys),
-    "bench-table-backend": (("docs/bench/table_backend/bench.json",), bench_table_backend),
-    "bench-pinning": (("docs/bench/pinning/*/bench.json",), bench_pinning),
-    "bench-pipelines-native": (("docs/bench/pipelines_native/*/bench.json",), bench_pipelines_native),
-    "bench-transport": (("docs/bench/transport/*/bench.json",), bench_transport),
-    "bench-mpi-yield": (("docs/bench/mpi_yield/*/bench.json",), bench_mpi_yield),
-    "bench-malloc": (("docs/bench/malloc/*/bench.json",), bench_malloc),
-    "bench-malloc-thresholds": (("docs/bench/malloc_thresholds/*/bench.json",), lambda: bench_malloc_thresholds(
-        "docs/bench/malloc_thresholds", TRANSPORT_MODES + ("dense_only",))),
-    "bench-steps-per-call": (("docs/bench/steps_per_call/*/bench.json",), bench_steps_per_call),
-    "bench-malloc-thresholds-2": (("docs/bench/malloc_thresholds_2modes/*/bench.json",), lambda: bench_malloc_thresholds(
-        "docs/bench/malloc_thresholds_2modes", ("fused", "tfra_hand_fused"))),
-    "bench-transport-yield": (("docs/bench/transport_yield/*/bench.json",),
-                              lambda: bench_transport("docs/bench/transport_yield")),
-    "bench-pipelines-mpi": (("docs/bench/pipelines_mpi/*/bench.json",),
-                            lambda: bench_pipelines_native("docs/bench/pipelines_mpi")),
-    "perf-transport": (("docs/perf/transport/*.txt",), perf_transport),
-    "perf-breakdown": (("docs/perf/*-step.txt", "docs/perf/*-dso.txt"), perf_breakdown),
-    "bench-step-cost": (("docs/bench/step_cost/*/bench.json",), bench_step_cost),
-    "bench-step-cost-modes": (("docs/bench/step_cost_modes/bench.json",), bench_step_cost_modes),
-    "bench-step-cost-1worker": (("docs/bench/step_cost_1worker/bench.json",), bench_step_cost_1worker),
-    "perf-step-cost": (("docs/perf/step_cost/*.txt",), perf_step_cost),
-    "graph-size": (("docs/perf/step_cost/graph-*.json",), graph_size),
-    "graph-ops": (("docs/perf/graph_ops/graph-*.json",), graph_ops),
-    "graph-tfra": (("docs/perf/graph_tfra/graph-*.json",), graph_tfra),
-    "bench-dot-interaction": (("docs/bench/dot_interaction/*/bench.json",), lambda: bench_commit_modes(
-        "docs/bench/dot_interaction", ("fused", "tfra_hand_fused", "per_feature", "dense_only"))),
-    "perf-op-profile": (("docs/perf/op_profile/*.json",), perf_op_profile),
-    "perf-op-profile-runs": (("docs/perf/op_profile/runs/*.json",), perf_op_profile_runs),
-    "perf-op-profile-list-form": (("docs/perf/op_profile/list_form/*.json",), lambda: perf_op_ab(
-        "docs/perf/op_profile/list_form", ("fused", "dense_only"), LIST_FORM_OPS)),
-    "perf-op-profile-feature-major": (("docs/perf/op_profile/feature_major/*.json",), lambda: perf_op_ab(
-        "docs/perf/op_profile/feature_major", ("fused", "dense_only"), LIST_FORM_OPS[:4])),
-    "perf-op-profile-rows-grad": (("docs/perf/op_profile/rows_grad/*.json",), lambda: perf_op_ab(
-        "docs/perf/op_profile/rows_grad", ("fused",),
+    "grm-storage-noise": (("benchmarks/results/grm/noise/storage_bench_float32_noise_seeds.json",),
+                          lambda: grm_storage_stochastic("benchmarks/results/grm/noise/storage_bench_float32_noise_seeds.json")),
+    "bench-modes": (("benchmarks/results/bench.json",), bench_modes),
+    "bench-sweep": (("benchmarks/results/bench.json",), bench_sweep),
+    "pipeline-cpu": (("benchmarks/results/pipeline/cpu_profile.json",), pipeline_cpu),
+    "pipeline-clustering": (("benchmarks/results/pipeline/clustering.json",), pipeline_clustering),
+    "table-keys": (("benchmarks/results/table/table.json",), table_keys),
+    "bench-table-backend": (("benchmarks/results/bench/table_backend/bench.json",), bench_table_backend),
+    "bench-pinning": (("benchmarks/results/bench/pinning/*/bench.json",), bench_pinning),
+    "bench-pipelines-native": (("benchmarks/results/bench/pipelines_native/*/bench.json",), bench_pipelines_native),
+    "bench-transport": (("benchmarks/results/bench/transport/*/bench.json",), bench_transport),
+    "bench-mpi-yield": (("benchmarks/results/bench/mpi_yield/*/bench.json",), bench_mpi_yield),
+    "bench-malloc": (("benchmarks/results/bench/malloc/*/bench.json",), bench_malloc),
+    "bench-malloc-thresholds": (("benchmarks/results/bench/malloc_thresholds/*/bench.json",), lambda: bench_malloc_thresholds(
+        "benchmarks/results/bench/malloc_thresholds", TRANSPORT_MODES + ("dense_only",))),
+    "bench-steps-per-call": (("benchmarks/results/bench/steps_per_call/*/bench.json",), bench_steps_per_call),
+    "bench-malloc-thresholds-2": (("benchmarks/results/bench/malloc_thresholds_2modes/*/bench.json",), lambda: bench_malloc_thresholds(
+        "benchmarks/results/bench/malloc_thresholds_2modes", ("fused", "tfra_hand_fused"))),
+    "bench-transport-yield": (("benchmarks/results/bench/transport_yield/*/bench.json",),
+                              lambda: bench_transport("benchmarks/results/bench/transport_yield")),
+    "bench-pipelines-mpi": (("benchmarks/results/bench/pipelines_mpi/*/bench.json",),
+                            lambda: bench_pipelines_native("benchmarks/results/bench/pipelines_mpi")),
+    "perf-transport": (("benchmarks/results/perf/transport/*.txt",), perf_transport),
+    "perf-breakdown": (("benchmarks/results/perf/*-step.txt", "benchmarks/results/perf/*-dso.txt"), perf_breakdown),
+    "bench-step-cost": (("benchmarks/results/bench/step_cost/*/bench.json",), bench_step_cost),
+    "bench-step-cost-modes": (("benchmarks/results/bench/step_cost_modes/bench.json",), bench_step_cost_modes),
+    "bench-step-cost-1worker": (("benchmarks/results/bench/step_cost_1worker/bench.json",), bench_step_cost_1worker),
+    "perf-step-cost": (("benchmarks/results/perf/step_cost/*.txt",), perf_step_cost),
+    "graph-size": (("benchmarks/results/perf/step_cost/graph-*.json",), graph_size),
+    "graph-ops": (("benchmarks/results/perf/graph_ops/graph-*.json",), graph_ops),
+    "graph-tfra": (("benchmarks/results/perf/graph_tfra/graph-*.json",), graph_tfra),
+    "bench-dot-interaction": (("benchmarks/results/bench/dot_interaction/*/bench.json",), lambda: bench_commit_modes(
+        "benchmarks/results/bench/dot_interaction", ("fused", "tfra_hand_fused", "per_feature", "dense_only"))),
+    "perf-op-profile": (("benchmarks/results/perf/op_profile/*.json",), perf_op_profile),
+    "perf-op-profile-runs": (("benchmarks/results/perf/op_profile/runs/*.json",), perf_op_profile_runs),
+    "perf-op-profile-list-form": (("benchmarks/results/perf/op_profile/list_form/*.json",), lambda: perf_op_ab(
+        "benchmarks/results/perf/op_profile/list_form", ("fused", "dense_only"), LIST_FORM_OPS)),
+    "perf-op-profile-feature-major": (("benchmarks/results/perf/op_profile/feature_major/*.json",), lambda: perf_op_ab(
+        "benchmarks/results/perf/op_profile/feature_major", ("fused", "dense_only"), LIST_FORM_OPS[:4])),
+    "perf-op-profile-rows-grad": (("benchmarks/results/perf/op_profile/rows_grad/*.json",), lambda: perf_op_ab(
+        "benchmarks/results/perf/op_profile/rows_grad", ("fused",),
         ("UnsortedSegmentSum", "FusedRec>GatherSegmentSum", "Cast", "Range"))),
-    "bench-glue-ops": (("docs/bench/glue_ops/*/bench.json",), lambda: bench_commit_modes(
-        "docs/bench/glue_ops", ("fused", "tfra_hand_fused", "per_feature"))),
-    "bench-feature-major": (("docs/bench/feature_major/*/bench.json",), lambda: bench_commit_modes(
-        "docs/bench/feature_major", ("fused", "tfra_hand_fused", "per_feature"))),
-    "perf-op-profile-valid-ids": (("docs/perf/op_profile/valid_ids/*.json",), lambda: perf_op_ab(
-        "docs/perf/op_profile/valid_ids", ("fused",), ("FusedRec>ValidIds", "FusedRec>IdExtremes", "GatherV2", "Where",
+    "bench-glue-ops": (("benchmarks/results/bench/glue_ops/*/bench.json",), lambda: bench_commit_modes(
+        "benchmarks/results/bench/glue_ops", ("fused", "tfra_hand_fused", "per_feature"))),
+    "bench-feature-major": (("benchmarks/results/bench/feature_major/*/bench.json",), lambda: bench_commit_modes(
+        "benchmarks/results/bench/feature_major", ("fused", "tfra_hand_fused", "per_feature"))),
+    "perf-op-profile-valid-ids": (("benchmarks/results/perf/op_profile/valid_ids/*.json",), lambda: perf_op_ab(
+        "benchmarks/results/perf/op_profile/valid_ids", ("fused",), ("FusedRec>ValidIds", "FusedRec>IdExtremes", "GatherV2", "Where",
                                                        "GreaterEqual", "Min", "Max", "ConcatV2", "Identity"))),
-    "perf-op-profile-unique-rows": (("docs/perf/op_profile/unique_rows/*.json",), lambda: perf_op_ab(
-        "docs/perf/op_profile/unique_rows", ("fused",), ("FusedRec>GatherSegmentSum", "FusedRec>GatherSegmentSumGrad",
+    "perf-op-profile-unique-rows": (("benchmarks/results/perf/op_profile/unique_rows/*.json",), lambda: perf_op_ab(
+        "benchmarks/results/perf/op_profile/unique_rows", ("fused",), ("FusedRec>GatherSegmentSum", "FusedRec>GatherSegmentSumGrad",
                                                          "GatherV2"))),
-    "bench-valid-ids-2workers": (("docs/bench/valid_ids_1127/2workers/*/bench.json",), lambda: bench_commit_modes(
-        "docs/bench/valid_ids_1127/2workers", ("fused", "tfra_hand_fused"))),
-    "bench-session-1127c": (("docs/bench/session_1127c/*/bench.json",), lambda: bench_commit_modes(
-        "docs/bench/session_1127c", ("fused", "tfra_hand_fused", "per_feature"))),
-    "bench-session-1127b": (("docs/bench/session_1127b/*/bench.json",), lambda: bench_commit_modes(
-        "docs/bench/session_1127b", ("fused", "tfra_hand_fused", "per_feature"))),
-    "bench-interaction-list": (("docs/bench/interaction_list/*/bench.json",), lambda: bench_commit_modes(
-        "docs/bench/interaction_list", ("fused", "tfra_hand_fused", "per_feature"))),
-    "perf-op-profile-interaction-prefetch": (("docs/perf/op_profile/interaction_prefetch/*.json",), lambda: perf_op_ab(
-        "docs/perf/op_profile/interaction_prefetch", ("fused",),
+    "bench-valid-ids-2workers": (("benchmarks/results/bench/valid_ids_1127/2workers/*/bench.json",), lambda: bench_commit_modes(
+        "benchmarks/results/bench/valid_ids_1127/2workers", ("fused", "tfra_hand_fused"))),
+    "bench-session-1127c": (("benchmarks/results/bench/session_1127c/*/bench.json",), lambda: bench_commit_modes(
+        "benchmarks/results/bench/session_1127c", ("fused", "tfra_hand_fused", "per_feature"))),
+    "bench-session-1127b": (("benchmarks/results/bench/session_1127b/*/bench.json",), lambda: bench_commit_modes(
+        "benchmarks/results/bench/session_1127b", ("fused", "tfra_hand_fused", "per_feature"))),
+    "bench-interaction-list": (("benchmarks/results/bench/interaction_list/*/bench.json",), lambda: bench_commit_modes(
+        "benchmarks/results/bench/interaction_list", ("fused", "tfra_hand_fused", "per_feature"))),
+    "perf-op-profile-interaction-prefetch": (("benchmarks/results/perf/op_profile/interaction_prefetch/*.json",), lambda: perf_op_ab(
+        "benchmarks/results/perf/op_profile/interaction_prefetch", ("fused",),
         ("FusedRec>DotInteractionN", "FusedRec>DotInteractionNGrad"))),
-    "perf-op-profile-distinct-keys": (("docs/perf/op_profile/distinct_keys/*.json",), lambda: perf_op_ab(
-        "docs/perf/op_profile/distinct_keys", ("fused",), ("FusedRec>NativeTableApplySparse",))),
-    "perf-op-profile-fuse-ids": (("docs/perf/op_profile/fuse_ids/*.json",), lambda: perf_op_ab(
-        "docs/perf/op_profile/fuse_ids", ("fused",), ("FusedRec>FuseIds", "ConcatV2", "GatherV2", "FusedRec>RowIds",
+    "perf-op-profile-distinct-keys": (("benchmarks/results/perf/op_profile/distinct_keys/*.json",), lambda: perf_op_ab(
+        "benchmarks/results/perf/op_profile/distinct_keys", ("fused",), ("FusedRec>NativeTableApplySparse",))),
+    "perf-op-profile-fuse-ids": (("benchmarks/results/perf/op_profile/fuse_ids/*.json",), lambda: perf_op_ab(
+        "benchmarks/results/perf/op_profile/fuse_ids", ("fused",), ("FusedRec>FuseIds", "ConcatV2", "GatherV2", "FusedRec>RowIds",
                                                       "Pack"))),
-    "bench-pipelines-1127": (("docs/bench/pipelines_1127/*/bench.json",), lambda: bench_head_runs(
-        "docs/bench/pipelines_1127", ("fused", "fused_dbp", "fused_fwp", "tfra_hand_fused"))),
-    "bench-interaction-list-head": (("docs/bench/interaction_list_head/*/bench.json",), lambda: bench_head_runs(
-        "docs/bench/interaction_list_head", ("fused", "tfra_hand_fused", "per_feature"))),
-    "perf-op-profile-interaction-list": (("docs/perf/op_profile/interaction_list/*.json",), lambda: perf_op_ab(
-        "docs/perf/op_profile/interaction_list", ("fused", "dense_only"), LIST_FORM_OPS)),
-    "perf-op-profile-interaction-list-pinned": (("docs/perf/op_profile/interaction_list_pinned/*.json",),
-                                                lambda: perf_op_ab("docs/perf/op_profile/interaction_list_pinned",
+    "bench-pipelines-1127": (("benchmarks/results/bench/pipelines_1127/*/bench.json",), lambda: bench_head_runs(
+        "benchmarks/results/bench/pipelines_1127", ("fused", "fused_dbp", "fused_fwp", "tfra_hand_fused"))),
+    "bench-interaction-list-head": (("benchmarks/results/bench/interaction_list_head/*/bench.json",), lambda: bench_head_runs(
+        "benchmarks/results/bench/interaction_list_head", ("fused", "tfra_hand_fused", "per_feature"))),
+    "perf-op-profile-interaction-list": (("benchmarks/results/perf/op_profile/interaction_list/*.json",), lambda: perf_op_ab(
+        "benchmarks/results/perf/op_profile/interaction_list", ("fused", "dense_only"), LIST_FORM_OPS)),
+    "perf-op-profile-interaction-list-pinned": (("benchmarks/results/perf/op_profile/interaction_list_pinned/*.json",),
+                                                lambda: perf_op_ab("benchmarks/results/perf/op_profile/interaction_list_pinned",
                                                                    ("fused",), LIST_FORM_OPS)),
-    "perf-op-profile-row-ids": (("docs/perf/op_profile/row_ids/*.json",), lambda: perf_op_ab(
-        "docs/perf/op_profile/row_ids", ("fused", "tfra_hand_fused"), ("UpperBound", "FusedRec>RowIds"))),
-    "bench-dot-interaction-head": (("docs/bench/dot_interaction_head/*/bench.json",), lambda: bench_head_runs(
-        "docs/bench/dot_interaction_head", ("fused", "tfra_hand_fused", "per_feature"))),
-    "bench-grad-blocks-head": (("docs/bench/grad_blocks_head/*/bench.json",), lambda: bench_head_runs(
-        "docs/bench/grad_blocks_head", ("fused", "tfra_hand_fused", "per_feature"))),
-    "bench-graph-ops": (("docs/bench/graph_ops/*/bench.json",), lambda: bench_step_cost("docs/bench/graph_ops")),
-    "bench-trace-tfra": (("docs/bench/trace_tfra/*/bench.json",),
-                         lambda: bench_step_cost("docs/bench/trace_tfra", ("per_feature", "fused_tfra"))),
-    "bench-cycle-time": (("docs/bench/cycle_time/*/bench.json",), bench_cycle_time),
-    "bench-cycle-time-mpi": (("docs/bench/cycle_time_mpi/*/bench.json",), lambda: bench_cycle_time_mpi(
-        "docs/bench/cycle_time_mpi", {"default": "unset (Horovod's 1)", "0.5": "0.5", "0.1": "0.1"})),
-    "bench-cycle-time-mpi-modes": (("docs/bench/cycle_time_mpi_modes/*/bench.json",), lambda: bench_cycle_time_mpi(
-        "docs/bench/cycle_time_mpi_modes", {"default": "unset (Horovod's 1)", "0.1": "0.1"})),
-    "bench-cycle-time-mpi-default": (("docs/bench/cycle_time_mpi_default/*/bench.json",), lambda: bench_cycle_time_mpi(
-        "docs/bench/cycle_time_mpi_default", {"1": "1 (Horovod's default)", "default": "unset: 0.1, the library's default"})),
-    "readme-headline": (("docs/bench/cycle_time_mpi_default/default-*/bench.json",), readme_headline),
-    "hot-sweep": (("docs/hot/hot_sweep.json",), hot_sweep_loopback),
-    "hot-sweep-1gbit": (("docs/hot/1gbit-n2/hot_sweep.json",), hot_sweep_1gbit),
-    "serve-bench": (("docs/serve/serve_bench.json",), serve_bench),
-    "serve-curve": (("docs/serve/serve_curve.json",), serve_curve),
-    "serve-bench-1127": (("docs/serve/plain_1127/serve_bench.json",),
-                         lambda: serve_bench("docs/serve/plain_1127/serve_bench.json")),
-    "serve-targets-1127": (("docs/serve/plain_1127/serve_*.json", "docs/serve/async_1127*/serve_*.json"),
-                           lambda: serve_targets(["docs/serve/plain_1127", "docs/serve/async_1127",
-                                                  "docs/serve/async_1127_2"])),
-    "serve-curve-async-1127": (("docs/serve/async_1127/serve_curve.json",),
-                               lambda: serve_curve("docs/serve/async_1127/serve_curve.json")),
-    "serve-curve-plain-1127": (("docs/serve/plain_1127/serve_curve.json",),
-                               lambda: serve_curve("docs/serve/plain_1127/serve_curve.json")),
-    "serve-curve-plain": (("docs/serve/plain/serve_curve.json",),
-                          lambda: serve_curve("docs/serve/plain/serve_curve.json")),
-    "publish-training": (("docs/publish/publish_bench.json",), publish_training),
-    "publish-versions": (("docs/publish/publish_bench.json",), publish_versions),
-    "publish-long": (("docs/publish/long/publish_bench.json",), publish_long),
-    "publish-auc": (("docs/publish/freshness_auc.json",), publish_auc),
-    "cluster-probe": (("docs/cluster/*-n2/probe.json", "docs/cluster/model.json"), cluster_probe),
-    "cluster-bench": (("docs/cluster/*-n2/bench.json", "docs/cluster/model.json"), cluster_bench),
-    "bench-per-feature-ceiling": (("docs/bench/per_feature_ceiling/*/bench.json",), bench_per_feature_ceiling),
-    "bench-steps-per-call-1127": (("docs/bench/steps_per_call_1127/*/bench.json",), lambda: _value_ab(
-        "docs/bench/steps_per_call_1127", ("1", "4"), "steps per call", str, ("fused", "tfra_hand_fused"))),
-    "bench-steps-per-call-1127-more": (("docs/bench/steps_per_call_1127/one_worker/*/bench.json",
-                                        "docs/bench/steps_per_call_1127/pipelines/*/bench.json"),
-                                       lambda: steps_per_call_more("docs/bench/steps_per_call_1127")),
-    "perf-step-1127": (("docs/perf/step_1127/*.txt",), perf_step_1127),
-    "bench-vs-396d1ef": (("docs/bench/vs_396d1ef/*/bench.json",), bench_vs_396d1ef),
-    "cluster-bench-1127": (("docs/cluster/run_1127/*-n2/bench.json", "docs/cluster/model.json"),
-                           lambda: cluster_bench("docs/cluster/run_1127")),
-    "serve-async-hostile": (("docs/serve/async_server/hostile-*.json",), serve_async_hostile),
-    "serve-async-saturation": (("docs/serve/async_server/saturation-*.json",), serve_async_saturation),
-    "serve-malformed-gate": (("docs/serve/malformed_gate/*.json",), serve_malformed_gate),
-    "grm-quality": (("docs/grm/quality/quality.json",), grm_quality),
-    "grm-speed": (("docs/grm/profile/*.json",), grm_speed),
-    "grm-movielens-like": (("docs/grm/movielens_like/*.json",), grm_movielens_like),
-    "grm-speed-ops": (("docs/grm/profile/*-median100-1.json",), grm_speed_ops),
-    "model-checks": (("docs/cluster/model.json",), model_checks),
-    "model-scores": (("docs/cluster/model.json", "docs/cluster/rerun/model.json"), model_scores),
-    "model-projection": (("docs/cluster/model.json",), model_projection),
+    "perf-op-profile-row-ids": (("benchmarks/results/perf/op_profile/row_ids/*.json",), lambda: perf_op_ab(
+        "benchmarks/results/perf/op_profile/row_ids", ("fused", "tfra_hand_fused"), ("UpperBound", "FusedRec>RowIds"))),
+    "bench-dot-interaction-head": (("benchmarks/results/bench/dot_interaction_head/*/bench.json",), lambda: bench_head_runs(
+        "benchmarks/results/bench/dot_interaction_head", ("fused", "tfra_hand_fused", "per_feature"))),
+    "bench-grad-blocks-head": (("benchmarks/results/bench/grad_blocks_head/*/bench.json",), lambda: bench_head_runs(
+        "benchmarks/results/bench/grad_blocks_head", ("fused", "tfra_hand_fused", "per_feature"))),
+    "bench-graph-ops": (("benchmarks/results/bench/graph_ops/*/bench.json",), lambda: bench_step_cost("benchmarks/results/bench/graph_ops")),
+    "bench-trace-tfra": (("benchmarks/results/bench/trace_tfra/*/bench.json",),
+                         lambda: bench_step_cost("benchmarks/results/bench/trace_tfra", ("per_feature", "fused_tfra"))),
+    "bench-cycle-time": (("benchmarks/results/bench/cycle_time/*/bench.json",), bench_cycle_time),
+    "bench-cycle-time-mpi": (("benchmarks/results/bench/cycle_time_mpi/*/bench.json",), lambda: bench_cycle_time_mpi(
+        "benchmarks/results/bench/cycle_time_mpi", {"default": "unset (Horovod's 1)", "0.5": "0.5", "0.1": "0.1"})),
+    "bench-cycle-time-mpi-modes": (("benchmarks/results/bench/cycle_time_mpi_modes/*/bench.json",), lambda: bench_cycle_time_mpi(
+        "benchmarks/results/bench/cycle_time_mpi_modes", {"default": "unset (Horovod's 1)", "0.1": "0.1"})),
+    "bench-cycle-time-mpi-default": (("benchmarks/results/bench/cycle_time_mpi_default/*/bench.json",), lambda: bench_cycle_time_mpi(
+        "benchmarks/results/bench/cycle_time_mpi_default", {"1": "1 (Horovod's default)", "default": "unset: 0.1, the library's default"})),
+    "readme-headline": (("benchmarks/results/bench/cycle_time_mpi_default/default-*/bench.json",), readme_headline),
+    "hot-sweep": (("benchmarks/results/hot/hot_sweep.json",), hot_sweep_loopback),
+    "hot-sweep-1gbit": (("benchmarks/results/hot/1gbit-n2/hot_sweep.json",), hot_sweep_1gbit),
+    "serve-bench": (("benchmarks/results/serve/serve_bench.json",), serve_bench),
+    "serve-curve": (("benchmarks/results/serve/serve_curve.json",), serve_curve),
+    "serve-bench-1127": (("benchmarks/results/serve/plain_1127/serve_bench.json",),
+                         lambda: serve_bench("benchmarks/results/serve/plain_1127/serve_bench.json")),
+    "serve-targets-1127": (("benchmarks/results/serve/plain_1127/serve_*.json", "benchmarks/results/serve/async_1127*/serve_*.json"),
+                           lambda: serve_targets(["benchmarks/results/serve/plain_1127", "benchmarks/results/serve/async_1127",
+                                                  "benchmarks/results/serve/async_1127_2"])),
+    "serve-curve-async-1127": (("benchmarks/results/serve/async_1127/serve_curve.json",),
+                               lambda: serve_curve("benchmarks/results/serve/async_1127/serve_curve.json")),
+    "serve-curve-plain-1127": (("benchmarks/results/serve/plain_1127/serve_curve.json",),
+                               lambda: serve_curve("benchmarks/results/serve/plain_1127/serve_curve.json")),
+    "serve-curve-plain": (("benchmarks/results/serve/plain/serve_curve.json",),
+                          lambda: serve_curve("benchmarks/results/serve/plain/serve_curve.json")),
+    "publish-training": (("benchmarks/results/publish/publish_bench.json",), publish_training),
+    "publish-versions": (("benchmarks/results/publish/publish_bench.json",), publish_versions),
+    "publish-long": (("benchmarks/results/publish/long/publish_bench.json",), publish_long),
+    "publish-auc": (("benchmarks/results/publish/freshness_auc.json",), publish_auc),
+    "cluster-probe": (("benchmarks/results/cluster/*-n2/probe.json", "benchmarks/results/cluster/model.json"), cluster_probe),
+    "cluster-bench": (("benchmarks/results/cluster/*-n2/bench.json", "benchmarks/results/cluster/model.json"), cluster_bench),
+    "bench-per-feature-ceiling": (("benchmarks/results/bench/per_feature_ceiling/*/bench.json",), bench_per_feature_ceiling),
+    "bench-steps-per-call-1127": (("benchmarks/results/bench/steps_per_call_1127/*/bench.json",), lambda: _value_ab(
+        "benchmarks/results/bench/steps_per_call_1127", ("1", "4"), "steps per call", str, ("fused", "tfra_hand_fused"))),
+    "bench-steps-per-call-1127-more": (("benchmarks/results/bench/steps_per_call_1127/one_worker/*/bench.json",
+                                        "benchmarks/results/bench/steps_per_call_1127/pipelines/*/bench.json"),
+                                       lambda: steps_per_call_more("benchmarks/results/bench/steps_per_call_1127")),
+    "perf-step-1127": (("benchmarks/results/perf/step_1127/*.txt",), perf_step_1127),
+    "bench-vs-396d1ef": (("benchmarks/results/bench/vs_396d1ef/*/bench.json",), bench_vs_396d1ef),
+    "cluster-bench-1127": (("benchmarks/results/cluster/run_1127/*-n2/bench.json", "benchmarks/results/cluster/model.json"),
+                           lambda: cluster_bench("benchmarks/results/cluster/run_1127")),
+    "serve-async-hostile": (("benchmarks/results/serve/async_server/hostile-*.json",), serve_async_hostile),
+    "serve-async-saturation": (("benchmarks/results/serve/async_server/saturation-*.json",), serve_async_saturation),
+    "serve-malformed-gate": (("benchmarks/results/serve/malformed_gate/*.json",), serve_malformed_gate),
+    "grm-quality": (("benchmarks/results/grm/quality/quality.json",), grm_quality),
+    "grm-speed": (("benchmarks/results/grm/profile/*.json",), grm_speed),
+    "grm-movielens-like": (("benchmarks/results/grm/movielens_like/*.json",), grm_movielens_like),
+    "grm-speed-ops": (("benchmarks/results/grm/profile/*-median100-1.json",), grm_speed_ops),
+    "model-checks": (("benchmarks/results/cluster/model.json",), model_checks),
+    "model-scores": (("benchmarks/results/cluster/model.json", "benchmarks/results/cluster/rerun/model.json"), model_scores),
+    "model-projection": (("benchmarks/results/cluster/model.json",), model_projection),
 }
 
 
@@ -1311,6 +1318,24 @@ def render(name):
 
 def begin_marker(name, indent=""):
     return f"{indent}<!-- table:{name} from {', '.join(TABLES[name][0])} -->"
+
+
+# --- the plots -------------------------------------------------------------------------------------------------------
+
+
+def stale_plots():
+    """The plots (of PLOTS) whose copy under docs/assets/ is missing or differs from the result file."""
+    return [plot for plot in PLOTS if not os.path.exists(_path(f"{ASSETS}/{plot}"))
+            or not filecmp.cmp(_path(f"{RESULTS}/{plot}"), _path(f"{ASSETS}/{plot}"), shallow=False)]
+
+
+def copy_plots():
+    """Copies each stale plot to docs/assets/; -> the plots copied."""
+    plots = stale_plots()
+    for plot in plots:
+        os.makedirs(os.path.dirname(_path(f"{ASSETS}/{plot}")), exist_ok=True)
+        shutil.copyfile(_path(f"{RESULTS}/{plot}"), _path(f"{ASSETS}/{plot}"))
+    return plots
 
 
 # --- the pages -------------------------------------------------------------------------------------------------------
@@ -1378,10 +1403,11 @@ def stale(text):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    p.add_argument("--check", action="store_true", help="change nothing; exit 1 naming the tables that differ")
+    p.add_argument("--check", action="store_true",
+                   help="change nothing; exit 1 naming the tables (and the plots' copies) that differ")
     p.add_argument("files", nargs="*",
                    help="pages to render or check (default: README.md and every page under docs/, where each table "
-                        "must be marked once)")
+                        "must be marked once, and the plots' copies in docs/assets/)")
     args = p.parse_args(argv)
     files = args.files or [_path(page) for page in pages()]
     texts = {}  # the page's name (relative to the root where it is under it) -> its text
@@ -1393,9 +1419,11 @@ def main(argv=None):
         missing = [] if args.files else [name for name in TABLES if name not in where]
         if args.check:
             changed = [f"{name} ({page})" for page, text in texts.items() for name in stale(text)]
-            if changed or missing:
-                print("tables that differ from their data (run `make docs-tables`): "
-                      + ", ".join(changed + [f"{name} (marked in no page)" for name in missing]), file=sys.stderr)
+            plots = [] if args.files else [f"{ASSETS}/{plot}" for plot in stale_plots()]
+            if changed or missing or plots:
+                print("tables and plots that differ from their data (run `make docs-tables`): "
+                      + ", ".join(changed + [f"{name} (marked in no page)" for name in missing] + plots),
+                      file=sys.stderr)
                 return 1
             return 0
         changed = []
@@ -1409,6 +1437,8 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{len(where)} tables rendered in {len(texts)} pages; changed: {', '.join(changed) or 'none'}")
+    if not args.files:
+        print(f"{len(PLOTS)} plots in {ASSETS}; copied: {', '.join(copy_plots()) or 'none'}")
     if missing:
         print(f"error: no page marks: {', '.join(missing)}", file=sys.stderr)
         return 2

@@ -433,7 +433,7 @@ def pytest_collection_modifyitems(config, items):
 # TF_FUSEDREC_CPU_REPORT=DIR: each pytest process (each xdist worker) writes DIR/cpu-{worker}-{pid}.tsv, a line per test
 # phase: node id, phase, CPU seconds (user + sys of the pytest process and of every process it started that has been
 # waited for: horovodrun and its workers, apps, servers; a server reaped at a module's end is counted in that teardown),
-# wall seconds, start (Unix time). scripts/cpu_report.py sums them per module and shows each process's busy span.
+# wall seconds, start (Unix time). benchmarks/suite/cpu_report.py sums them per module and shows each process's busy span.
 _CPU_REPORT = os.environ.get("TF_FUSEDREC_CPU_REPORT")
 _cpu_lines = []
 

@@ -1,5 +1,5 @@
 """The result tables of README.md and of the docs pages equal a fresh rendering of the committed result files
-(scripts/docs_tables.py).
+(scripts/docs_tables.py), and the plots the pages show (docs/assets/) are copies of the results' ones.
 
 Each table marked `<!-- table:NAME from FILES -->` ... `<!-- /table -->` in a page (README.md, or a page under docs/)
 is checked on its own, so a failure names the table and its page; `make docs-tables` rewrites them. The script uses
@@ -90,5 +90,22 @@ def test_the_script_imports_only_the_standard_library():
 @pytest.mark.parametrize("name", ["serve-bench", "serve-curve"])
 def test_the_serve_tables_are_the_ones_the_bench_wrote(name):
     # tf_fusedrec/serve/bench.py writes the same tables into serve_bench.md from the same JSON.
-    written = (ROOT / "docs" / "serve" / "serve_bench.md").read_text()
-    assert docs_tables.render(name) in written, f"table {name!r} is not the one in docs/serve/serve_bench.md"
+    written = ROOT / docs_tables.RESULTS / "serve" / "serve_bench.md"
+    assert docs_tables.render(name) in written.read_text(), f"table {name!r} is not the one in {written}"
+
+
+@pytest.mark.parametrize("plot", docs_tables.PLOTS)
+def test_each_plot_a_page_shows_is_a_copy_of_its_result(plot):
+    copy, result = ROOT / docs_tables.ASSETS / plot, ROOT / docs_tables.RESULTS / plot
+    assert copy.is_file() and copy.read_bytes() == result.read_bytes(), (
+        f"{copy.relative_to(ROOT)} is not a copy of {result.relative_to(ROOT)}; run `make docs-tables`")
+
+
+def test_a_missing_plot_copy_is_named_and_copied(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(docs_tables, "ASSETS", str(tmp_path))
+    assert docs_tables.stale_plots() == list(docs_tables.PLOTS)
+    assert docs_tables.main(["--check"]) == 1
+    assert f"{tmp_path}/hot/hot_sweep.png" in capsys.readouterr().err
+    assert docs_tables.copy_plots() == list(docs_tables.PLOTS)
+    assert docs_tables.stale_plots() == []
+    assert docs_tables.main(["--check"]) == 0

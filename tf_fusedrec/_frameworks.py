@@ -110,7 +110,7 @@ def _import_tfra_quietly():
     # TFRA tries `import keras` (Keras 3, which TensorFlow 2.16's wheel installs) for two things tf_fusedrec never
     # uses: patching Keras 3's VarianceScaling initializer and Keras 3's SavedModel save (whose import fails on
     # Keras 3 anyway). Importing Keras 3 pulls in matplotlib.pyplot and cost about 0.5 s of CPU in every process that
-    # imports TFRA (2.6 s against 3.1 s, the means of three runs each, for TensorFlow + TFRA; docs/tests/tfra_import.txt). Unless the process has
+    # imports TFRA (2.6 s against 3.1 s, the means of three runs each, for TensorFlow + TFRA; benchmarks/results/tests/tfra_import.txt). Unless the process has
     # already imported Keras 3 itself, `keras` is unimportable while TFRA's modules load (both imports sit in
     # try/except in TFRA), and importable again right after: a later `import keras` gets Keras 3 as usual.
     block_keras3 = "keras" not in sys.modules

@@ -3,8 +3,8 @@
 // pass over the same hash map the ops use (cc/kernels/impl/native_table.h), one thread, no TensorFlow. The ops do
 // the same work in two passes (the lookup writes the rows out, the update probes again) plus TF's per-call costs.
 //
-// Workload (as /work/shared/tools/table_floor.cc and table_tfra.py): dim 16, keys 0..prefill-1 pre-filled with rows
-// 0.01 and accumulators 0.1, new keys initialised to the same constants, gradient 0.01, lr 0.05. Batches are read
+// Workload (that of tf_fusedrec/bench/table.py's native and tfra variants): dim 16, keys 0..prefill-1 pre-filled with
+// rows 0.01 and accumulators 0.1, new keys initialised to the same constants, gradient 0.01, lr 0.05. Batches are read
 // from a file written by tf_fusedrec.bench.table (so all three measurements run the same keys), or drawn here:
 // 16k keys 1.5M * r^3 (skewed, about 1/3 beyond the pre-filled range over time), deduplicated.
 //

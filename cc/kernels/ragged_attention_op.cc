@@ -3,7 +3,7 @@
 // The GRM computed it on the (i, j <= i) pairs of every sequence: gathers of Q, K and V to [P, H, D] tensors, their
 // products, a segment sum, and in the backward the same again with scatters (P = sum L (L + 1) / 2, 1.1M pairs for a
 // batch of 128 histories of median 100): about 90% of a training step went to those element-wise ops and their
-// [P, H, D] temporaries (scripts/grm_op_profile.py, docs/grm/profile). Here each sequence is one task: a query's
+// [P, H, D] temporaries (benchmarks/profiling/grm_op_profile.py, benchmarks/results/grm/profile). Here each sequence is one task: a query's
 // scores are dot products in registers, its output a running sum, and the backward recomputes the scores instead of
 // keeping them. A sequence's values depend on that sequence only, in a fixed order (keys ascending), whatever the
 // batch or the thread count. The bias gradient is summed per sequence, then added under a lock.

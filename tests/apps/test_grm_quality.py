@@ -3,9 +3,9 @@ configs/grm_synthetic_dlrm.yaml (the same data, seed, batches and held-out batch
 bag) trained by `python -m tf_fusedrec.train` on one worker for STEPS steps. grm_synthetic's labels depend on the
 history's most recent items and on how the history's items relate to the candidate (tf_fusedrec/data/sequences.py):
 a sequence model reads both, a pooled bag only an average. The held-out AUC of each task must be higher for the GRM
-(here by 0.047 and 0.038 at 200 steps, 0.013 and 0.036 at 100; scripts/bench_grm_quality.sh measures the issue's
-0.01 margin at 300 steps on 2 workers and three data seeds: docs/grm/quality). The test asks only for the ordering:
-a run's AUC moves by up to 0.01 with the dense kernels' last bits alone (docs/grm/noise), which a margin close to the
+(here by 0.047 and 0.038 at 200 steps, 0.013 and 0.036 at 100; benchmarks/grm/bench_grm_quality.sh measures the issue's
+0.01 margin at 300 steps on 2 workers and three data seeds: benchmarks/results/grm/quality). The test asks only for the ordering:
+a run's AUC moves by up to 0.01 with the dense kernels' last bits alone (benchmarks/results/grm/noise), which a margin close to the
 measured one would turn into a flaky test on other CPUs."""
 
 import pytest

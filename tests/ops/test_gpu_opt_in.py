@@ -1,6 +1,6 @@
 """The ops run on the CPU unless TF_FUSEDREC_GPU=1 (tf_fusedrec/ops/_loader.py): their CUDA kernels, registered
 when the library is built against a CUDA build of TensorFlow, are verified on a GPU only through the standalone harness
-(tests/cuda, docs/cuda): the TensorFlow GPU ops around them have not run on a GPU yet.
+(tests/cuda, benchmarks/results/cuda): the TensorFlow GPU ops around them have not run on a GPU yet.
 
 * by default every op of the family is created on /device:CPU:0, whatever TensorFlow would choose;
 * with TF_FUSEDREC_GPU=1 the placement is TensorFlow's (no device is pinned);

@@ -177,8 +177,8 @@ class Runner:
 # Every Runner built stays referenced until the process ends (python -m tf_fusedrec.bench leaves by os._exit, without
 # collecting them). A Runner dropped after its measure() is freed by a later cyclic garbage collection, at whatever
 # point of a later measurement that falls: freeing one (its model, tables and prefetching tf.data iterator, whose
-# destructor waits for its threads) took 0.3-10.7 s (docs/tests/teardown.txt), and a 15 s pause in the sweep's
-# warm-up appeared once the import order shifted when the collections ran (docs/tests/bench_gc.txt).
+# destructor waits for its threads) took 0.3-10.7 s (benchmarks/results/tests/teardown.txt), and a 15 s pause in the sweep's
+# warm-up appeared once the import order shifted when the collections ran (benchmarks/results/tests/bench_gc.txt).
 _RUNNERS = []
 
 

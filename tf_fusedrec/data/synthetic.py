@@ -30,7 +30,7 @@ rank ``(k - floor(d * s)) % vocab_size`` of step 0, ``id = (((k - floor(d * s)) 
 vocab_size``: every id sinks ``d`` ranks per step, and the ``d`` ids that enter the top ranks per step come from the
 far tail (almost never seen before), like new items, while the hidden weight of each id stays what it was. A model
 ``n`` steps old has not trained the ids that arrived since (how fresh a served model must be:
-scripts/bench_freshness_auc.py). Step 0 and the calibration sample are unshifted; the held-out stream of a step
+benchmarks/publishing/bench_freshness_auc.py). Step 0 and the calibration sample are unshifted; the held-out stream of a step
 drifts as the training stream does.
 
 **Labels.** A hidden model: each (feature, id) has a weight ``w in [-1, 1)``, a splitmix64 hash of (seed, feature

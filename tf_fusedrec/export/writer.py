@@ -24,7 +24,7 @@ LAYOUTS = ("one", "bag", "sequence")
 SIGNATURE = "serving_default"
 # A second signature of the same function: every float32 [B, d] input (the one-id and bag features' rows, float dense
 # inputs of rank 2) side by side in one float32 [B, sum d] input "packed", the others as in SIGNATURE. One tensor to
-# build and bind instead of ~30 (the ranker's dense call: scripts/serve_packed_call.py, docs/serve/packed_call.json).
+# build and bind instead of ~30 (the ranker's dense call: benchmarks/serving/serve_packed_call.py, benchmarks/results/serve/packed_call.json).
 PACKED_SIGNATURE = "serving_packed"
 PACKED_INPUT = "packed"
 

@@ -12,7 +12,7 @@ Their code holds no tensor-dependent Python control flow (TrainPipeline traces e
 inside a user's tf.function (or Keras' fit) AutoGraph has nothing to convert there; left to it, it converted their
 code and, through it, tf_keras' own layer machinery (which TensorFlow's rules exempt as ``keras`` but not under the
 name ``tf_keras``) at every process's first trace: 10 s of CPU for the GRM's first tf.function here
-(docs/tests/autograph.txt). What they call runs unconverted too (all the library's own layers); a user's model
+(benchmarks/results/tests/autograph.txt). What they call runs unconverted too (all the library's own layers); a user's model
 around them is converted as Keras converts any subclassed layer.
 """
 

@@ -29,7 +29,7 @@ computes it sequence by sequence on the flat tokens and the row splits: time ``O
 cost, and every sequence's states equal those it gets alone. It replaced the pair-list form (still here as
 :func:`causal_pairs`, the tests' reference): the (query, key) pairs ``j <= i`` listed from the row splits, scores as
 dot products of the gathered Q and K rows, outputs a segment sum of ``A * V[key]``, whose ``[pairs, heads,
-head_dim]`` temporaries took about 90% of a training step (scripts/grm_op_profile.py, docs/grm/profile).
+head_dim]`` temporaries took about 90% of a training step (benchmarks/profiling/grm_op_profile.py, benchmarks/results/grm/profile).
 
 **Pooling** (``pooling``): ``"last"`` (default) takes the last item's state, which has seen the whole history
 through the causal attention; ``"mean"`` averages the states of a sequence. An empty sequence pools to zeros (the

@@ -7,7 +7,7 @@ as its reference in the tests)::
     upper_triangle(tf.matmul(x, x, transpose_b=True))
 
 whose three batch matmuls (forward, and two in the backward) did twice the multiply-adds on 27 x 16 matrices and
-were, with the triangle, about a quarter of a one-worker criteo step (scripts/op_profile.py).
+were, with the triangle, about a quarter of a one-worker criteo step (benchmarks/profiling/op_profile.py).
 """
 
 import tensorflow as tf

@@ -7,7 +7,7 @@ It equals the chain the layer ran before (kept as its reference in the tests, wi
     segments = indexing.repeat(tf.constant(categories, tf.int32), feature_sizes)
 
 whose repeat (a row id per key and a gather of the categories) and per-feature sizes were about 0.1 ms a group in a
-`fused` step (scripts/op_profile.py), for a copy and a fill.
+`fused` step (benchmarks/profiling/op_profile.py), for a copy and a fill.
 """
 
 import tensorflow as tf

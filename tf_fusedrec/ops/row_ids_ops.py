@@ -4,7 +4,7 @@ It equals tf_fusedrec.ops.indexing.rows_of (TensorFlow's UpperBound, a binary se
 its reference and is what the models use (their exported graphs hold TensorFlow's ops only). The layer's input
 preparation asks for positions in order (a mask's true positions, or every position), for which the op takes one
 pass over the positions and the rows instead of a search each (UpperBound was 0.4 ms of a 10 ms one-worker step,
-scripts/op_profile.py); positions in any other order give the same answer.
+benchmarks/profiling/op_profile.py); positions in any other order give the same answer.
 """
 
 import tensorflow as tf

@@ -8,7 +8,7 @@ ones in reference.py)::
 
 which were about six executor nodes per feature (GreaterEqual, Where, Reshape, GatherV2, Min, Max) for a pass over a
 few thousand ids each: 26 features made them about 160 of a one-worker `fused` step's nodes and its largest gather
-time (scripts/op_profile.py).
+time (benchmarks/profiling/op_profile.py).
 """
 
 import tensorflow as tf

@@ -1,7 +1,7 @@
 """python -m tf_fusedrec.serve.bench: the ranker's latency, throughput and network bytes with pooling on the embedding
 servers on or off and the row cache on or off, at a low and a high load; and one setup's saturation curve.
 
-    python -m tf_fusedrec.serve.bench [--config configs/criteo_serve.yaml] [--export EXPORT] [--out docs/serve]
+    python -m tf_fusedrec.serve.bench [--config configs/criteo_serve.yaml] [--export EXPORT] [--out benchmarks/results/serve]
         [--duration 10] [--low-qps 5] [--high-qps 45] [--batch 64] [--cache-mb 64]
         [--curve-qps 10,20,40,60,80,120,160] [--curve-pooling on] [--curve-cache on]
 
@@ -30,7 +30,7 @@ high load is meant to be near or beyond what the ranker serves: arrivals beyond 
 are dropped (counted), so the latencies there measure the queue, not just the service time. The defaults fit a
 2-core machine that also runs the load generator. The high load (45/s plus 8 every 2 s: 49/s offered) was at
 saturation there before the ranker turned Nagle's algorithm off; since, the pooling + cache ranker served about
-100 requests/s at its plateau (docs/serve/serve_bench.md), so the high load sits at about half of it. The curve's
+100 requests/s at its plateau (benchmarks/results/serve/serve_bench.md), so the high load sits at about half of it. The curve's
 default rates run from 10 requests/s to 160, past that plateau, so its top points show it.
 """
 
@@ -592,7 +592,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m tf_fusedrec.serve.bench", description=__doc__.splitlines()[0])
     p.add_argument("--config", default=DEFAULT_CONFIG, help=f"the model's config (default {DEFAULT_CONFIG})")
     p.add_argument("--export", help="an existing export of --config (default: train and export one here)")
-    p.add_argument("--out", default="docs/serve", help="where serve_bench.json and serve_bench.md go")
+    p.add_argument("--out", default="benchmarks/results/serve", help="where serve_bench.json and serve_bench.md go")
     p.add_argument("--duration", type=float, default=10.0, help="seconds of requests per run (default 10)")
     p.add_argument("--low-qps", type=float, default=5.0, help="the low load, requests/s (default 5)")
     p.add_argument("--high-qps", type=float, default=45.0, help="the high load's Poisson rate (default 45)")

@@ -647,7 +647,7 @@ def parse_args(argv=None):
     p.add_argument("--max-batch", type=int, default=1024, help="most instances in one model call")
     p.add_argument("--batch-wait-ms", type=float, default=0.0,
                    help="how long a batch waits for more requests (default 0: it takes what is queued when the model "
-                        "is free; requests arriving while a batch runs form the next; docs/serve/batch_wait_ab.json)")
+                        "is free; requests arriving while a batch runs form the next; benchmarks/results/serve/batch_wait_ab.json)")
     p.add_argument("--max-queue", type=int, default=256, help="most requests waiting; beyond, HTTP 503")
     p.add_argument("--max-instances", type=int, default=4096, help="most instances in one request; beyond, HTTP 413")
     p.add_argument("--max-ids", type=int, default=1 << 18,

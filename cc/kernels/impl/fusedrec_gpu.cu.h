@@ -7,7 +7,7 @@
 //     (shared atomics). Then one thread per distinct pair of the tile probes the global table of 2^k >= 1.5n slots
 //     and adds the tile's count: a hot (Zipf) key costs one global atomic per tile, not one per occurrence. (The
 //     first version elected one lane per pair and warp with __match_any_sync and probed the global table from
-//     there: one global atomic per warp, 2x slower on 10M keys; docs/cuda.) A slot holds a *position* of its pair
+//     there: one global atomic per warp, 2x slower on 10M keys; benchmarks/results/cuda.) A slot holds a *position* of its pair
 //     (the input arrays are the table's key store), claimed by atomicCAS from kEmpty and lowered by atomicMin, in
 //     shared memory and in the global table alike, so once the pass ends every slot holds the first position of its
 //     pair: the min-position pass that makes the output order independent of thread timing.
