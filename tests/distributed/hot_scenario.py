@@ -62,7 +62,7 @@ def add_run_flags(p):
     p.add_argument("--sample-batches", type=int, default=4)
     p.add_argument("--repeek-at", type=int, default=None)
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--table-backend", choices=["tfra", "native"], default="tfra")
+    p.add_argument("--table-backend", choices=["tfra", "native"], default="native")  # the layer's default
 
 
 class _RunParser(argparse.ArgumentParser):

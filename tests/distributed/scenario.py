@@ -159,8 +159,9 @@ def transport():
     return "mpi" if hvd.mpi_enabled() else "gloo" if hvd.gloo_enabled() else "unknown"
 
 
-LAYERS = ["fused", "fused_chain", "fused_packed", "fused_fp16", "fused_fp16s", "fused_native", "fused_native_fp16s",
+LAYERS = ["fused", "fused_chain", "fused_packed", "fused_fp16", "fused_fp16s", "fused_tfra", "fused_tfra_fp16s",
           "fused_admission", "per_feature"]
+TFRA_LAYERS = ("fused_tfra", "fused_tfra_fp16s", "per_feature")  # the layers on TFRA's tables
 
 
 def parse_run(text):
@@ -214,9 +215,11 @@ def run_one(rank, size, layer, optimizer, steps, mode, autograph, out, name):
     features = make_features(optimizer, max_id_bits=20 if layer == "fused_packed" else None)
     layer_cls = fr.PerFeatureEmbedding if layer == "per_feature" else fr.FusedEmbedding
     # fp16s: float16 rows rounded stochastically (tf_fusedrec/distributed/rounding.py).
-    options = {"fused_fp16": {"storage": "float16"}, "fused_native": {"table_backend": "native"},
+    # The fused layers train the layer's default (native) tables, but for the fused_tfra ones (TFRA's tables: the
+    # [tfra] extra, as per_feature).
+    options = {"fused_fp16": {"storage": "float16"}, "fused_tfra": {"table_backend": "tfra"},
                "fused_fp16s": {"storage": "float16", "rounding": "stochastic"},
-               "fused_native_fp16s": {"table_backend": "native", "storage": "float16", "rounding": "stochastic"},
+               "fused_tfra_fp16s": {"table_backend": "tfra", "storage": "float16", "rounding": "stochastic"},
                "fused_admission": {"table_backend": "native", "admission": fr.Admission(3),
                                    "expiry": fr.Expiry(2, interval=1)}}.get(layer, {})
     model = Model(layer_cls(features, name=name, **options))

@@ -1,7 +1,7 @@
 """Delta checkpoints (tf_fusedrec/train/checkpoint.py, full_every; tests/distributed/delta_scenario.py).
 
-Three launches, shared by the module (each trains and restores every case of delta_scenario.CASES: TFRA float32
-Adagrad; native float16 Adam with eviction; TFRA float16 Adam with eviction):
+Three launches, shared by the module (each trains and restores every case of delta_scenario.CASES: native float32
+Adagrad; native float16 Adam with eviction; TFRA float16 Adam with eviction, where the [tfra] extra is installed):
 
 * 2 workers train 6 steps, saving at 2 (full), 4 and 6 (deltas) and a full checkpoint at each of those steps beside;
 * 1 worker does the same in its own directory, and restores the 2-worker directory (2 -> 1);
@@ -31,7 +31,9 @@ from tf_fusedrec.train import checkpoint as checkpoint_lib
 
 SCENARIO = Path(__file__).resolve().with_name("delta_scenario.py")
 TIMEOUT_S = 400
-CASES = tuple(load_script(SCENARIO, "delta_scenario").CASES)
+_scenario = load_script(SCENARIO, "delta_scenario")
+CASES = tuple(_scenario.CASES)  # what the launches train here
+ALL_CASES = tuple(_scenario.ALL_CASES)  # what the tests name (the TFRA ones skipped where TFRA is not installed)
 
 
 def damage(source, where):
@@ -74,7 +76,7 @@ def runs(tmp_path_factory):
     root1, root2 = where / "root1", where / "root2"
     two = run_scenario("2 workers train", [SCENARIO, "--train", f"two={root2}", "--steps", 6, "--out", where / "a"],
                        2, where / "a", TIMEOUT_S)
-    damaged = damage(root2 / "tfra" / "delta", where / "damaged")
+    damaged = damage(root2 / "native" / "delta", where / "damaged")
     one = run_scenario("1 worker trains, restores the 2-worker directory",
                        [SCENARIO, "--train", f"one={root1}", "--steps", 6, "--verify", f"two_on_one={root2}",
                         "--out", where / "b"], 1, where / "b", TIMEOUT_S)
@@ -133,7 +135,7 @@ RESTORES = {"two": (2, [2, 2, 2], [2, 4, 6]), "two_on_one": (1, [2, 2, 2], [2, 4
             "more": (2, [1, 1, 1, 2], [2, 4, 6, 8])}
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", ALL_CASES)
 @pytest.mark.parametrize("label", list(RESTORES))
 def test_full_plus_deltas_restore_equals_full_restore(runs, label, case):
     ranks = runs.ranks[label]
@@ -160,7 +162,7 @@ def test_full_plus_deltas_restore_equals_full_restore(runs, label, case):
         assert [link["kind"] for link in info["chain"]] == ["full"], info
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", ALL_CASES)
 def test_checkpoints_written_and_kept(runs, case):
     for label, steps in (("two", [2, 4, 6]), ("one", [2, 4, 6]), ("more", [8])):
         written = [json.loads(str(data[f"{label}/{case}/written"])) for data in runs.ranks[label]]

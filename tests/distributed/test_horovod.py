@@ -13,12 +13,16 @@ of a worker count run in one launch, one after another); the tests then compare 
 * eager training steps == tf.function steps;
 * the fused ops (sender, output sums) == the op chains they replace (2 workers, bit for bit).
 
+The fused layers train the layer's default (native) tables; fused_tfra runs TFRA's, and per_feature is TFRA's
+per-feature layer: those runs, and the tests that read them (the `tfra` marker), need the [tfra] extra.
+
 Most runs trace with ``--autograph off`` (about half the time of a run); the main configuration (2 workers, fused,
 Adagrad, tf.function) keeps the default AutoGraph path, so comparisons against it also cover that path.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -124,13 +128,16 @@ def run_scenario(out_dir, workers, layer, optimizer, steps=STEPS, mode="function
 # Horovod's start). A configuration missing here still runs, alone.
 PLANNED = {
     1: [("fused", "sgd"), ("fused", "adagrad"), ("per_feature", "sgd"), ("per_feature", "adagrad"),
-        ("fused_native", "adagrad"), ("fused_admission", "adagrad"), ("fused_fp16", "adagrad"),
-        ("fused_fp16s", "adagrad"), ("fused_native_fp16s", "adagrad")],
+        ("fused_tfra", "adagrad"), ("fused_admission", "adagrad"), ("fused_fp16", "adagrad"),
+        ("fused_fp16s", "adagrad"), ("fused_tfra_fp16s", "adagrad")],
     2: [("fused", "sgd"), ("fused", "adagrad"), ("per_feature", "sgd"), ("per_feature", "adagrad"),
-        ("fused_packed", "adagrad"), ("fused_native", "adagrad"), ("fused_native", "adam"), ("fused", "adam"),
+        ("fused_packed", "adagrad"), ("fused_tfra", "adagrad"), ("fused_tfra", "adam"), ("fused", "adam"),
         ("fused_admission", "adagrad"), ("fused_fp16", "adagrad"), ("fused", "adagrad", STEPS, "eager"),
-        ("fused_chain", "adagrad"), ("fused_fp16s", "adagrad"), ("fused_native_fp16s", "adagrad")],
+        ("fused_chain", "adagrad"), ("fused_fp16s", "adagrad"), ("fused_tfra_fp16s", "adagrad")],
 }
+# Where TFRA (the [tfra] extra) is not installed, the launches leave out the layers on its tables (sc.TFRA_LAYERS),
+# whose tests carry the `tfra` marker (by name or parametrization: tests/conftest.py) and are skipped there.
+TFRA_INSTALLED = importlib.util.find_spec("tensorflow_recommenders_addons") is not None
 
 
 @pytest.fixture(scope="session")
@@ -142,7 +149,8 @@ def scenario(tmp_path_factory):
     def get(workers, layer, optimizer, steps=STEPS, mode="function"):
         key = (workers, layer, optimizer, steps, mode)
         if key not in cache:
-            planned = [(p + (STEPS, "function"))[:4] for p in PLANNED.get(workers, [])]
+            planned = [(p + (STEPS, "function"))[:4] for p in PLANNED.get(workers, [])
+                       if TFRA_INSTALLED or p[0] not in sc.TFRA_LAYERS]
             configs = planned if key[1:] in planned else [key[1:]]
             configs = [c for c in configs if (workers,) + c not in cache]
             root = tmp_path_factory.mktemp(f"w{workers}")
@@ -249,17 +257,18 @@ def test_eval_predictions_fused_equal_per_feature(scenario, workers):
 
 
 def test_packed_groups_lossless(scenario):
-    # Packed groups send one reversible int64 per (category, id) pair instead of an (id, category) row.
+    # Packed groups send one reversible int64 per (category, id) pair instead of an (id, category) row: they train as
+    # the hashed groups do (fused, itself checked against per_feature above), without TFRA.
     packed = scenario(2, "fused_packed", "adagrad")
-    per_feature = scenario(2, "per_feature", "adagrad")
+    hashed = scenario(2, "fused", "adagrad")
     assert int(packed.ranks[0]["alltoalls"]) == 2 * NUM_GROUPS
     for r in range(2):
-        out_f, out_p = packed.outputs(r), per_feature.outputs(r)
+        out_f, out_h = packed.outputs(r), hashed.outputs(r)
         for name in FEATURES:
-            assert_close(out_f[name], out_p[name], f"rank {r} first-step output {name}: packed vs per_feature")
-        assert_close(packed.ranks[r]["losses"], per_feature.ranks[r]["losses"], f"rank {r} losses")
-        assert_same_dense(packed, r, per_feature, r)
-    assert_same_tables(packed, per_feature)
+            assert_close(out_f[name], out_h[name], f"rank {r} first-step output {name}: packed vs hashed")
+        assert_close(packed.ranks[r]["losses"], hashed.ranks[r]["losses"], f"rank {r} losses")
+        assert_same_dense(packed, r, hashed, r)
+    assert_same_tables(packed, hashed)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -287,8 +296,8 @@ def test_two_workers_equal_one_worker(scenario, optimizer):
 
 @pytest.mark.parametrize("optimizer", ["adagrad", "adam"])  # sgd: tests/layers/test_native_backend.py
 def test_native_backend_equals_tfra_on_two_workers(scenario, optimizer):
-    """FusedEmbedding(table_backend="native") on 2 workers gives the TFRA tables' training: rows, losses, dense."""
-    native, tfra = scenario(2, "fused_native", optimizer), scenario(2, "fused", optimizer)
+    """FusedEmbedding's default (native) tables on 2 workers give the TFRA tables' training: rows, losses, dense."""
+    native, tfra = scenario(2, "fused", optimizer), scenario(2, "fused_tfra", optimizer)
     assert_same_tables(native, tfra)
     for r in range(2):
         assert_close(native.ranks[r]["losses"], tfra.ranks[r]["losses"], f"rank {r} losses: native vs tfra")
@@ -298,20 +307,20 @@ def test_native_backend_equals_tfra_on_two_workers(scenario, optimizer):
 def test_mpi_transport_two_workers_equal_one_worker(scenario, tmp_path):
     """Under horovodrun --mpi (Open MPI, what `make bench` and `make demo` launch) the native tables' training is the
     1-worker training, as it is under Gloo: the transport moves the same bytes."""
-    mpi = run_scenario(tmp_path, 2, "fused_native", "adagrad", launcher=horovodrun_mpi, where="mpi")
-    gloo = scenario(2, "fused_native", "adagrad")
+    mpi = run_scenario(tmp_path, 2, "fused", "adagrad", launcher=horovodrun_mpi, where="mpi")
+    gloo = scenario(2, "fused", "adagrad")
     assert [str(r["transport"]) for r in mpi.ranks] == ["mpi", "mpi"], "the --mpi launch did not run over MPI"
     assert [str(r["transport"]) for r in gloo.ranks] == ["gloo", "gloo"], "the --gloo launch did not run over Gloo"
-    assert_two_workers_equal_one(mpi, scenario(1, "fused_native", "adagrad"))
+    assert_two_workers_equal_one(mpi, scenario(1, "fused", "adagrad"))
     assert_same_tables(mpi, gloo)
     for r in range(2):
         assert_close(mpi.ranks[r]["losses"], gloo.ranks[r]["losses"], f"rank {r} losses: mpi vs gloo")
 
 
-def test_native_backend_two_workers_equal_one_worker(scenario):
-    """As test_two_workers_equal_one_worker (OPTIMIZERS: Adam's normalised update magnifies the last-bit differences
-    of gradients summed in another order past 1e-6, on either backend)."""
-    assert_two_workers_equal_one(scenario(2, "fused_native", "adagrad"), scenario(1, "fused_native", "adagrad"))
+def test_tfra_backend_two_workers_equal_one_worker(scenario):
+    """As test_two_workers_equal_one_worker, on TFRA's tables (OPTIMIZERS: Adam's normalised update magnifies the
+    last-bit differences of gradients summed in another order past 1e-6, on either backend)."""
+    assert_two_workers_equal_one(scenario(2, "fused_tfra", "adagrad"), scenario(1, "fused_tfra", "adagrad"))
 
 
 def test_admission_two_workers_equal_one_worker(scenario):
@@ -320,7 +329,7 @@ def test_admission_two_workers_equal_one_worker(scenario):
     and admitted again; the tables are not those of the training without them."""
     two, one = scenario(2, "fused_admission", "adagrad"), scenario(1, "fused_admission", "adagrad")
     assert_two_workers_equal_one(two, one)
-    held, plain = one.tables(), scenario(1, "fused_native", "adagrad").tables()
+    held, plain = one.tables(), scenario(1, "fused", "adagrad").tables()
     assert set(held) < set(plain), "expiry removed no row (ids 0..11) or a row held is not one plain training holds"
 
 
@@ -351,41 +360,52 @@ def float16_steps_apart(a, b):
     return np.abs(ordinal(a) - ordinal(b))
 
 
-def test_float16_stochastic_two_workers_equal_one_worker(scenario):
-    """Stochastic rounding (FusedEmbedding(storage="float16", rounding="stochastic")), TFRA and native backends: its
-    random bits are a function of (salt, key, update count, column), never of the worker, so 2 workers store 1
-    worker's rows: the float32 rows rounded may differ in their last bit (gradients summed in another order), and for
-    given bits the rounding is monotone in the value, so a row element can move by one float16 step, which then
-    follows it; almost every element must be equal bit for bit (all of them are, here). The backends agree to the
-    tolerance of the other float16 comparisons (the native table rounds a new key's initial row to nearest when it
-    inserts it, so the first update rounds another value and the rows part by a float16 step or so), and the rounding
-    is not round to nearest's (82% of the values differ from it here)."""
-    runs = {(layer, w): scenario(w, layer, "adagrad")
-            for layer in ("fused_fp16s", "fused_native_fp16s") for w in (1, 2)}
-    tables = {k: run.tables() for k, run in runs.items()}
+def stochastic_rows(scenario, layer):
+    """{workers: every value of the rows of `layer`'s runs on 1 and 2 workers, flat}, the keys of round to nearest's
+    run (fused_fp16), and its values."""
     nearest = scenario(2, "fused_fp16", "adagrad").tables()
     keys = sorted(nearest)
-    assert all(sorted(t) == keys for t in tables.values()), "stochastic rounding holds other rows"
 
     def stack(t):  # every value of the rows, flat (the groups' dims differ)
         return np.concatenate([t[k][1] for k in keys])
 
-    rows = {k: stack(t) for k, t in tables.items()}
-    for (layer, w), r in rows.items():
+    rows = {}
+    for w in (1, 2):
+        table = scenario(w, layer, "adagrad").tables()
+        assert sorted(table) == keys, f"{layer} on {w} worker(s): stochastic rounding holds other rows"
+        rows[w] = stack(table)
+    return rows, stack(nearest)
+
+
+@pytest.mark.parametrize("layer", ["fused_fp16s", "fused_tfra_fp16s"])
+def test_float16_stochastic_two_workers_equal_one_worker(scenario, layer):
+    """Stochastic rounding (FusedEmbedding(storage="float16", rounding="stochastic")), on either backend: its random
+    bits are a function of (salt, key, update count, column), never of the worker, so 2 workers store 1 worker's
+    rows: the float32 rows rounded may differ in their last bit (gradients summed in another order), and for given
+    bits the rounding is monotone in the value, so a row element can move by one float16 step, which then follows
+    it; almost every element must be equal bit for bit (all of them are, here). The rounding is not round to
+    nearest's (82% of the values differ from it here)."""
+    rows, nearest = stochastic_rows(scenario, layer)
+    for w, r in rows.items():
         np.testing.assert_array_equal(r.astype(np.float16).astype(np.float32), r,
                                       err_msg=f"{layer} on {w} worker(s): a stored row that is not a float16 value")
-    for layer in ("fused_fp16s", "fused_native_fp16s"):
-        apart = float16_steps_apart(rows[(layer, 2)], rows[(layer, 1)])
-        assert apart.max() <= 2 and (apart > 0).mean() < 0.01, (
-            f"{layer}, 2 workers vs 1: {int((apart > 0).sum())} of {apart.size} values differ, by up to "
-            f"{apart.max()} float16 steps")
-        mean_two = np.mean([runs[(layer, 2)].ranks[r]["losses"] for r in range(2)], axis=0)
-        np.testing.assert_allclose(mean_two, runs[(layer, 1)].ranks[0]["losses"], rtol=1e-3,
-                                   err_msg=f"{layer} losses: 2 workers vs 1")
-    native, tfra = rows[("fused_native_fp16s", 2)], rows[("fused_fp16s", 2)]
-    np.testing.assert_allclose(native, tfra, rtol=2e-3, atol=2e-4, err_msg="2 workers: native vs tfra")
-    differ = (float16_steps_apart(rows[("fused_fp16s", 2)], stack(nearest)) > 0).mean()
+    apart = float16_steps_apart(rows[2], rows[1])
+    assert apart.max() <= 2 and (apart > 0).mean() < 0.01, (
+        f"{layer}, 2 workers vs 1: {int((apart > 0).sum())} of {apart.size} values differ, by up to "
+        f"{apart.max()} float16 steps")
+    mean_two = np.mean([scenario(2, layer, "adagrad").ranks[r]["losses"] for r in range(2)], axis=0)
+    np.testing.assert_allclose(mean_two, scenario(1, layer, "adagrad").ranks[0]["losses"], rtol=1e-3,
+                               err_msg=f"{layer} losses: 2 workers vs 1")
+    differ = (float16_steps_apart(rows[2], nearest) > 0).mean()
     assert differ > 0.05, f"stochastic rounding stored round to nearest's rows ({differ:.1%} of the values differ)"
+
+
+def test_float16_stochastic_native_near_tfra(scenario):
+    """The backends' stochastic rounding agrees to the tolerance of the other float16 comparisons (the native table
+    rounds a new key's initial row to nearest when it inserts it, so the first update rounds another value and the
+    rows part by a float16 step or so)."""
+    native, tfra = stochastic_rows(scenario, "fused_fp16s")[0][2], stochastic_rows(scenario, "fused_tfra_fp16s")[0][2]
+    np.testing.assert_allclose(native, tfra, rtol=2e-3, atol=2e-4, err_msg="2 workers: native vs tfra")
 
 
 # --------------------------------------------------------------------------------------------------------------

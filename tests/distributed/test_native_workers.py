@@ -13,8 +13,8 @@ from tests.distributed.test_horovod import assert_close, assert_same_tables, ass
 from tests.subprocess_runner import horovodrun_mpi
 
 # (layer, optimizer) of scenario.py: the native backend with each kind of update.
-CONFIGS = [("fused_native", "adagrad"), ("fused_native", "momentum"), ("fused_native", "ftrl"),
-           ("fused_native", "rmsprop"), ("fused_native", "adamw")]
+CONFIGS = [("fused", "adagrad"), ("fused", "momentum"), ("fused", "ftrl"),
+           ("fused", "rmsprop"), ("fused", "adamw")]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def test_two_workers_equal_one_on_native_tables(runs, config):
 
 
 def test_mpi_equals_gloo(runs):
-    key = ("fused_native", "adagrad", 3, "function")
+    key = ("fused", "adagrad", 3, "function")
     mpi, gloo = runs[(2, "mpi")][key], runs[(2, "gloo")][key]
     assert [str(r["transport"]) for r in mpi.ranks] == ["mpi", "mpi"], "the --mpi launch did not run over MPI"
     assert_same_tables(mpi, gloo)

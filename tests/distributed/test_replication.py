@@ -8,8 +8,9 @@ steps; then, to 1e-6:
   run's union, rows and optimizer slot rows alike: nothing lost, nothing held twice;
 * every worker's replicated copy is the same (digests), and hot pairs were really served locally (hot_hits > 0);
 * configurations: Adam with packed keys and a re-peek at step 4 that moves rows both ways, Adagrad with hashed keys,
-  SGD with packed keys and a re-peek, R chosen by the model (given costs) on both workers alike, and the first on
-  native tables (FusedEmbedding(table_backend="native")) against the plain TFRA run;
+  SGD with packed keys and a re-peek, R chosen by the model (given costs) on both workers alike, all on the layer's
+  default (native) tables, and the first on TFRA's tables (FusedEmbedding(table_backend="tfra"), where the [tfra]
+  extra is installed: the `tfra` marker) against the plain native run;
 * a replicated layer whose hot set is empty (the model chose R = 0) trains like the plain layer.
 
 Every run the tests read (PLANNED: the plain runs, the replicated ones, the empty hot set) trains in one horovodrun
@@ -17,6 +18,7 @@ launch, one after another (hot_scenario.py --run, each with a fresh Keras sessio
 time a test needs one of them; a failed launch fails every test that needs one of its runs, naming them all.
 """
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -37,10 +39,10 @@ CONFIGS = {  # name: (layer, optimizer, extra flags)
     "adagrad_hashed": ("fused", "adagrad", ["--hot", "5"]),
     "sgd_packed_repeek": ("fused_packed", "sgd", ["--hot", "4", "--repeek-at", "4"]),
     "adam_packed_auto": ("fused_packed", "adam", ["--hot", "auto", "--costs", "1e-7,1e-6"]),
-    # native tables (sharded and replicated) against the plain TFRA run
-    "adam_packed_repeek_native": ("fused_packed", "adam",
-                                  ["--hot", "5", "--repeek-at", "4", "--table-backend", "native"]),
+    # TFRA's tables (sharded and replicated) against the plain native run
+    "adam_packed_repeek_tfra": ("fused_packed", "adam", ["--hot", "5", "--repeek-at", "4", "--table-backend", "tfra"]),
 }
+TFRA_INSTALLED = importlib.util.find_spec("tensorflow_recommenders_addons") is not None
 PLAIN = ["--hot", "0"]
 EMPTY = ("fused_packed", "adam", ["--hot", "auto", "--costs", "1,1e-12"])  # the model chooses R = 0
 
@@ -50,7 +52,7 @@ def planned():
     runs = []
     for layer, optimizer, flags in list(CONFIGS.values()) + [EMPTY]:
         for run in [(layer, optimizer, tuple(PLAIN)), (layer, optimizer, tuple(flags))]:
-            if run not in runs:
+            if run not in runs and (TFRA_INSTALLED or "tfra" not in run[2]):
                 runs.append(run)
     return runs
 

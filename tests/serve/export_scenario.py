@@ -82,7 +82,7 @@ def build(layer, comm):
     else:
         replication = fr.HotReplication(rows=6, sample_batches=2) if layer == "fused_hot" else None
         embedding = fr.FusedEmbedding(features, name="sparse", comm=comm, replication=replication,
-                                      table_backend="native" if layer == "fused_native" else "tfra")
+                                      table_backend="tfra" if layer == "fused_tfra" else "native")
     model = models.DLRM(embedding, bottom_mlp=(8, 4), top_mlp=(8,), num_dense=NUM_DENSE)
     opt = fr.train.make_optimizer(model, default={"name": "adam", "learning_rate": 0.05})
     step = tf.Variable(0, dtype=tf.int64, trainable=False)
@@ -145,7 +145,8 @@ def export(layer, where, comm, parts):
                            source={"step": restored["step"], "workers": restored["workers"]})
 
 
-LAYERS = ("fused", "fused_hot", "fused_native", "per_feature")
+# fused and fused_hot: the layer's default (native) tables; fused_tfra and per_feature: TFRA's (the [tfra] extra).
+LAYERS = ("fused", "fused_hot", "fused_tfra", "per_feature")
 
 
 def main():

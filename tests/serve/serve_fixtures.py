@@ -100,7 +100,7 @@ def trained_export(tmp_path_factory):
 
         sc = scenario()
         tf.keras.backend.clear_session()
-        model, opt, _, _ = sc.build("fused_native", comm_lib.get_comm("single"))  # native: the default tables
+        model, opt, _, _ = sc.build("fused", comm_lib.get_comm("single"))  # native: the default tables
         for s in range(3):
             batch = sc.local_slice(sc.make_batch(s), 0, 1)
             with tf.GradientTape() as tape:

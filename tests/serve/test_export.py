@@ -1,6 +1,7 @@
 """fr.export: export round trips (tests/serve/export_scenario.py), the export CLI, and bad input.
 
-* A DLRM trained on 2 workers (fused; fused with hot-row replication; per-feature TFRA layers) and on 1 worker,
+* A DLRM trained on 2 workers (fused, the default native tables; fused with hot-row replication; fused on TFRA's
+  tables and per-feature TFRA layers, where the [tfra] extra is installed) and on 1 worker,
   checkpointed, restored into one process and exported: fr.export.load_model predicts the training model's
   training=False scores on held-out batches (ids never trained included) of each rank to 1e-6, with pooling on and
   off; packed and hashed groups, int32 ids, a ragged bag with mean, a padded bag with sum, a padded sequence.
@@ -11,6 +12,7 @@
 * python -m tf_fusedrec.export on a 2-worker criteo_synthetic checkpoint; corrupt and missing files; bad requests.
 """
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -31,7 +33,10 @@ from tf_fusedrec.serve.model import InputError  # noqa: E402
 SCENARIO = Path(__file__).resolve().with_name("export_scenario.py")
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 600  # per subprocess: the 4 of the exports fixture took 87 s in all in a CI run, 200 s in a slow-tier one
-RUNS = [("fused", 2), ("fused_hot", 2), ("fused_native", 2), ("per_feature", 2), ("fused", 1)]
+RUNS = [("fused", 2), ("fused_hot", 2), ("fused_tfra", 2), ("per_feature", 2), ("fused", 1)]
+# The runs on TFRA's tables: trained only where TFRA is installed (their tests carry the `tfra` marker by name).
+TFRA_LAYERS = ("fused_tfra", "per_feature")
+TFRA_INSTALLED = importlib.util.find_spec("tensorflow_recommenders_addons") is not None
 
 
 def run(cmd):
@@ -46,7 +51,8 @@ def exports(tmp_path_factory):
     layer, one process the 1-worker run, and one process exports them all (a process per run costs ~15 s more)."""
     by_workers = {}
     for layer, workers in RUNS:
-        by_workers.setdefault(workers, []).append(layer)
+        if layer not in TFRA_LAYERS or TFRA_INSTALLED:
+            by_workers.setdefault(workers, []).append(layer)
     out = {}
     for workers, layers in by_workers.items():
         where = tmp_path_factory.mktemp(f"{workers}workers")
@@ -100,6 +106,9 @@ def test_export_manifest_describes_the_tables(exports):
     for group in manifest["groups"]:
         fmt.check_ranges([(p["start"], p["end"]) for p in group["parts"]])
         assert sum(p["rows"] for p in group["parts"]) == group["rows"] > 0
+
+
+def test_per_feature_export_has_one_identity_group_per_feature(exports):
     per_feature = fmt.read_manifest(str(exports[("per_feature", 2)][0]))
     assert {g["encoding"] for g in per_feature["groups"]} == {"identity"}
     assert len(per_feature["groups"]) == 6

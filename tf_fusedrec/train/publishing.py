@@ -101,7 +101,7 @@ class TrainingPublisher:
                 raise ValueError(f"--publish-to: ranker {address} reads other embedding servers ({table!r}) than "
                                  f"ranker {self.rankers[0]} ({tables[0]!r})")
         expected = [(d["shape"], d["dtype"]) for d in targets[0]["dense"]]
-        have = [(v.shape.as_list(), v.dtype.base_dtype.name) for v in self.dense]
+        have = [(list(v.shape), tf.as_dtype(v.dtype).name) for v in self.dense]  # Keras 3: a tuple, a str
         if expected != have:
             raise ValueError(f"--publish-to: the ranker's model has dense weights {expected}, this model {have}: "
                              f"the ranker serves another model (export this config's model for it)")
