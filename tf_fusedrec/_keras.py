@@ -43,6 +43,16 @@ def read(var):
     return tf.convert_to_tensor(var)  # a keras.Variable (its value, cast where a mixed-precision policy casts it)
 
 
+def assign(var, value):
+    """var = value for a tf.Variable or a keras.Variable; -> the assign op in a graph (a tf.compat.v1 graph runs it only
+    when something depends on it), None eagerly or for a keras.Variable (Keras 3: tf.functions only, where automatic
+    control dependencies run it in program order)."""
+    if isinstance(var, tf.Variable):
+        return var.assign(value, read_value=False)
+    var.assign(value)
+    return None
+
+
 def build_optimizer(name, config, for_tfra=False):
     """A fresh Keras optimizer of tf_fusedrec's optimizer `name` with hyperparameters `config` (a dict).
 
@@ -75,16 +85,61 @@ def current_learning_rate(optimizer):
     return tf.cast(tf.convert_to_tensor(rate), tf.float32)
 
 
+# The per-variable state lists of the optimizers of Keras 3 and of tf_keras' new (non-legacy) optimizers, by class,
+# as (attribute, the slot name tf_keras' legacy optimizer of that class gives the same state): checkpoints key the
+# dense slots by those names on either Keras, so a checkpoint written under Keras 2 restores under Keras 3 and back.
+_SLOT_LISTS = {
+    "Adam": (("_momentums", "m"), ("_velocities", "v"), ("_velocity_hats", "vhat")),
+    "Adagrad": (("_accumulators", "accumulator"),),
+    "SGD": (("momentums", "momentum"),),
+    "RMSprop": (("_velocities", "rms"), ("_momentums", "momentum"), ("_average_gradients", "mg")),
+    "Ftrl": (("_accumulators", "accumulator"), ("_linears", "linear")),
+}
+
+
+def _slot_lists(optimizer):
+    """_SLOT_LISTS' entry of the optimizer's class or of its nearest base class (AdamW: Adam's), or None."""
+    for cls in type(optimizer).__mro__:
+        if cls.__name__ in _SLOT_LISTS:
+            return _SLOT_LISTS[cls.__name__]
+    return None
+
+
+def _variable_index(optimizer, var):
+    """The index of `var` in a Keras 3 (or tf_keras new) optimizer's per-variable lists."""
+    if hasattr(optimizer, "_get_variable_index"):  # Keras 3
+        return optimizer._get_variable_index(var)  # noqa: SLF001  (Keras' own lookup of its lists)
+    return optimizer._index_dict[optimizer._var_key(var)]  # noqa: SLF001  (tf_keras' new optimizers)
+
+
 def dense_slots(optimizer, variables):
     """[(key, slot variable)] of a dense optimizer's per-variable state, in a deterministic order, for checkpoints.
 
-    tf_keras legacy optimizers: 'var{i}/{slot name}' from get_slot. Keras 3 (and tf_keras' new optimizers): the
-    optimizer's own variables other than its step count and learning rate, in their creation order (per variable in
-    the order the optimizer was built with), keyed 'slot{j}'.
+    'var{i}/{slot name}' for the i-th of `variables`, with tf_keras' legacy slot names (get_slot) on either Keras: for
+    Keras 3's optimizers (and tf_keras' new ones) of the classes of _SLOT_LISTS, their per-variable lists under the
+    legacy name of the same state, so a checkpoint moves between Keras 2 and Keras 3. Another optimizer class: its
+    own variables other than its step count and learning rate, in their creation order, keyed 'slot{j}'
+    (`positional_dense_slots`).
     """
     if hasattr(optimizer, "get_slot_names"):
         return [(f"var{i}/{name}", optimizer.get_slot(v, name))
                 for i, v in enumerate(variables) for name in sorted(optimizer.get_slot_names())]
+    lists = _slot_lists(optimizer)
+    if lists is None:
+        return positional_dense_slots(optimizer)
+    slots = []
+    for i, v in enumerate(variables):
+        index = _variable_index(optimizer, v)
+        named = [(name, getattr(optimizer, attr, None)) for attr, name in lists]
+        slots.extend((f"var{i}/{name}", state[index]) for name, state in sorted(named, key=lambda n: n[0])
+                     if state is not None and len(state) > index and state[index] is not None)
+    return slots
+
+
+def positional_dense_slots(optimizer):
+    """[('slot{j}', variable)]: a Keras 3 optimizer's variables other than its step count and learning rate, in
+    creation order (how tf_fusedrec keyed every Keras 3 optimizer's dense slots before they took the legacy names:
+    Checkpointer.restore reads such checkpoints too)."""
     skip = {id(optimizer.iterations)}
     rate = getattr(optimizer, "_learning_rate", None)
     if rate is not None:

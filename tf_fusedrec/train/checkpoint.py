@@ -157,6 +157,28 @@ def _npz_bytes(arrays):
     return buffer.getvalue()
 
 
+# dense.npz's layout: 2 (from 2026-11-28) counts var{i} over the model's variables outside its embedding layers;
+# before (no such key) they counted every variable Keras tracked in them but their tables (_align_first_layout).
+DENSE_LAYOUT = "dense_layout"
+
+
+def _align_first_layout(state, count, z):
+    """`state` ([(key, variable)], its first `count` the dense variables 'var{i}') keyed for a dense.npz of the first
+    layout, whose var{j} also counted the embedding layers' variables Keras 2 tracks (their statistics, counters):
+    each dense variable takes, in order, the next var{j} of its shape and dtype (those are int64 and float64, the
+    model's float32 or float16), so the checkpoint restores on either Keras. A variable left without one keeps its
+    key, which the restore then names as missing."""
+    old = sorted((k for k in z.files if k.startswith("var") and k[3:].isdigit()), key=lambda k: int(k[3:]))
+    renamed, j = [], 0
+    for key, v in state[:count]:
+        want = (tuple(v.shape), np.dtype(tf.as_dtype(v.dtype).as_numpy_dtype))
+        while j < len(old) and (z[old[j]].shape, z[old[j]].dtype) != want:
+            j += 1
+        renamed.append((old[j], v) if j < len(old) else (key, v))
+        j += 1
+    return renamed + state[count:]
+
+
 TableState = collections.namedtuple("TableState", ["keys", "rows", "slots"])
 TableState.__doc__ = """One rank's rows of a table: keys int64 [K] ascending, rows [K, dim], and per optimizer slot
 (in slot_tables order) (values [K, dim], exists bool [K])."""
@@ -234,9 +256,12 @@ class Checkpointer:
         # Replicated hot rows (FusedEmbedding(replication=...)): equal on every rank, saved once in dense.npz.
         self.replicated = [t for layer in layers for t in layer.replicated_tables()]
         sparse_ids = {id(v) for layer in layers for _, variables in layer.optimizer_groups() for v in variables}
-        # Not dense: TFRA's trainable wrappers, and the per-step ids/exists buffers of its shadow variables (TFRA's
-        # Keras layers track them as layer variables; their shape changes every step).
-        self.dense_vars = [v for v in model.variables if id(v) not in sparse_ids
+        # The model's variables outside its embedding layers. The layers' own (tables' anchors, per-call statistics,
+        # TFRA's trainable wrappers and the per-step ids/exists buffers of its shadow variables) are saved apart
+        # (tables, access status, replicated rows) or are no training state, and Keras 2 tracks them where Keras 3
+        # does not (plain tf.Variables): without them the list, and the checkpoint, are the same on either Keras.
+        embedding_ids = sparse_ids | {id(v) for layer in layers for v in layer.variables}
+        self.dense_vars = [v for v in model.variables if id(v) not in embedding_ids
                            and not (_frameworks.tfra_loaded()
                                     and isinstance(v, (de.TrainableWrapper, de.shadow_ops.DEResourceVariable)))]
         self._trainable_dense = [v for v in model.trainable_variables if id(v) not in sparse_ids]
@@ -262,15 +287,18 @@ class Checkpointer:
         """[(slot name, slot TFRA variable)] of a table's optimizer."""
         return [] if table.trainable is None else self.optimizer.slot_tables(table.trainable)
 
-    def _dense_state(self):
-        """[(key, variable)] of everything equal on every rank, in a deterministic order."""
+    def _dense_state(self, positional=False):
+        """[(key, variable)] of everything equal on every rank, in a deterministic order. positional: the dense
+        optimizer's slots keyed as checkpoints of Keras 3 optimizers were before they took tf_keras' slot names
+        (_keras.positional_dense_slots), to restore one of those."""
         state = [(f"var{i}", v) for i, v in enumerate(self.dense_vars)]
         opts = [("dense", self.optimizer.dense)] + [(f"sparse{i}", o) for i, o in enumerate(self.optimizer.sparse)]
         state.append(("grouped/iterations", self.optimizer.iterations))
         for label, opt in opts:
             state.append((f"{label}/iterations", opt.iterations))
-        state.extend((f"dense/{key}", slot) for key, slot in _keras.dense_slots(self.optimizer.dense,
-                                                                                 self._trainable_dense))
+        slots = (_keras.positional_dense_slots(self.optimizer.dense) if positional
+                 else _keras.dense_slots(self.optimizer.dense, self._trainable_dense))
+        state.extend((f"dense/{key}", slot) for key, slot in slots)
         state.append(("step", self.step))
         return state
 
@@ -360,7 +388,8 @@ class Checkpointer:
         files = {shard_name(rank, size): (_sha256(shard), len(shard))}
         dense_bytes = 0
         if rank == 0:
-            dense = _npz_bytes({**{key: v.numpy() for key, v in self._dense_state()}, **self._replicated_state()})
+            dense = _npz_bytes({**{key: v.numpy() for key, v in self._dense_state()}, **self._replicated_state(),
+                                DENSE_LAYOUT: np.array(2)})
             _write_atomic(os.path.join(staging, DENSE), dense)
             files[DENSE] = (_sha256(dense), len(dense))
             dense_bytes = len(dense)
@@ -521,7 +550,10 @@ class Checkpointer:
             self._check_tables(link)
         newest, rank, size = links[-1], self.comm.rank, self.comm.size
         with np.load(io.BytesIO(contents[newest.step, DENSE]), allow_pickle=False) as z:
-            for key, v in self._dense_state():
+            state = self._dense_state(positional=any(k.startswith("dense/slot") for k in z.files))
+            if DENSE_LAYOUT not in z.files:
+                state = _align_first_layout(state, len(self.dense_vars), z)
+            for key, v in state:
                 if key not in z.files or tuple(z[key].shape) != tuple(v.shape):
                     raise CheckpointError(f"checkpoint {newest.directory}: {DENSE} has no value of shape {v.shape} "
                                           f"for {key} ({v.name}): a different model or optimizer")
