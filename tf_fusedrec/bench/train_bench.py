@@ -9,7 +9,10 @@ fused_fwp (FusedEmbedding trained by fr.train.TrainPipeline with the dual-buffer
 sample clustering from the config's train.micro_batches and train.cluster_samples), and fused_hot / fused_hot_dbp
 (FusedEmbedding with hot-row replication, --hot auto|R, its hot rows counted on --hot-sample-batches batches that
 follow the timed ones; sync and dual-buffer), fused_native / fused_tfra (fused with each table backend, whatever
-the config's embedding.table_backend), fused_chain (fused with the op chains its fused
+the config's embedding.table_backend), fused_keras (the drop-in path: the layer's defaults, native tables, trained
+by a plain Keras optimizer of the dense optimizer's class, `tf.keras.optimizers.Adam(...)` as a user writes it,
+each table by its feature's optimizer, the gradients averaged over the workers in one grouped allreduce as
+Horovod's DistributedGradientTape does in a user's loop; no fr.train.make_optimizer), fused_chain (fused with the op chains its fused
 sender and output-sum ops replace: the same training, bit for bit, to measure those ops), and dense_only (the same model fed constant embeddings: no lookup and no
 collective, each worker updating its own dense copy; the floor of a step, meant for 1 worker). Every mode is built in one
 process and trains on the same pre-generated batches; after a warm-up the modes alternate, each repeat timing
@@ -40,7 +43,7 @@ from tf_fusedrec.layers.protocol import unconverted
 from tf_fusedrec.train import experiment
 
 MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused", "fused_dbp", "fused_fwp",
-         "fused_hot", "fused_hot_dbp", "fused_native", "fused_tfra", "fused_chain", "dense_only")
+         "fused_hot", "fused_hot_dbp", "fused_native", "fused_tfra", "fused_chain", "dense_only", "fused_keras")
 # fused with each table backend, whatever the config's embedding.table_backend says.
 BACKENDS = {"fused_native": "native", "fused_tfra": "tfra"}
 # What runs without --modes: fused (on the config's table backend, native by default) beside fused on TFRA tables;
@@ -81,6 +84,8 @@ def build_embedding(mode, features, config, comm, replication=None):
         return ConstantEmbedding(features, name="sparse")
     if mode == "fused_chain":
         return _with_op_chains(lambda: experiment.make_embedding("fused", features, config, comm=comm))
+    if mode == "fused_keras":  # the layer's default tables, whatever the config says
+        return experiment.make_embedding("fused", features, config, comm=comm, table_backend="native")
     if mode in HOT:  # on the config's table backend (native by default), as `fused`
         return experiment.make_embedding("fused", features, config, comm=comm, replication=replication)
     return experiment.make_embedding("fused" if mode in PIPELINED or mode in BACKENDS else mode, features, config,
@@ -119,6 +124,32 @@ class ConstantEmbedding(tf.keras.layers.Layer):
         return rows
 
 
+def keras_optimizer(spec):
+    """`tf.keras.optimizers.<Class>(**hyperparameters)` of an optimizer spec: what a user's own code builds (tf_keras'
+    new optimizers under Keras 2, not the legacy ones fr.train.make_optimizer uses there)."""
+    from tf_fusedrec import _keras  # noqa: PLC0415
+
+    spec = cfg.optimizer_spec(spec, "train.dense_optimizer")
+    return getattr(tf.keras.optimizers, _keras.OPTIMIZER_CLASSES[spec.name])(**dict(spec.config))
+
+
+class AveragedKerasOptimizer:
+    """fused_keras' optimizer: a plain Keras optimizer whose gradients are first averaged over the workers in one
+    grouped allreduce, which is what horovod.tensorflow.DistributedGradientTape does in a user's training loop (the
+    native tables' row gradients are not among them: each table keeps its own, summed by the all-to-all)."""
+
+    def __init__(self, optimizer, comm):
+        self.optimizer, self.comm = optimizer, comm
+
+    def apply_gradients(self, grads_and_vars):
+        pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+        if self.comm.size > 1:
+            grads = self.comm.allreduce([tf.convert_to_tensor(g) for g, _ in pairs], name="fused_keras/gradients",
+                                        op="average")
+            pairs = [(g, v) for g, (_, v) in zip(grads, pairs)]
+        return self.optimizer.apply_gradients(pairs)
+
+
 def replication_of(args):
     from tf_fusedrec.distributed.replication import HotReplication  # noqa: PLC0415
 
@@ -146,6 +177,8 @@ class Runner:
         self.model(next(iter(batches.take(1)))[0], training=False)
         if mode == "dense_only":
             self.optimizer = cfg.optimizer_spec(config.train.dense_optimizer, "train.dense_optimizer").build()
+        elif mode == "fused_keras":
+            self.optimizer = AveragedKerasOptimizer(keras_optimizer(config.train.dense_optimizer), comm)
         else:
             self.optimizer = fr.train.make_optimizer(self.model, default=config.train.dense_optimizer)
         schedule = PIPELINED.get(mode, "sync")
