@@ -196,7 +196,8 @@ setup(
     # TensorFlow itself is not named here: it comes as `tensorflow` or `tensorflow-cpu` (pip cannot say "either"), and
     # the op library is compiled against the one installed (the build refuses one outside SUPPORTED_TF). The extras
     # name one: [cpu] or [gpu]; [tfra] is the TFRA stack (the per-feature baseline, table_backend="tfra", Keras 2).
-    install_requires=["numpy", "pyyaml", "orjson", "tensorboard"],  # tensorboard: tf.summary (TF >= 2.20 lacks it)
+    # tensorboard: tf.summary (TF >= 2.20 lacks it); pyarrow: the parquet and csv sources (tf_fusedrec/data/readers.py)
+    install_requires=["numpy", "pyyaml", "orjson", "tensorboard", "pyarrow>=17"],
     extras_require={
         "cpu": [f"tensorflow-cpu{SUPPORTED_TF}"],
         "gpu": [f"tensorflow{SUPPORTED_TF}"],

@@ -340,7 +340,8 @@ def group_features(features, default_optimizer, default_initializer):
 # Experiment configs (configs/*.yaml), parsed in one place: load_config().
 # ---------------------------------------------------------------------------------------------------------------
 
-DATA_SOURCES = ("synthetic", "criteo", "movielens", "grm_synthetic", "movielens_seq")
+DATA_SOURCES = ("synthetic", "criteo", "movielens", "grm_synthetic", "movielens_seq", "tfrecord", "parquet", "csv")
+FILE_SOURCES = ("tfrecord", "parquet", "csv")  # your data, read by data.schema (tf_fusedrec/data/files.py)
 SEQUENCE_SOURCES = ("grm_synthetic", "movielens_seq")  # user sequences, two labels (click, conversion): the GRM's data
 # The knobs of the synthetic lengths; a source of real sequences (movielens_seq) takes its lengths from the data.
 SYNTHETIC_LENGTH_KEYS = ("median_length", "length_sigma", "longest_length", "empty_fraction")
@@ -385,6 +386,12 @@ class DataConfig:
     eval_batches: int = 8
     drift: float = 0.0  # source synthetic: new popular ids per step, every id sinking as many ranks (data/synthetic.py)
     sequences: Any = None  # a SequenceConfig for the SEQUENCE_SOURCES (parsed from a mapping), else None
+    # FILE_SOURCES (docs/guide/your-data.md): the columns (a data.files.FileSchema parsed from a mapping), the held-out
+    # files (else the first eval_batches x batch x workers records are held out), what a bad record does
+    schema: Any = None
+    eval_path: Any = None
+    on_bad_record: str = "error"  # error | skip (counted; past max_bad_records, the error)
+    max_bad_records: int = 1000
 
 
 @dataclasses.dataclass
@@ -541,6 +548,7 @@ def parse_config(raw, where="config"):
     elif data.sequences is not None:
         raise ValueError(f"{where}.data.sequences: only for the sequence sources {SEQUENCE_SOURCES}, not "
                          f"{data.source!r}")
+    _check_file_source(data, raw, where)
     model = _build(ModelConfig, raw.get("model"), f"{where}.model")
     if model.name not in MODELS:
         raise ValueError(f"{where}.model.name: must be one of {MODELS}, got {model.name!r}")
@@ -584,11 +592,41 @@ def parse_config(raw, where="config"):
                     default_initializer())
     except ValueError as e:
         raise ValueError(f"{where}.features: {e}") from None
+    if data.source in FILE_SOURCES:
+        from tf_fusedrec.data import files  # noqa: PLC0415  (config imports the data modules, never the reverse)
+
+        data.schema = files.parse_schema(data.schema, data.source, [f.name for f in features], f"{where}.data.schema")
+        if "num_dense" not in (raw.get("data") or {}):
+            data.num_dense = len(data.schema.dense)
+        elif data.num_dense != len(data.schema.dense):
+            raise ValueError(f"{where}.data.num_dense: {data.num_dense}, but data.schema.dense names "
+                             f"{len(data.schema.dense)} column(s); leave num_dense out (it follows the schema)")
     config = ExperimentConfig(name=raw.get("name", where), features=features, data=data, model=model, train=train,
                               embedding=embedding)
     if data.source in SEQUENCE_SOURCES:
         _check_sequences(config, where)
     return config
+
+
+def _check_file_source(data, raw, where):
+    """data.schema, eval_path, on_bad_record and max_bad_records: for the FILE_SOURCES only, of the right kinds (the
+    schema itself is parsed against the features, by data.files.parse_schema)."""
+    if data.source not in FILE_SOURCES:
+        given = [k for k in ("schema", "eval_path", "on_bad_record", "max_bad_records") if k in (raw.get("data") or {})]
+        if given:
+            raise ValueError(f"{where}.data.{given[0]}: only for the file sources {FILE_SOURCES}, not "
+                             f"{data.source!r}")
+        return
+    if data.schema is None:
+        raise ValueError(f"{where}.data.schema: required for source {data.source!r} (the columns of the features "
+                         f"and the label; docs/guide/your-data.md)")
+    if data.on_bad_record not in ("error", "skip"):
+        raise ValueError(f"{where}.data.on_bad_record: must be 'error' or 'skip', got {data.on_bad_record!r}")
+    value = data.max_bad_records
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{where}.data.max_bad_records: must be an int >= 0, got {value!r}")
+    if data.eval_path is not None and not isinstance(data.eval_path, (str, tuple)):
+        raise ValueError(f"{where}.data.eval_path: expected a file, a glob or a list of them, got {data.eval_path!r}")
 
 
 def _check_grm_model(model, where):

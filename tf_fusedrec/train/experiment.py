@@ -87,6 +87,9 @@ def make_dataset(config, batch_size, rank, size, held_out=False, start_step=0, s
     from tf_fusedrec import data  # noqa: PLC0415
 
     d = config.data
+    if d.source in ("tfrecord", "parquet", "csv"):  # config.FILE_SOURCES; the train app resumes by file_batches
+        ds = file_batches(config, batch_size, rank, size, held_out=held_out).dataset()
+        return ds if held_out else ds.skip(start_step)
     if d.source == "grm_synthetic":  # labels float32 [B, 2] (click, conversion)
         return data.grm_dataset(config, batch_size, seed=d.seed, rank=rank, num_ranks=size, held_out=held_out,
                                 start_step=start_step, steps=steps)
@@ -107,6 +110,40 @@ def make_dataset(config, batch_size, rank, size, held_out=False, start_step=0, s
     ds = data.movielens_dataset(d.path, batch_size, rank=rank, num_ranks=size,
                                 split="test" if held_out else "train", seed=d.seed, shuffle=not held_out)
     return ds if held_out else ds.repeat().skip(start_step)
+
+
+def file_batches(config, batch_size, rank, size, held_out=False, position=None):
+    """This worker's data.readers.FileBatches of a file source (config.FILE_SOURCES). Held out: one pass over
+    data.eval_path or, without it, over the first eval_batches x batch_size x size records of data.path, which
+    training then skips (in every pass). Training: endless, from `position` (a FilePosition, what
+    position_of_file_checkpoint returns) or the start."""
+    from tf_fusedrec.data.readers import FileBatches  # noqa: PLC0415
+
+    d = config.data
+    common = {"schema": d.schema, "batch_size": batch_size, "rank": rank, "num_ranks": size,
+              "on_bad_record": d.on_bad_record, "max_bad_records": d.max_bad_records}
+    holdout = 0 if d.eval_path else d.eval_batches * batch_size * size
+    if held_out:
+        return FileBatches(d.source, d.eval_path or d.path, epochs=1, limit=None if d.eval_path else holdout,
+                           **common)
+    return FileBatches(d.source, d.path, position=position, skip_records=holdout, **common)
+
+
+def position_of_file_checkpoint(restored):
+    """The data.files.FilePosition in a file source's checkpoint (every worker saved the same one): where the
+    stream continues, on any worker count and batch size.
+
+    Raises:
+      ValueError: the checkpoint holds no stream position (written by another source, or before they were saved).
+    """
+    from tf_fusedrec.data.files import FilePosition  # noqa: PLC0415
+
+    positions = restored.get("stream_positions")
+    if not positions or len(positions[0]) != len(FilePosition._fields):
+        raise ValueError(f"checkpoint {restored['directory']} holds no file-stream position (not written by a run of "
+                         f"a file source): a tfrecord/parquet/csv config cannot continue from it; start a new "
+                         f"--model-dir")
+    return FilePosition(*positions[0])
 
 
 BALANCE_MODES = ("tokens", "none")
