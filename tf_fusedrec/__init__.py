@@ -1,6 +1,7 @@
 """tf_fusedrec: fused, lossless embedding communication for recommendation training on TensorFlow + Horovod.
 
     import tf_fusedrec as fr
+    comm = fr.init_workers()  # Horovod under horovodrun/mpirun (rank, size); one worker otherwise
     emb = fr.FusedEmbedding([fr.Feature("user_id", dim=16), fr.Feature("tags", dim=8, combiner="mean")])
 
 Importing the package loads nothing heavy, like horovod's root: each public name (below, `__all__`) loads TensorFlow
@@ -27,13 +28,14 @@ _NAMES = {
     "Feature": "tf_fusedrec.config",
     "FusedEmbedding": "tf_fusedrec.layers",
     "HotReplication": "tf_fusedrec.distributed.replication",
+    "init_workers": "tf_fusedrec.distributed.comm",
     "OptimizerSpec": "tf_fusedrec.config",
     "PerFeatureEmbedding": "tf_fusedrec.layers",
     "Spec": "tf_fusedrec.config",
     "SpecGroup": "tf_fusedrec.config",
 }
 # Public subpackages that need TensorFlow (fr.export is light: its TensorFlow half loads with fr.export.export_model).
-_TF_SUBPACKAGES = ("initializers", "ops", "train")
+_TF_SUBPACKAGES = ("distributed", "initializers", "ops", "train")
 
 __all__ = sorted([*_NAMES, *_TF_SUBPACKAGES, "export"])
 

@@ -1,6 +1,6 @@
-"""comm.init_workers: which comm a process gets, and the defaults a worker launched by mpirun starts with (set before
-hvd.init(), in which MPI_Init and Horovod's background thread read them; a value the environment already holds is
-kept)."""
+"""comm.init_workers (fr.init_workers): which comm a process gets, and the defaults a worker launched by mpirun starts
+with (set before hvd.init(), in which MPI_Init and Horovod's background thread read them; a value the environment
+already holds is kept); a second call initialises nothing again."""
 
 import pytest
 
@@ -13,6 +13,9 @@ class FakeHorovod:
 
     def init(self):  # what MPI_Init would read
         self.seen.append({k: self.environ.get(k) for k in comm.OPEN_MPI_DEFAULTS})
+
+    def is_initialized(self):
+        return bool(self.seen)
 
 
 @pytest.fixture
@@ -45,6 +48,18 @@ def test_an_explicit_open_mpi_setting_is_kept(launched, monkeypatch):
     monkeypatch.setenv("HOROVOD_CYCLE_TIME", "2.5")  # as horovodrun --cycle-time-ms 2.5 sets it
     comm.init_workers()
     assert launched == [{"OMPI_MCA_mpi_yield_when_idle": "0", "HOROVOD_CYCLE_TIME": "2.5"}]
+
+
+def test_a_second_call_initialises_nothing_again(launched, monkeypatch):
+    monkeypatch.setenv("HOROVOD_RANK", "0")
+    assert comm.init_workers() == comm.init_workers() == "horovod"
+    assert len(launched) == 1
+
+
+def test_exported_from_the_package_and_its_distributed_module():
+    import tf_fusedrec as fr  # noqa: PLC0415
+
+    assert fr.init_workers is fr.distributed.init_workers is comm.init_workers
 
 
 def test_gloo_worker_gets_no_open_mpi_settings(launched, monkeypatch):

@@ -1,4 +1,5 @@
-"""Everything that crosses workers goes through one comm object: all-to-all, grouped allreduce and allgather.
+"""Everything that crosses workers goes through one comm object: all-to-all, grouped allreduce, allgather and
+broadcast.
 
 Two backends: `SingleProcessComm` (one worker; every collective is the identity and none is issued) and
 `HorovodComm` (Gloo on CPU, NCCL on GPU), the only place in the package that imports Horovod, lazily and with an
@@ -36,11 +37,12 @@ LAUNCHER_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 
 
 class Comm:
-    """The interface. `rank` and `size` are ints (`local_size`: workers on this host, `cross_size`: hosts); every
-    method takes and returns tensors."""
+    """The interface. `rank` and `size` are ints (`local_rank` and `local_size`: this worker's index among the workers
+    on its host and their number, `cross_size`: hosts); every method takes and returns tensors."""
 
     rank = 0
     size = 1
+    local_rank = 0
     local_size = 1
     cross_size = 1
 
@@ -56,6 +58,13 @@ class Comm:
         """Concatenates every worker's tensor along axis 0, in rank order."""
         raise NotImplementedError
 
+    def broadcast(self, tensors, name, root_rank=0):
+        """Every worker gets root_rank's tensors (a list; returns the list). This default is one grouped allreduce
+        that sums root_rank's values with zeros from the others, which is exact; backends override it."""
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        mine = [t if self.rank == root_rank else tf.zeros_like(t) for t in tensors]
+        return self.allreduce(mine, name=name, op="sum")
+
 
 class SingleProcessComm(Comm):
     """One worker: every collective is the identity and is never issued."""
@@ -69,6 +78,9 @@ class SingleProcessComm(Comm):
 
     def allgather(self, tensor, name):  # noqa: ARG002
         return tensor
+
+    def broadcast(self, tensors, name, root_rank=0):  # noqa: ARG002
+        return list(tensors)
 
     def __repr__(self):
         return "SingleProcessComm()"
@@ -84,7 +96,8 @@ class HorovodComm(Comm):
                                "creating the layer")
         self.rank = self._hvd.rank()
         self.size = self._hvd.size()
-        self.local_size, self.cross_size = self._hvd.local_size(), self._hvd.cross_size()
+        self.local_rank, self.local_size = self._hvd.local_rank(), self._hvd.local_size()
+        self.cross_size = self._hvd.cross_size()
 
     def alltoall(self, tensor, splits, name):
         return self._hvd.alltoall(tensor, splits=splits, name=name)
@@ -96,6 +109,10 @@ class HorovodComm(Comm):
 
     def allgather(self, tensor, name):
         return self._hvd.allgather(tensor, name=name)
+
+    def broadcast(self, tensors, name, root_rank=0):
+        return [self._hvd.broadcast(tf.convert_to_tensor(t), root_rank, name=f"{name}/{i}")
+                for i, t in enumerate(tensors)]
 
     def __repr__(self):
         return f"HorovodComm(rank={self.rank}, size={self.size})"
@@ -147,24 +164,35 @@ def launched_as_worker():
 # Horovod's background thread, both inside hvd.init()).
 # mpi_yield_when_idle: a rank waiting inside a collective gives its core away (sched_yield) instead of spinning on it.
 # Horovod's background thread waits there while the same core has TensorFlow's work to do: yielding made `fused`
-# 1.22-1.64x faster on 2 pinned workers here (docs/bench/mpi_yield; README, "Gloo against MPI").
+# 1.22-1.64x faster on 2 pinned workers here (benchmarks/results/bench/mpi_yield; README, "Gloo against MPI").
 # HOROVOD_CYCLE_TIME (ms; Horovod's default 1): how often the background thread negotiates the collectives a step
 # waits on in turn (seven for `fused`). At 0.1 ms `fused` ran 1.13-1.25x faster on 2 pinned workers over MPI, the
-# TFRA modes 1.00-1.15x (docs/bench/cycle_time_mpi*; README, "Horovod's cycle time over MPI"). Gloo launches
+# TFRA modes 1.00-1.15x (benchmarks/results/bench/cycle_time_mpi*; README, "Horovod's cycle time over MPI"). Gloo launches
 # keep Horovod's default (the 2026-11-24 runs over Gloo did not resolve a difference).
 OPEN_MPI_DEFAULTS = {"OMPI_MCA_mpi_yield_when_idle": "1", "HOROVOD_CYCLE_TIME": "0.1"}
 
 
 def init_workers():
-    """The comm of this process: Horovod, initialised, when a launcher started it; one worker otherwise. Under Open
-    MPI (horovodrun --mpi) the OPEN_MPI_DEFAULTS not set in the environment are set first."""
-    if launched_as_worker():
+    """Sets up this process as one of the job's workers: call it once at the start of a training script, before
+    creating any layer (`fr.init_workers()`, also `fr.distributed.init_workers()`).
+
+    Started by a launcher (horovodrun, mpirun, tf_fusedrec.cluster): initialises Horovod, under Open MPI (horovodrun
+    --mpi, mpirun) after setting the OPEN_MPI_DEFAULTS the environment does not set, and returns a HorovodComm.
+    Started alone: returns a SingleProcessComm and starts nothing. Calling it again initialises nothing twice.
+
+    Returns:
+      The comm: `rank`, `size`, `local_rank` (e.g. the GPU to use), `local_size`, `cross_size`. FusedEmbedding finds
+      Horovod by itself once it is initialised (comm=None); passing this object as `comm=` is the same.
+    """
+    if not launched_as_worker():
+        return SingleProcessComm()
+    hvd = import_horovod()
+    if not hvd.is_initialized():
         if "OMPI_COMM_WORLD_RANK" in os.environ:
             for name, value in OPEN_MPI_DEFAULTS.items():
                 os.environ.setdefault(name, value)
-        import_horovod().init()
-        return HorovodComm()
-    return SingleProcessComm()
+        hvd.init()
+    return HorovodComm()
 
 
 def horovod_size():
@@ -180,7 +208,7 @@ def horovod_size():
 def exit_after_success(barrier_name):
     """Ends a command line's process after its normal end, skipping the interpreter's teardown (collecting models,
     tables, graphs and tf.data iterators: 0.8 s of CPU per process for a tiny training run, 12-20 s for the
-    benchmark's modes; docs/tests/teardown.txt). Everything the run writes must be closed before. Under Horovod the
+    benchmark's modes; benchmarks/results/tests/teardown.txt). Everything the run writes must be closed before. Under Horovod the
     workers first meet in one allreduce named `barrier_name`, so none leaves while another still runs a collective,
     and Horovod shuts down as it would at exit. Errors keep Python's own exit and status: call it only after success."""
     if horovod_size() > 1:
@@ -209,7 +237,7 @@ def remove_autograph_files():
 
 def get_comm(comm=None):
     """Resolves a comm argument: None/"auto" (horovod when initialised with size > 1), "single", "horovod", or an
-    object with rank, size, alltoall, allreduce and allgather (a Comm)."""
+    object with rank, size, alltoall, allreduce, allgather and broadcast (a Comm)."""
     if comm is None or comm == "auto":
         return HorovodComm() if horovod_size() > 1 else SingleProcessComm()
     if comm == "single":

@@ -53,7 +53,8 @@ class AlltoallMeter:
         self._busy = self._exposed = 0.0
 
     def wrap(self, comm):
-        """A comm that counts its all-to-alls and times its allreduces here; allgathers go straight to `comm`."""
+        """A comm that counts its all-to-alls and times its allreduces here; allgathers and broadcasts go straight to
+        `comm`."""
         return MeteredComm(comm_lib.get_comm(comm), self)
 
     def record(self, tensor, call, forward=True):
@@ -253,6 +254,9 @@ class MeteredComm(comm_lib.Comm):
 
     def allgather(self, tensor, name):
         return self.inner.allgather(tensor, name)
+
+    def broadcast(self, tensors, name, root_rank=0):
+        return self.inner.broadcast(tensors, name, root_rank)
 
     def __repr__(self):
         return f"MeteredComm({self.inner!r})"

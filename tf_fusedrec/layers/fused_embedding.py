@@ -1,6 +1,7 @@
 """FusedEmbedding: the drop-in replacement for a dict of per-feature TFRA embedding layers."""
 
 import collections
+import warnings
 
 import tensorflow as tf
 
@@ -79,8 +80,9 @@ class FusedEmbedding(EmbeddingLayer):
     optimizer in model.compile or a custom loop), native tables train too: when that optimizer applies a step, each
     table applies its group's optimizer (the feature spec's, else this layer's `optimizer`) to the rows' gradient of
     the last backward pass (NativeEmbeddingTable.apply_pending); the Keras optimizer updates the dense weights. On
-    several workers, averaging the dense gradients is then the caller's (Horovod's DistributedGradientTape);
-    replication, eviction and expiry need make_optimizer.
+    several workers, averaging the dense gradients and starting the dense weights equal are then the caller's
+    (Horovod's DistributedGradientTape and broadcast_variables; a warning says so), where make_optimizer(model,
+    default=<the Keras optimizer>) does both; replication, eviction and expiry need make_optimizer.
 
     Call:
       inputs: dict feature name -> ids: [B], [B, L] (padding -1) or tf.RaggedTensor [B, None] of the feature's
@@ -147,6 +149,7 @@ class FusedEmbedding(EmbeddingLayer):
         # Per native group, its update count in the updates a plain Keras optimizer triggers (not a Keras weight: a
         # GroupedOptimizer, which the Checkpointer needs, keeps its own).
         self._plain = _Untracked()
+        self._plain.warned = False
         self._plain.counts = [_plain_optimizer_update(self, group, table)
                                  for group, table in zip(self._groups, self.tables) if table.backend == "native"]
         self._injection = _common.Injection()  # a plain object: Keras must not track the injected tensors
@@ -443,6 +446,13 @@ def _plain_optimizer_update(layer, group, table):
         if layer.comm.size > 1:
             from tf_fusedrec.train.optimizer import scale_gradient  # noqa: PLC0415  (train imports the layers)
 
+            # Said once per layer, when the step is built: the dense half of the multi-worker step is the caller's.
+            if not layer._plain.warned:  # noqa: SLF001  (this module's own state of the layer)
+                layer._plain.warned = True  # noqa: SLF001
+                warnings.warn(f"{layer.name}: a plain Keras optimizer on {layer.comm.size} workers trains the tables, "
+                              f"but averaging the dense gradients and starting the dense weights equal are then "
+                              f"yours (hvd.DistributedGradientTape, hvd.broadcast_variables); "
+                              f"fr.train.make_optimizer(model, default=<your optimizer>) does both", stacklevel=2)
             grad = scale_gradient(grad, 1.0 / layer.comm.size)
         step = tf.identity(count.assign_add(1))
         return table.apply_gradients(grad, _keras.current_learning_rate(optimizer.value), step)

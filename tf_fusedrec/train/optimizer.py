@@ -18,6 +18,17 @@ table's update takes iterations + 1, the TFRA table's commit reads iterations af
 Replicated (hot) rows (FusedEmbedding(replication=...)) are read on every worker: their gradients are averaged over
 workers in the same grouped allreduce as the dense gradients, which is the sharded rows' sum over workers times 1/N,
 so every worker applies the same update to its copy, and the one a sharded table would apply.
+
+Equal dense start: with N workers the dense weights must start equal, or each worker trains its own dense model while
+the averaged gradients hide it. The GroupedOptimizer makes them equal, so that a user's script need not broadcast
+them: rank 0's values of every dense variable are broadcast to the others once, before the first update. make_optimizer
+does it at once for the dense variables that exist then (a built model: the run is then the one a single worker makes
+from rank 0's weights); apply_gradients does it, before the first update (iterations == 0), for those created later (a
+model built by its first call, as model.fit and most custom loops build it: the first step's gradients were computed
+from each worker's own start, as with Horovod's broadcast after the first batch). Once done, or with one worker,
+nothing is added to a step but the check of `iterations`; the tables need nothing: each row lives on its owner only,
+and a row starts from its id (the Hashed initializer), equal wherever it is created. A restored checkpoint gives every
+worker the same weights and an `iterations` above 0.
 """
 
 import tensorflow as tf
@@ -109,19 +120,49 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
             built = spec.build(for_tfra=not native_group)
             self.sparse.append(built if native_group else de.DynamicEmbeddingOptimizer(built))
         self._var_index = {str(id(v)): i for i, (_, variables) in enumerate(groups) for v in variables}
+        # The dense variables already made equal on every worker (start_equal), by id: apply_gradients does not again.
+        self._started_equal = set()
 
     def sparse_optimizer_of(self, variable):
         """The TFRA optimizer that updates a table's trainable handle."""
         return self.sparse[self._var_index[str(id(variable))]]
 
+    def start_equal(self, variables):
+        """Gives every worker rank 0's values of `variables` (dense ones: not the tables), now, in one broadcast; ->
+        the ops (the module docstring, "Equal dense start"). Nothing with one worker. make_optimizer and the first
+        apply_gradients call it; a restore after it overwrites the variables with the checkpoint's, equal too."""
+        variables = [v for v in variables if str(id(v)) not in self._var_index]
+        if self.comm.size == 1 or not variables:
+            return []
+        values = self.comm.broadcast([_keras.read(v) for v in variables], name="FusedRec/dense_start", root_rank=0)
+        if tf.executing_eagerly():  # done; a trace is not (the function may be traced again, and run later)
+            self._started_equal.update(str(id(v)) for v in variables)
+        return [op for op in (_keras.assign(v, x) for v, x in zip(variables, values)) if op is not None]
+
+    def _start_equal_before_first_update(self, variables):
+        """start_equal(variables) in the step whose update is this optimizer's first (iterations == 0), for those not
+        equal yet; -> the ops that follow it, or [] (one worker, or all equal already: nothing is added to the step)."""
+        variables = [v for v in variables if str(id(v)) not in self._started_equal]
+        if self.comm.size == 1 or not variables:
+            return []
+
+        def broadcast():
+            with tf.control_dependencies(self.start_equal(variables)):
+                return tf.constant(True)
+
+        first = tf.equal(tf.cast(self.iterations, tf.int64), 0)
+        return [tf.cond(first, broadcast, lambda: tf.constant(False))]
+
     @unconverted  # no AutoGraph inside a user's tf.function (layers/protocol.py): nothing here needs it
     def apply_gradients(self, grads_and_vars, name=None, **kwargs):  # noqa: ARG002  (Keras passes extras)
         per_optimizer = {}
-        dense, replicated = [], []
+        dense, replicated, dense_variables = [], [], []
         for grad, var in grads_and_vars:
+            index = self._var_index.get(str(id(var)))
+            if index is None:
+                dense_variables.append(var)
             if grad is None:
                 continue
-            index = self._var_index.get(str(id(var)))
             if index is None:
                 dense.append((grad, var))
                 continue
@@ -156,7 +197,8 @@ class GroupedOptimizer(tf.keras.optimizers.Optimizer):
             else:
                 ops.append(self.sparse[index].apply_gradients(pairs))
         if dense:
-            ops.append(self.dense.apply_gradients(dense))
+            with tf.control_dependencies(self._start_equal_before_first_update(dense_variables)):
+                ops.append(self.dense.apply_gradients(dense))
         ops = [o for o in ops if o is not None]
         for fn in self._after_update:  # in order, each after the one before
             with tf.control_dependencies(ops):
@@ -244,4 +286,19 @@ def make_optimizer(model, default="adam", comm=None):
         # model is built.)
         optimizer.create_slots([v for _, variables in groups for v in variables])
         _create_weights(optimizer.dense, [])
+        # The dense weights that exist already start equal on every worker now (a model not built yet: at its first
+        # update; the module docstring).
+        optimizer.start_equal(_trainable_variables(model))
     return optimizer
+
+
+def _trainable_variables(model):
+    """The trainable variables of a Keras model or layer, or of a list of them, that exist now: none of a model that
+    refuses to list its weights before it is built (tf_keras' Sequential raises ValueError)."""
+    found = []
+    for m in model if isinstance(model, (list, tuple)) else [model]:
+        try:
+            found.extend(m.trainable_variables)
+        except ValueError:
+            continue
+    return found
