@@ -5,6 +5,7 @@ OUT/bench.json with every mode and the sweep, OUT/bench.png, and the table on st
 timings or on ratios between modes: only that they were measured (> 0). An unknown --modes value exits with 2.
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -15,10 +16,15 @@ import tf_fusedrec as fr
 from tf_fusedrec import config as cfg
 
 MODULE = "tf_fusedrec.bench"
-MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused", "fused_dbp", "fused_fwp",
-         "fused_hot", "fused_hot_dbp", "fused_tfra")  # the default --modes
+ALL_MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused", "fused_dbp", "fused_fwp",
+             "fused_hot", "fused_hot_dbp", "fused_tfra")  # the default --modes
+TFRA_MODES = ("per_feature", "tfra_hand_fused", "fused_tfra")
+# Without TFRA (the current stack) the default modes leave out TFRA's, and the bench says so; the tests of those
+# modes carry the `tfra` marker (their names).
+TFRA_INSTALLED = importlib.util.find_spec("tensorflow_recommenders_addons") is not None
+MODES = tuple(m for m in ALL_MODES if TFRA_INSTALLED or m not in TFRA_MODES)
 HOT_ROWS = 20
-SWEEP_MODES = ("fused", "per_feature", "tfra_hand_fused")
+SWEEP_MODES = tuple(m for m in ("fused", "per_feature", "tfra_hand_fused") if m in MODES)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -68,6 +74,8 @@ def test_bench_exits_0_and_writes_the_report(bench):
     assert report["workers"] == 2 and report["config"] == "tiny", report
     assert report["batch_size_per_worker"] == 64 and report["steps"] == 2 and report["repeats"] == 1, report
     assert list(report["modes"]) == list(MODES), list(report["modes"])
+    if not TFRA_INSTALLED:
+        assert "default modes leave out per_feature, tfra_hand_fused, fused_tfra" in run.stderr, run.describe()
     for mode in MODES:
         check_mode_entry(report["modes"][mode], mode)
         assert len(report["modes"][mode]["samples_per_s_repeats"]) == 1, report["modes"][mode]
@@ -80,9 +88,7 @@ def test_bench_alltoall_counts(bench):
     features = len(config.features)
     dims = len({f.dim for f in config.features})
     modes = report["modes"]
-    assert modes["per_feature"]["alltoall_calls_per_step"] > modes["fused"]["alltoall_calls_per_step"], modes
-    for mode in ("fused", "fused_nodedup", "fused_source_hash", "fused_dbp", "fused_hot", "fused_hot_dbp",
-                 "fused_tfra"):
+    for mode in ("fused", "fused_nodedup", "fused_source_hash", "fused_dbp", "fused_hot", "fused_hot_dbp"):
         assert modes[mode]["alltoall_ops_in_step_graph"] == 3 * groups, (mode, modes[mode])
     # Hot pairs never enter an all-to-all: replicating R pairs per group moves fewer bytes on the same batches.
     for mode in ("fused_hot", "fused_hot_dbp"):
@@ -95,6 +101,17 @@ def test_bench_alltoall_counts(bench):
         busy, exposed = (modes[mode][key] for key in ("alltoall_busy_seconds_per_step",
                                                       "exposed_alltoall_seconds_per_step"))
         assert 0 < exposed <= busy, (mode, busy, exposed)
+
+
+def test_bench_alltoall_counts_of_per_feature_and_tfra(bench):
+    _, report = ok(bench)
+    config = cfg.load_config(bench["config"])
+    groups = len(fr.FusedEmbedding(config.embedding_features()).groups)
+    features = len(config.features)
+    dims = len({f.dim for f in config.features})
+    modes = report["modes"]
+    assert modes["per_feature"]["alltoall_calls_per_step"] > modes["fused"]["alltoall_calls_per_step"], modes
+    assert modes["fused_tfra"]["alltoall_ops_in_step_graph"] == 3 * groups, modes["fused_tfra"]
     assert modes["per_feature"]["alltoall_ops_in_step_graph"] == 3 * features, modes["per_feature"]
     assert modes["tfra_hand_fused"]["alltoall_ops_in_step_graph"] == 3 * dims, modes["tfra_hand_fused"]
 
@@ -107,6 +124,11 @@ def test_bench_sweep(bench):
         assert sorted(entry) == sorted(SWEEP_MODES), (m, sorted(entry))
         for mode in SWEEP_MODES:
             check_mode_entry(entry[mode], f"sweep M={m} {mode}")
+
+
+def test_bench_sweep_per_feature(bench):
+    _, report = ok(bench)
+    for m, entry in report["sweep"].items():
         # one table per feature for per_feature: 3 all-to-alls per feature
         assert entry["per_feature"]["alltoall_ops_in_step_graph"] == 3 * int(m), (m, entry["per_feature"])
 
@@ -131,18 +153,34 @@ def test_bench_prints_the_table(bench):
     assert str(bench["out"]) in run.stderr and "bench.json" in run.stderr, run.describe()
 
 
-def test_bench_table_backends_and_dense_only_on_one_worker(apps, tiny_yaml, tmp_path):
-    """fused_native and fused_tfra (fused on each table backend) and dense_only (constant embeddings: no lookup, no
-    all-to-all) are measured; on 1 worker nothing is sent."""
+@pytest.mark.parametrize("modes", [["fused_native", "fused_keras", "dense_only"], ["fused_tfra"]],
+                         ids=["native", "tfra"])
+def test_bench_table_backends_and_dense_only_on_one_worker(apps, tiny_yaml, tmp_path, modes):
+    """fused_native and fused_tfra (fused on each table backend), fused_keras (the layer's defaults and a plain Keras
+    optimizer) and dense_only (constant embeddings: no lookup, no all-to-all) are measured; on 1 worker nothing is
+    sent."""
     out = tmp_path / "out"
-    run = apps.run_app(MODULE, ["--config", tiny_yaml(), "--modes", "fused_native,fused_tfra,dense_only", "--steps", 2,
+    run = apps.run_app(MODULE, ["--config", tiny_yaml(), "--modes", ",".join(modes), "--steps", 2,
                                 "--repeats", 1, "--warmup", 1, "--batches", 2, "--sweep", "", "--out", out])
     run.expect_ok()
     with open(out / "bench.json") as f:
-        modes = json.load(f)["modes"]
-    assert list(modes) == ["fused_native", "fused_tfra", "dense_only"], list(modes)
-    for mode, entry in modes.items():
+        measured = json.load(f)["modes"]
+    assert list(measured) == modes, list(measured)
+    for mode, entry in measured.items():
         assert entry["samples_per_s"] > 0 and entry["alltoall_ops_in_step_graph"] == 0, (mode, entry)
+
+
+def test_bench_refuses_a_mode_it_cannot_run(apps, tiny_yaml, tmp_path):
+    """Asked for by name where TFRA cannot run, a TFRA mode is an error saying how to get it (here, the current
+    stack); where it can, the same flags run."""
+    out = tmp_path / "out"
+    run = apps.run_app(MODULE, ["--config", tiny_yaml(), "--modes", "fused,per_feature", "--steps", 1, "--repeats", 1,
+                                "--warmup", 1, "--batches", 1, "--sweep", "", "--out", out])
+    if TFRA_INSTALLED:
+        run.expect_ok()
+    else:
+        run.expect_error("--modes per_feature run on TFRA")
+        assert "tf_fusedrec[tfra]" in run.stderr, run.describe()
 
 
 def test_bench_unknown_mode_exits_2(apps, tiny_yaml, tmp_path):
@@ -160,7 +198,8 @@ def test_bench_counts_the_dense_allreduce_and_splits_the_time_in_flight(bench):
     # without hot rows; replicated hot rows add their gradients to it.
     dense = modes["fused"]["allreduce_bytes_per_step"]
     assert dense > 0 and dense % 4 == 0, modes["fused"]
-    for mode in ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused", "fused_dbp"):
+    for mode in [m for m in ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "tfra_hand_fused",
+                              "fused_dbp") if m in MODES]:
         assert modes[mode]["allreduce_calls_per_step"] == 1, (mode, modes[mode])
         assert modes[mode]["allreduce_bytes_per_step"] == dense, (mode, modes[mode])
     assert modes["fused_hot"]["allreduce_bytes_per_step"] > dense, modes["fused_hot"]
@@ -186,8 +225,10 @@ def test_bench_runner_runs_each_step_once_at_any_steps_per_call(tiny_yaml, steps
     batches = experiment.make_dataset(config, config.train.batch_size, 0, 1).take(2).cache()
     runner = train_bench.Runner("fused_native", config, batches, comm, None, steps_per_call=steps_per_call)
     assert runner.pipeline.steps_per_call == steps_per_call
-    iterations = [v for v in runner.optimizer.variables() if "iteration" in v.name]
-    assert iterations, [v.name for v in runner.optimizer.variables()]
+    variables = runner.optimizer.variables
+    variables = variables() if callable(variables) else variables  # a method in Keras 2, a property in Keras 3
+    iterations = [v for v in variables if "iteration" in v.name]
+    assert iterations, [v.name for v in variables]
     loss = runner.run(7)
     assert math.isfinite(loss)
     assert [int(v.numpy()) for v in iterations] == [7] * len(iterations)

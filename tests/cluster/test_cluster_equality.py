@@ -26,7 +26,8 @@ def runs(tmp_path_factory):
     def get(workers, layer):
         key = (workers, layer)
         if key not in cache:
-            configs = [(name, OPTIMIZER, th.STEPS, "function") for name in LAYERS[workers]]
+            configs = [(name, OPTIMIZER, th.STEPS, "function") for name in LAYERS[workers]
+                       if th.TFRA_INSTALLED or name not in th.sc.TFRA_LAYERS]  # the others' tests: marked tfra
             root = tmp_path_factory.mktemp(f"cluster-w{workers}")
             try:
                 done = th.run_scenarios(root, workers, configs, launcher=cluster_launcher,

@@ -53,12 +53,26 @@ DEFAULT_MODES = ("fused", "per_feature", "fused_nodedup", "fused_source_hash", "
 PIPELINED = {"fused_dbp": "dbp", "fused_fwp": "fwp", "fused_hot_dbp": "dbp"}
 HOT = ("fused_hot", "fused_hot_dbp")
 BASELINE = "per_feature"
+# The modes on TFRA's tables or layers (the [tfra] extra, Keras 2): without it the default modes leave them out.
+TFRA_MODES = ("per_feature", "tfra_hand_fused", "fused_tfra")
+
+
+def tfra_missing():
+    """None where TFRA can run in this process, else why not (the ImportError's message, which says what to do)."""
+    from tf_fusedrec import _frameworks  # noqa: PLC0415
+
+    try:
+        _frameworks.tfra()
+    except ImportError as e:
+        return str(e)
+    return None
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m tf_fusedrec.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=experiment.DEFAULT_CONFIG)
-    p.add_argument("--modes", default=",".join(DEFAULT_MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--modes", help=f"comma-separated, of {', '.join(MODES)} (default: {','.join(DEFAULT_MODES)}, "
+                                   f"without {', '.join(TFRA_MODES)} where TFRA is not installed)")
     p.add_argument("--batch-size", type=int, help="per worker (default: the config's)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per mode and repeat")
     p.add_argument("--warmup", type=int, default=3)
@@ -310,11 +324,21 @@ def main(argv=None):
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    modes = [m for m in args.modes.split(",") if m]
+    modes = list(DEFAULT_MODES) if args.modes is None else [m for m in args.modes.split(",") if m]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         print(f"error: unknown mode {unknown[0]!r}; modes are {MODES}", file=sys.stderr)
         sys.exit(2)
+    needs_tfra = [m for m in modes if m in TFRA_MODES]
+    why = tfra_missing() if needs_tfra else None
+    if why and args.modes is not None:
+        print(f"error: --modes {','.join(needs_tfra)} run on TFRA: {why}", file=sys.stderr)
+        sys.exit(2)
+    if why:
+        modes = [m for m in modes if m not in TFRA_MODES]
+        if rank == 0:
+            print(f"bench: TFRA is not usable here, so the default modes leave out {', '.join(needs_tfra)} (ratios "
+                  f"against fused only): {why}", file=sys.stderr, flush=True)
     if not all(m.isdigit() and int(m) > 0 for m in args.sweep.split(",") if m):
         print(f"error: --sweep must be feature counts like 4,8,16 (or empty to skip), got {args.sweep!r}",
               file=sys.stderr)
