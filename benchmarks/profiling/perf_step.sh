@@ -8,7 +8,9 @@
 # tree's .venv and op library; SRC_LIB=own keeps SRC's own library, for a tree whose ops differ). STEPS (default
 # 700) must outlast perf's 5 s (with 150 steps of 13 ms, perf sampled the workers' exit instead). PIN=1 runs each
 # worker on a core.
-# TRANSPORT=mpi launches with horovodrun --mpi (Open MPI) instead of --gloo.
+# TRANSPORT=mpi launches with horovodrun --mpi (Open MPI) instead of --gloo. VENV: the environment to run with
+# (default this tree's .venv; e.g. SRC=CURRENT_TREE SRC_LIB=own VENV=CURRENT_TREE/.venv-current for the current stack,
+# whose op library is built against its own TensorFlow).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:?MODE}
@@ -27,8 +29,9 @@ transport=${TRANSPORT:-gloo}
 case "$transport" in gloo | mpi) ;; *) echo "perf_step: TRANSPORT must be gloo or mpi, got $transport" >&2; exit 2 ;; esac
 # mpirun refuses to start as root unless told that it is meant.
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-(cd "$src" && PYTHONPATH="$src" "$head/.venv/bin/horovodrun" -np 2 -H localhost:2 "--$transport" "${pin[@]}" \
-  "$head/.venv/bin/python" "$tool" "$mode" "${STEPS:-700}" "$flag" >"$out.log" 2>&1) &
+venv=$(realpath "${VENV:-$head/.venv}")
+(cd "$src" && PYTHONPATH="$src" "$venv/bin/horovodrun" -np 2 -H localhost:2 "--$transport" "${pin[@]}" \
+  "$venv/bin/python" "$tool" "$mode" "${STEPS:-700}" "$flag" >"$out.log" 2>&1) &
 runner=$!
 while [ ! -f "$flag" ]; do
   if ! kill -0 "$runner" 2>/dev/null; then echo "perf_step: the run ended before its steady steps: $out.log"; exit 1; fi
