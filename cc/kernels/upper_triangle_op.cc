@@ -2,7 +2,7 @@
 // DLRM's pairwise interactions keep the strict upper triangle of each example's [F, F] dot products. As
 // boolean_mask, that was a Where over B F^2 flags, a gather of B F (F - 1) / 2 single floats by int64 index and, in
 // the backward, a segment sum of them into B F^2 zeros: about a tenth of a 2-worker criteo step's CPU
-// (README, "Where a step's CPU goes"). Here each row of a triangle is one contiguous copy.
+// (docs/guide/performance.md, "The step"). Here each row of a triangle is one contiguous copy.
 #include "cc/kernels/upper_triangle_op.h"
 
 #include <algorithm>

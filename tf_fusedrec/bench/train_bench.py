@@ -23,7 +23,7 @@ in flight and the part of it no dense compute hid (exposed), and each ratio to p
 steps per mode splits the time in flight into waiting for the last worker to arrive and moving data
 (AlltoallMeter.arrival_split: workers on one machine, whose clocks agree), for all-to-alls and allreduces. A sweep
 then trains fused, per_feature and tfra_hand_fused on synthetic configs with M features for M in --sweep. Writes
-OUT/bench.json, OUT/bench.png and prints the table the README shows.
+OUT/bench.json, OUT/bench.png and prints the table docs/benchmarks/training.md shows.
 """
 
 import argparse

@@ -14,7 +14,7 @@ For mode m (fused, per_feature, ...) on network X with N workers, W per host, on
   processes on one machine pay it (Horovod's negotiation cycle, Gloo, the copies, on the worker's own core). None
   of these is a property of the network, and on this machine they cannot be predicted from a 1-worker run and
   the probe: a collective inside a step costs several times what the probe's loop measures, because its CPU work
-  shares the worker's core with the step's compute (see the README).
+  shares the worker's core with the step's compute (docs/guide/cluster.md).
 * K_m, T_m, J_m, D_m: all-to-all calls and the bytes one worker puts into them, allreduce calls and their bytes,
   per step, as the meter counted them (forward and backward). For the same per-worker batch they do not depend on
   N (weak scaling: the keys a worker sends are the unique pairs of its own batch).

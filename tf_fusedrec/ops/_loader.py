@@ -3,7 +3,7 @@
 The ops run on the CPU unless $TF_FUSEDREC_GPU=1. The library registers CUDA kernels beside the CPU ones when it is
 built against a CUDA build of TensorFlow (setup.py, BUILD), and TensorFlow would then place the ops on a GPU whenever
 it sees one; but while the kernels are verified on a GPU (through tests/cuda's standalone harness), the TensorFlow GPU
-ops around them have not run on one yet (README, "CUDA kernels"), so each op is created under
+ops around them have not run on one yet (docs/design/cuda.md), so each op is created under
 tf.device("/device:CPU:0") unless the variable, read at every op call, opts in.
 """
 
