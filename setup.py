@@ -126,6 +126,20 @@ def run_all(commands, stamp, newest_input=None):
         return list(pool.map(one, commands))
 
 
+def library_built_against(path):
+    """The TensorFlow version recorded in a built op library (tf_fusedrec/ops/_loader.py's built_against, read here
+    without importing the package); None without the marker."""
+    marker = b"tf_fusedrec-built-against-tensorflow="
+    with open(path, "rb") as f:
+        data = f.read()
+    start = data.find(marker)
+    if start < 0:
+        return None
+    start += len(marker)
+    end = data.find(b";", start, start + 64)
+    return data[start:end].decode("ascii", "replace") if end > 0 else None
+
+
 # The TensorFlow versions tf_fusedrec supports and tests (DESIGN.md: 2.16 to 2.21, tested at both ends).
 SUPPORTED_TF = ">=2.16,<2.22"
 
@@ -154,7 +168,11 @@ class TFBuildExt(build_ext):
         out = os.path.join(os.path.dirname(out), "_fusedrec_ops.so")
         os.makedirs(os.path.dirname(out), exist_ok=True)
         newest = max(os.path.getmtime(p) for p in ext.sources + ext.depends)
-        if not self.force and os.path.exists(out) and os.path.getmtime(out) >= newest:
+        # Up to date: newer than every source and built against this TensorFlow (its marker, cc/kernels/build_info.cc).
+        # The marker matters where one checkout serves two stacks (make test, then make test STACK=current): the
+        # library is then newer than its sources but for the other TensorFlow.
+        if (not self.force and os.path.exists(out) and os.path.getmtime(out) >= newest
+                and library_built_against(out) == tf.__version__):
             return
         nvcc, reason = cuda_build(tf)
         print(f"tf_fusedrec: CUDA kernels {'built' if nvcc else 'skipped'}: {reason}", file=sys.stderr)
@@ -180,6 +198,16 @@ class TFBuildExt(build_ext):
         cmd = [cxx, "-shared"] + objects + ["-o", out] + tf.sysconfig.get_link_flags() + cuda_libs
         print(" ".join(cmd), file=sys.stderr)
         subprocess.check_call(cmd)
+
+    def copy_extensions_to_source(self):
+        # --inplace: setuptools copies the library it built into the source tree only when it is newer than the one
+        # there, which may be a newer build for another TensorFlow (`pip install -e .` of another stack builds in a
+        # directory of its own and puts its library there): always copied, so the tree holds this TensorFlow's.
+        force, self.force = self.force, True
+        try:
+            super().copy_extensions_to_source()
+        finally:
+            self.force = force
 
     def get_ext_filename(self, fullname):
         return os.path.join(*fullname.split(".")[:-1], "_fusedrec_ops.so")
