@@ -355,15 +355,26 @@ class FeatureConfig:
     rows it reads, see Feature) and, for synthetic data, its id distribution (vocab, zipf exponent, hotness: an int or
     [lo, hi] for variable length)."""
 
+    # the key of its input, unique; an entry with repeat: N (and start: S, default 1) is N features, named
+    # name.format(i=S), ..., name.format(i=S+N-1), e.g. {name: "C{i}", repeat: 13}: C1..C13
     name: str
-    dim: int
-    vocab: int = 100_000
+    dim: int  # embedding dimension, > 0
+    vocab: int = 100_000  # synthetic data: the ids are drawn below this
+    # synthetic data: the exponent of the ids' Zipf law (data.calibrate_zipf(vocab): the one for which 2% of the ids
+    # carry 90% of the accesses)
     zipf: float = 1.05
-    hotness: Any = 1
+    hotness: Any = 1  # synthetic data: ids per example, an int or [lo, hi] (a variable number)
+    # null: one row per id; sum, mean or sqrtn: one pooled row per example (null with a hotness other than 1: sum)
     combiner: Optional[str] = None
-    optimizer: Any = None
+    optimizer: Any = None  # its table's optimizer: a name or {name: ..., hyperparameters}; null: train.sparse_optimizer
+    # initial rows of new ids (tf_fusedrec.initializers.get: a name or a mapping); null: Hashed rows, reproducible on
+    # any number of workers
     initializer: Any = None
+    # ids lie in [0, 2**max_id_bits): when every feature of a group declares it and it fits, the group's keys use the
+    # lossless packed encoding (else hashed)
     max_id_bits: Optional[int] = None
+    # null, or the feature whose rows this one reads and trains (one category of one table for both, e.g. a candidate
+    # item and the item history): the same dim, optimizer, initializer and key dtype
     shares: Optional[str] = None
 
     def to_feature(self):
@@ -379,51 +390,64 @@ class FeatureConfig:
 
 @dataclasses.dataclass
 class DataConfig:
+    # a generator (synthetic, grm_synthetic), a reader of a public data set's files (criteo, movielens, movielens_seq)
+    # or your files (FILE_SOURCES, read by data.schema)
     source: str = "synthetic"
-    path: Optional[str] = None
-    num_dense: int = 13
-    seed: int = 0
-    eval_batches: int = 8
+    path: Optional[str] = None  # the files of a reader: a file, a glob or a list of them; not for the generators
+    num_dense: int = 13  # dense inputs; the file sources count data.schema.dense, the sequence sources have none (0)
+    seed: int = 0  # of the generated data (a batch is a function of seed, rank and step) and of shuffled files
+    eval_batches: int = 8  # batches per worker of the held-out stream the AUC is measured on
     drift: float = 0.0  # source synthetic: new popular ids per step, every id sinking as many ranks (data/synthetic.py)
-    sequences: Any = None  # a SequenceConfig for the SEQUENCE_SOURCES (parsed from a mapping), else None
+    sequences: Any = None  # a SequenceConfig for the SEQUENCE_SOURCES (parsed from a mapping), else null
     # FILE_SOURCES (docs/guide/your-data.md): the columns (a data.files.FileSchema parsed from a mapping), the held-out
     # files (else the first eval_batches x batch x workers records are held out), what a bad record does
-    schema: Any = None
-    eval_path: Any = None
+    schema: Any = None  # required: the columns of the features, the label and the dense inputs, a mapping
+    eval_path: Any = None  # the held-out files: a file, a glob or a list of them; null: the first records
     on_bad_record: str = "error"  # error | skip (counted; past max_bad_records, the error)
-    max_bad_records: int = 1000
+    max_bad_records: int = 1000  # bad records skipped at most (on_bad_record: skip)
+    # data.follow (data/follow.py): keep reading the files that arrive under path (a directory or glob), polling
+    # every poll_seconds, ending after idle_timeout_seconds without one (null: never); follow_marker: a directory's
+    # files count once it holds this file (e.g. _SUCCESS), else once under their final (not hidden) name
+    follow: bool = False  # keep reading the files that arrive under path
+    poll_seconds: float = 5.0  # seconds between looks for new files
+    idle_timeout_seconds: Optional[float] = None  # the stream ends after this long without a new file; null: never
+    follow_marker: Optional[str] = None  # a directory's files count once it holds this file; null: no marker
 
 
 @dataclasses.dataclass
 class ModelConfig:
+    # dlrm (bottom MLP, dot interaction, top MLP), dcn (DCNv2: cross layers, then a deep MLP) or grm (the sequence
+    # sources' generative recommender); tf_fusedrec/models/
     name: str = "dlrm"
+    # dlrm: widths of the MLP over the dense inputs; the last is the interaction dim
     bottom_mlp: Tuple[int, ...] = (64, 16)
-    top_mlp: Tuple[int, ...] = (64, 32)
-    cross_layers: int = 2
-    deep_mlp: Tuple[int, ...] = (64, 32)
+    top_mlp: Tuple[int, ...] = (64, 32)  # dlrm: widths of the MLP over the interactions, before the logit
+    cross_layers: int = 2  # dcn: number of cross layers
+    deep_mlp: Tuple[int, ...] = (64, 32)  # dcn: widths of the deep MLP, before the logit
     # grm (tf_fusedrec/models/grm.py): HSTU blocks over the sequence, an MMoE head with two tasks
-    num_blocks: int = 2
+    num_blocks: int = 2  # HSTU blocks
     hidden_dim: int = 32  # U, Q, K and V each have hidden_dim (num_heads heads of hidden_dim / num_heads)
-    num_heads: int = 2
+    num_heads: int = 2  # attention heads; hidden_dim is a multiple of it
     position_buckets: int = 16  # log-spaced relative-position buckets of the attention bias; 0: no bias
     attention_norm: Any = "causal"  # "causal" (divide by the keys a query sees) or a fixed int normaliser
     pooling: str = "last"  # "last" (the last item's state) or "mean" over the sequence
-    experts: int = 4
-    expert_units: Tuple[int, ...] = (64, 32)
-    tower_units: Tuple[int, ...] = (16,)
+    experts: int = 4  # expert MLPs of the MMoE head
+    expert_units: Tuple[int, ...] = (64, 32)  # widths of each expert's MLP
+    tower_units: Tuple[int, ...] = (16,)  # widths of each task's tower, before its logit
 
 
 @dataclasses.dataclass
 class TrainConfig:
     batch_size: int = 2048  # per worker
-    steps: int = 200
+    steps: int = 200  # training steps (--steps overrides)
     sparse_optimizer: Any = "adagrad"  # default of features that name none
+    # the dense weights' optimizer: a name or {name: ..., hyperparameters} (fr.train.make_optimizer)
     dense_optimizer: Any = dataclasses.field(default_factory=lambda: {"name": "adam", "learning_rate": 0.001})
-    checkpoint_every: int = 100
+    checkpoint_every: int = 100  # steps between checkpoints (with --model-dir; and at the end)
     # 0: every checkpoint full; else a multiple of checkpoint_every: the checkpoints between full ones are deltas
-    # (the rows and slots changed since the previous checkpoint; README "Checkpoints")
+    # (the rows and slots changed since the previous checkpoint; docs/guide/checkpoints.md)
     checkpoint_full_every: int = 0
-    log_every: int = 10
+    log_every: int = 10  # steps between progress lines in a log, and between TensorBoard summaries
     pipeline: str = "sync"  # TrainPipeline schedule: sync | dbp | fwp
     micro_batches: int = 2  # k of the fwp schedule
     cluster_samples: bool = False  # key-centric sample clustering of the fwp micro-batches
@@ -436,7 +460,7 @@ TABLE_ROUNDINGS = ("nearest", "stochastic")
 @dataclasses.dataclass
 class EmbeddingConfig:
     # FusedEmbedding's tables: native (the default of the train app and the bench: the same training, measured faster,
-    # README "Table backends") | tfra. The per-feature baseline is always TFRA.
+    # docs/reference/layer.md, table_backend) | tfra. The per-feature baseline is always TFRA.
     table_backend: str = "native"
     # How float16 table storage (--table-storage float16) rounds an updated row: nearest | stochastic (unbiased; see
     # FusedEmbedding's rounding). float32 storage ignores it.
@@ -449,12 +473,14 @@ class EmbeddingConfig:
 
 @dataclasses.dataclass
 class ExperimentConfig:
-    name: str
+    name: str  # the experiment's name, in summaries and checkpoints (load_config: the file's path when it has none)
+    # the sparse features, a list of mappings (FeatureConfig); a top-level feature_defaults mapping gives every entry
+    # the keys it leaves out
     features: list
-    data: DataConfig = dataclasses.field(default_factory=DataConfig)
-    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
-    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
-    embedding: EmbeddingConfig = dataclasses.field(default_factory=EmbeddingConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)  # the data section
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)  # the model section
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)  # the train section
+    embedding: EmbeddingConfig = dataclasses.field(default_factory=EmbeddingConfig)  # the embedding section
 
     def embedding_features(self):
         return [f.to_feature() for f in self.features]
@@ -612,7 +638,8 @@ def _check_file_source(data, raw, where):
     """data.schema, eval_path, on_bad_record and max_bad_records: for the FILE_SOURCES only, of the right kinds (the
     schema itself is parsed against the features, by data.files.parse_schema)."""
     if data.source not in FILE_SOURCES:
-        given = [k for k in ("schema", "eval_path", "on_bad_record", "max_bad_records") if k in (raw.get("data") or {})]
+        given = [k for k in ("schema", "eval_path", "on_bad_record", "max_bad_records", "follow", "poll_seconds",
+                             "idle_timeout_seconds", "follow_marker") if k in (raw.get("data") or {})]
         if given:
             raise ValueError(f"{where}.data.{given[0]}: only for the file sources {FILE_SOURCES}, not "
                              f"{data.source!r}")
@@ -627,6 +654,26 @@ def _check_file_source(data, raw, where):
         raise ValueError(f"{where}.data.max_bad_records: must be an int >= 0, got {value!r}")
     if data.eval_path is not None and not isinstance(data.eval_path, (str, tuple)):
         raise ValueError(f"{where}.data.eval_path: expected a file, a glob or a list of them, got {data.eval_path!r}")
+    _check_follow(data, raw, where)
+
+
+def _check_follow(data, raw, where):
+    """data.follow and its settings (data.follow.FollowSettings checks their values)."""
+    if not isinstance(data.follow, bool):
+        raise ValueError(f"{where}.data.follow: must be true or false, got {data.follow!r}")
+    if not data.follow:
+        given = [k for k in ("poll_seconds", "idle_timeout_seconds", "follow_marker") if k in (raw.get("data") or {})]
+        if given:
+            raise ValueError(f"{where}.data.{given[0]}: only with data.follow: true")
+        return
+    if not isinstance(data.path, str):
+        raise ValueError(f"{where}.data.path: data.follow takes one directory or one glob pattern, got {data.path!r}")
+    from tf_fusedrec.data.follow import FollowSettings  # noqa: PLC0415
+
+    try:
+        FollowSettings(data.poll_seconds, data.idle_timeout_seconds, data.follow_marker)
+    except ValueError as e:
+        raise ValueError(f"{where}.{e}") from None
 
 
 def _check_grm_model(model, where):

@@ -9,7 +9,9 @@
   ``horovodrun -np N -H localhost:N --gloo`` (the suite's launcher, tests/horovodrun.py), in its own process group
   with a timeout that ends the whole group, and returns an :class:`AppRun` whose ``describe()`` (command, exit status
   and the tail of stdout and stderr) goes into every failure message.
-* ``summaries(run)`` -- the ``summary: {...}`` lines the train app printed, as (rank, dict).
+* ``summaries(run)`` -- the summaries the train app wrote, as (rank, dict): the JSON file each short summary on stdout
+  names (``  summary JSON PATH``). ``run_app`` gives the train app a ``--summary-json`` in a temporary directory when
+  the arguments have neither ``--summary-json`` nor ``--model-dir`` (the app writes none then).
 
 The helpers are reached through the session fixture ``apps`` (a namespace), so the test modules need not import
 this file.
@@ -17,11 +19,14 @@ this file.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import dataclasses
 import json
 import re
+import shutil
 import sys
+import tempfile
 import time
 import types
 from pathlib import Path
@@ -31,6 +36,7 @@ import pytest
 from tests.subprocess_runner import ROOT, execute, horovodrun, tail
 
 PYTHON = Path(sys.executable)
+TRAIN_MODULE = "tf_fusedrec.train"
 RUN_TIMEOUT_S = 300  # per subprocess; the machine is shared, so generous
 
 TINY_FEATURES = ("A1", "A2", "B1", "B2")
@@ -108,6 +114,8 @@ class AppRun:
 def run_app(module, args, workers=1, timeout=RUN_TIMEOUT_S):
     """``python -m module args`` alone (workers=1) or under horovodrun with `workers` Gloo workers on localhost."""
     args = [str(a) for a in args]
+    if module == TRAIN_MODULE and "--summary-json" not in args and "--model-dir" not in args:
+        args += ["--summary-json", str(Path(_summary_dir()) / f"summary-{time.monotonic_ns()}.json")]
     if workers == 1:
         cmd = [str(PYTHON), "-m", module] + args
     else:
@@ -117,20 +125,35 @@ def run_app(module, args, workers=1, timeout=RUN_TIMEOUT_S):
     return AppRun(cmd, rc, out, err, time.monotonic() - start)
 
 
-_SUMMARY = re.compile(r"^(?:\[(\d+)\]<stdout>:)?summary: (.*)$")
+_SUMMARY_DIR = []
+
+
+def _summary_dir():
+    """A temporary directory for the summaries run_app asks for, removed when the session ends."""
+    if not _SUMMARY_DIR:
+        _SUMMARY_DIR.append(tempfile.mkdtemp(prefix="fusedrec-summaries-"))
+        atexit.register(shutil.rmtree, _SUMMARY_DIR[0], ignore_errors=True)
+    return _SUMMARY_DIR[0]
+
+
+# The short summary's line naming the JSON file; a launcher's prefix where rank 0 could not write around it.
+_SUMMARY = re.compile(r"^(?:\[(\d+)\]<stdout>:)?  summary JSON (.*)$")
 
 
 def summaries(run):
-    """[(rank, dict)] of the 'summary: {json}' lines on stdout (rank 0 when horovodrun added no prefix)."""
+    """[(rank, dict)] of the summary JSON files the short summaries on stdout name (rank 0 where no launcher prefix
+    says otherwise)."""
     found = []
     for line in run.stdout.splitlines():
         m = _SUMMARY.match(line)
         if m:
+            path = Path(m.group(2))
+            assert path.is_file(), f"the summary names {str(path)!r}, which is not a file\n{run.describe()}"
             try:
-                body = json.loads(m.group(2))
+                body = json.loads(path.read_text())
             except json.JSONDecodeError as e:
-                raise AssertionError(f"summary line is not JSON ({e}): {line!r}\n{run.describe()}") from None
-            assert isinstance(body, dict), f"summary is not a JSON object: {line!r}\n{run.describe()}"
+                raise AssertionError(f"{path} is not JSON ({e})\n{run.describe()}") from None
+            assert isinstance(body, dict), f"{path} holds no JSON object\n{run.describe()}"
             found.append((int(m.group(1) or 0), body))
     return found
 
@@ -138,7 +161,7 @@ def summaries(run):
 def the_summary(run):
     """The one summary of a run, printed by rank 0 only."""
     found = summaries(run)
-    assert len(found) == 1, f"expected one 'summary: ' line, found {len(found)}\n{run.describe()}"
+    assert len(found) == 1, f"expected one summary, found {len(found)}\n{run.describe()}"
     assert found[0][0] == 0, f"the summary was printed by rank {found[0][0]}, not rank 0\n{run.describe()}"
     return found[0][1]
 

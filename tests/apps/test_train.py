@@ -1,8 +1,9 @@
 """`python -m tf_fusedrec.train` in subprocesses: one worker, and two Gloo workers under horovodrun.
 
 One worker (the tiny config of conftest, DLRM and DCN-v2):
-* a run exits 0 and prints one "summary: {json}" line, the same object it writes to --summary-json, with
-  samples/s > 0, an AUC in [0, 1], a finite final loss, no all-to-all and 1 worker;
+* a run exits 0, writes its summary to --summary-json, with samples/s > 0, an AUC in [0, 1], a finite final loss, no
+  all-to-all and 1 worker, and ends its stdout with a short summary naming that file; the progress lines are on
+  stdout, one per log step; without --summary-json the JSON goes to DIR/summary.json of --model-dir;
 * checkpoints DIR/ckpt-{step}/ (manifest.json, dense.npz, shard-0-of-1.npz), the last two kept, and TensorBoard
   events under DIR/tensorboard;
 * 3 steps, then the same command with --steps 6 on that directory ("resumed from") ends with exactly the final loss
@@ -10,7 +11,8 @@ One worker (the tiny config of conftest, DLRM and DCN-v2):
 * resuming a directory already at step >= --steps, a missing config file: exit status 2 and "error: ..." on stderr
   naming the problem (the other refusals are checked in-process: tests/apps/test_refusals.py).
 
-Two workers (horovodrun -np 2 -H localhost:2 --gloo): rank 0 alone prints the summary; the training step graph holds
+Two workers (horovodrun -np 2 -H localhost:2 --gloo): rank 0 alone prints, whole lines without horovodrun's
+`[0]<stdout>:` prefix, and writes the summary JSON; the training step graph holds
 3 all-to-alls per spec group for FusedEmbedding (keys, embeddings, gradients) and 3 per feature for
 PerFeatureEmbedding, as many all-to-all calls run per step and they carry bytes; checkpoints hold shard-0-of-2 and
 shard-1-of-2, and one worker resumes them (reading both shards) where they stopped. The two workers of batch 64 train
@@ -24,6 +26,7 @@ import glob
 import json
 import math
 import os
+import re
 import shutil
 
 import numpy as np
@@ -99,9 +102,10 @@ def resumed(cache, model_name):
         model_dir = where / "model"
         common = ["--config", config, "--no-progress", "--model-dir", model_dir]
         first = apps.run_app(MODULE, common + ["--steps", STEPS // 2]).expect_ok()
+        first_summary = apps.the_summary(first)  # DIR/summary.json, which the second run rewrites
         second = apps.run_app(MODULE, common + ["--steps", STEPS]).expect_ok()
         return {"first": first, "second": second, "summary": apps.the_summary(second),
-                "first_summary": apps.the_summary(first), "dir": model_dir}
+                "first_summary": first_summary, "dir": model_dir}
 
     return cache.get(("resumed", model_name), make)
 
@@ -137,6 +141,26 @@ def check_common_summary(summary, run, workers, steps, embedding="fused"):
     assert isinstance(summary["alltoall_ops_in_step_graph"], int), where
 
 
+PROGRESS_LINE = re.compile(r"^step (\d+)/(\d+)  loss \d+\.\d{4}  [\d,]+ samples/s$")
+
+
+def check_person_output(run, steps, model_dir):
+    """stdout is what rank 0 shows a person, whole lines without a launcher prefix: a progress line per log step
+    (the tiny config logs every step; --no-progress), then the short summary naming the last checkpoint and the
+    summary JSON. No tag glued into a line, no stray carriage return, nothing of it on stderr."""
+    lines = run.stdout.splitlines()
+    assert run.stdout.endswith("\n") and "\r" not in run.stdout, run.describe()
+    assert not [line for line in lines if "<stdout>:" in line or "<stderr>:" in line], run.describe()
+    progress = [PROGRESS_LINE.match(line) for line in lines if line.startswith("step ")]
+    assert all(progress), f"a progress line that is not whole\n{run.describe()}"
+    assert [int(m.group(1)) for m in progress] == list(range(1, steps + 1)), run.describe()
+    summary = lines[lines.index(next(line for line in lines if line.startswith("done: "))):]
+    assert [line.split()[0] for line in summary[1:]] == ["throughput", "AUC", "loss", "all-to-all", "checkpoint",
+                                                          "summary"], run.describe()
+    assert f"  checkpoint   {model_dir / f'ckpt-{steps}'}" in summary, run.describe()
+    assert "samples/s" in summary[1] and "done: " not in run.stderr and "step 1/" not in run.stderr, run.describe()
+
+
 def checkpoint_steps(model_dir):
     """Published checkpoint steps of a model directory (ckpt-N/manifest.json), ascending."""
     return sorted(int(os.path.basename(os.path.dirname(p))[len("ckpt-"):])
@@ -156,13 +180,13 @@ def spec_groups(config_file):
 def test_one_worker_run_and_summary(cache, model_name):
     r = straight(cache, model_name)
     run, summary = r["run"], r["summary"]
-    assert r["json"] == summary, f"--summary-json {r['json']} differs from the printed summary {summary}"
+    assert r["json"] == summary, f"--summary-json {r['json']} differs from the summary the run named {summary}"
     check_common_summary(summary, run, workers=1, steps=STEPS)
     assert summary["alltoall_ops_in_step_graph"] == 0, run.describe()
     assert not METER_KEYS & set(summary), f"all-to-all traffic reported for one worker: {summary}"
-    assert "resumed from" not in run.stderr, run.describe()
-    # the summary line is on stdout, the progress log lines on stderr
-    assert f"step {STEPS}/{STEPS}" in run.stderr and "summary: " not in run.stderr, run.describe()
+    assert "resumed from" not in run.stdout, run.describe()
+    check_person_output(run, STEPS, r["dir"])
+    assert "all-to-all   none (one worker)" in run.stdout, run.describe()
 
 
 def test_one_worker_checkpoints(cache):
@@ -196,9 +220,11 @@ def test_resume_equals_straight_run(cache, model_name):
     a = straight(cache, model_name)["summary"]
     r = resumed(cache, model_name)
     first, second, b = r["first"], r["second"], r["summary"]
-    assert "resumed from" not in first.stderr, first.describe()
+    assert "resumed from" not in first.stdout, first.describe()
     assert r["first_summary"]["steps"] == STEPS // 2
-    assert "resumed from" in second.stderr and f"at step {STEPS // 2}" in second.stderr, second.describe()
+    assert "resumed from" in second.stdout and f"at step {STEPS // 2}" in second.stdout, second.describe()
+    # no --summary-json: the JSON went to the model directory, and the short summary says so
+    assert f"  summary JSON {r['dir'] / 'summary.json'}\n" in second.stdout, second.describe()
     assert b["steps"] == STEPS
     assert (b["final_loss"], b["auc"]) == (a["final_loss"], a["auc"]), (
         f"{model_name}: {STEPS // 2} steps + resume to {STEPS} gives final_loss {b['final_loss']!r} auc "
@@ -212,7 +238,7 @@ def test_resume_at_or_past_the_end_is_an_error(cache, apps):
         run = apps.run_app(MODULE, ["--config", r["config"], "--steps", steps, "--no-progress",
                                     "--model-dir", r["dir"]])
         message = run.expect_error(f"step {STEPS}", f"--steps {steps}")
-        assert "summary: " not in run.stdout, run.describe()
+        assert "summary JSON" not in run.stdout, run.describe()
         assert "model-dir" in message, message
     # nothing was written
     assert checkpoint_steps(r["dir"]) == [4, 6]
@@ -247,6 +273,17 @@ def test_two_workers_summary_and_alltoalls(cache, model_name, embedding):
     assert (r["dir"] / f"ckpt-{HVD_STEPS}" / "shard-1-of-2.npz").exists(), run.describe()
 
 
+def test_two_workers_stdout_is_rank0s_whole_lines_without_a_prefix(cache):
+    """horovodrun --gloo writes every line a worker writes to its stdout with `[rank]<stdout>:` before it; rank 0
+    writes around it, to horovodrun's own stdout (train/progress.py): one progress line per log step, the short
+    summary once, no prefix, no line glued to another; and the summary JSON is where it says."""
+    r = two_workers(cache, "dlrm", "fused")
+    run = r["run"]
+    check_person_output(run, HVD_STEPS, r["dir"])
+    assert "calls" in next(line for line in run.stdout.splitlines() if line.startswith("  all-to-all")), run.describe()
+    assert r["json"]["workers"] == 2  # read from --summary-json
+
+
 def test_two_workers_print_the_loss_of_one_worker_on_their_union(cache, apps):
     r = two_workers(cache, "dlrm", "fused")
     run = apps.run_app(MODULE, ["--config", r["config"], "--steps", HVD_STEPS, "--no-progress", "--batch-size",
@@ -271,7 +308,7 @@ def test_resume_two_worker_dir_with_one_worker(cache, apps, tmp_path):
     shutil.copytree(r["dir"], model_dir)
     run = apps.run_app(MODULE, ["--config", r["config"], "--steps", HVD_STEPS + 2, "--no-progress",
                                 "--model-dir", model_dir]).expect_ok()
-    assert f"at step {HVD_STEPS} (written by 2 worker(s), restored onto 1)" in run.stderr, run.describe()
+    assert f"at step {HVD_STEPS} (written by 2 worker(s), restored onto 1)" in run.stdout, run.describe()
     restored = apps.the_summary(run)["restored"]
     assert restored["from_workers"] == 2 and restored["bytes_read_per_rank"][0] > 0, restored
     assert checkpoint_steps(model_dir)[-1] == HVD_STEPS + 2

@@ -138,7 +138,7 @@ def test_resume_equals_the_uninterrupted_run(runs, apps, tmp_path):
                                              "--balance", "tokens", "--no-progress", "--model-dir", model_dir],
                        workers=2)
     assert run.rc == 0, run.describe()
-    assert f"at step {RESUME_AT} (written by 2 worker(s), restored onto 2)" in run.stderr, run.describe()
+    assert f"at step {RESUME_AT} (written by 2 worker(s), restored onto 2)" in run.stdout, run.describe()
     resumed = apps.the_summary(run)
     assert resumed["restored"]["step"] == RESUME_AT, resumed["restored"]
 

@@ -285,9 +285,9 @@ def test_app_steps_per_call_trains_like_one(tmp_path):
         summary, one_summary)
     assert np.isfinite(summary["samples_per_s"]) and summary["samples_per_s"] > 0, run.describe()
     for step in (5, 10):  # the log lines, each with that step's loss
-        line = re.search(rf"step {step}/{APP_STEPS}  loss (\S+)", run.stderr)
+        line = re.search(rf"step {step}/{APP_STEPS}  loss (\S+)", run.stdout)
         assert line, run.describe()
-        assert line.group(0) in one.stderr, (line.group(0), one.describe())
+        assert line.group(0) in one.stdout, (line.group(0), one.describe())
     assert checkpoints(model_dir) == [8, 10], run.describe()  # every 4 steps and at the end, the last two kept
 
 

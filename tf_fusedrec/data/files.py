@@ -36,9 +36,12 @@ SHAPES = ("one", "fixed", "list")
 BAD_RECORD_POLICIES = ("error", "skip")
 STRING_ID_BUCKETS = 2 ** 62  # the built-in readers' tf.strings.to_hash_bucket_fast(value, 2**62)
 
-FilePosition = collections.namedtuple("FilePosition", ["epoch", "file", "record", "skipped"], defaults=(0,))
+FilePosition = collections.namedtuple("FilePosition", ["epoch", "file", "record", "skipped", "name"],
+                                      defaults=(0, 0))
 FilePosition.__doc__ = """Where a file source's stream stands: the next record is record `record` (0-based) of file
-`file` (the index in the sorted file list) in pass `epoch`; `skipped` bad records were skipped before it. The same
+`file` (the index in the sorted file list; following a directory, the count of files taken before it) in pass
+`epoch`; `skipped` bad records were skipped before it. Following (data.follow), `name` is name_hash of that file's
+name, which is how a resumed run finds it again (files before it may since have been deleted); else 0. The same
 on every worker (each reads the whole stream and keeps its share), so it resumes the stream on any worker count."""
 
 

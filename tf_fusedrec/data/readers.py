@@ -27,6 +27,13 @@ everywhere; no batch holds a part of it). With ``on_bad_record="skip"`` the reco
 (``skipped``) and the error comes once more than ``max_bad_records`` were skipped. A truncated or corrupt TFRecord
 file cannot be read past the damage: skipping it skips the rest of that file (one bad record).
 
+**Following** (``follow``: a follow.FollowSettings; ``data.follow: true``): ``paths`` is one directory or glob whose
+files keep arriving. The stream is one endless pass over the complete files in name order (follow.py: which files are
+complete, how the workers agree on each next one through ``comm``), waiting for new ones, ended by the idle timeout
+(the records after the last whole global batch are then left for a resumed run). Each file is checked when taken.
+The FilePosition names the current file (``name``), so a resumed run continues in it even after older files were
+deleted; ``skip_records`` (the held-out records) are the stream's first records.
+
 **At start** ``FileBatches`` checks every file against the schema (Parquet: the file's schema; TFRecord: its first
 record; CSV: its header and first block): a missing column, a column of the wrong type (an id column holding
 floats, say) is a ValueError naming the file, the column and what it holds.
@@ -34,13 +41,12 @@ floats, say) is a ValueError naming the file, the column and what it holds.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import tensorflow as tf
 
 from tf_fusedrec.data.files import (BAD_RECORD_POLICIES, FILE_SOURCES, STRING_ID_BUCKETS, BadRecordError,
                                     FilePosition, expand_paths)
+from tf_fusedrec.data.follow import Follower, Listing, name_hash
 
 __all__ = ["FileBatches", "hash_string_ids"]
 
@@ -315,7 +321,7 @@ class _TFRecordFormat:
         iterator = iter(tf.data.TFRecordDataset(path).skip(start).batch(CHUNK_RECORDS))
         while True:
             try:
-                serialized = next(iterator).numpy()
+                serialized = next(iterator)  # a string tensor: parsed as it is, without a round trip through Python
             except StopIteration:
                 return
             except tf.errors.DataLossError as e:  # the chunk holds a damaged record: read up to it, one by one
@@ -332,14 +338,14 @@ class _TFRecordFormat:
                 yield _Chunk.all_bad(index, first + len(readable), message, self.schema)
                 return
             yield self._chunk(index, first, serialized)
-            first += len(serialized)
+            first += int(serialized.shape[0])
 
     def _parse(self, serialized):
-        parsed = tf.io.parse_example(tf.constant(serialized, tf.string), self.spec)
-        return {k: (v.flat_values.numpy(), v.row_lengths().numpy()) for k, v in parsed.items()}
+        parsed = tf.io.parse_example(tf.convert_to_tensor(serialized, tf.string), self.spec)
+        return {k: (v.flat_values.numpy(), np.diff(v.row_splits.numpy())) for k, v in parsed.items()}
 
     def _chunk(self, index, first, serialized):
-        n, bad = len(serialized), {}
+        n, bad = int(serialized.shape[0]), {}
         try:
             parsed = self._parse(serialized)
             good = np.arange(n)
@@ -350,7 +356,7 @@ class _TFRecordFormat:
                 except tf.errors.InvalidArgumentError as e:
                     bad[row] = f"not a tf.train.Example of the schema: {e.message.splitlines()[0]}"
             good = np.array([r for r in range(n) if r not in bad], np.int64)
-            parsed = self._parse(serialized[good]) if len(good) else \
+            parsed = self._parse(tf.gather(serialized, good)) if len(good) else \
                 {k: (np.zeros(0, object if v.dtype == tf.string else v.dtype.as_numpy_dtype), np.zeros(0, np.int64))
                  for k, v in self.spec.items()}
 
@@ -491,6 +497,10 @@ class _CsvFormat:
     def _ints(self, strings, where):
         """int64 values of decimal strings, and a mask of the ones that are not ids."""
         pc = self.pc
+        try:  # the common case, all of them ids: Arrow's cast refuses what _INT does (but zero-padding past 19 digits)
+            return pc.cast(strings, self.pa.int64()).to_numpy(zero_copy_only=False), np.zeros(len(strings), bool)
+        except self.pa.ArrowInvalid:
+            pass
         ok = pc.match_substring_regex(strings, _INT)
         long = pc.equal(pc.utf8_length(strings), 19)
         ok = pc.and_(ok, pc.or_(pc.invert(long), pc.less_equal(strings, _INT64_MAX)))
@@ -543,6 +553,13 @@ class _CsvFormat:
         for column in (*s.dense, s.label.column):
             strings = batch.column(column)
             what = "the label" if column == s.label.column else "dense"
+            try:  # the common case: every field a finite number (Arrow's cast also takes nan, inf: checked after)
+                values = pc.cast(strings, self.pa.float64()).to_numpy(zero_copy_only=False)
+                if np.isfinite(values).all():
+                    floats[column] = spread(values.astype(np.float32))
+                    continue
+            except self.pa.ArrowInvalid:
+                pass
             ok = pc.match_substring_regex(strings, _FLOAT).to_numpy(zero_copy_only=False)
             if not ok.all():
                 texts = strings.to_pylist()
@@ -581,10 +598,15 @@ class FileBatches:
       epochs: passes over the files; None: endless.
       limit: read only the first `limit` records of the first pass (the held-out records); None: no limit.
       on_bad_record: "error" or "skip"; max_bad_records: the skips allowed (counting those of `position`).
+      follow: a follow.FollowSettings: follow `paths` (one directory or glob) as files arrive (the module docstring);
+        None: the files there now, pass after pass.
+      comm: following with several workers, the distributed.comm Comm they agree through (None: alone).
+      on_wait: following, called with the seconds waited so far at each poll without a new file (follow.Follower).
     """
 
     def __init__(self, source, paths, schema, batch_size, rank=0, num_ranks=1, position=None, skip_records=0,
-                 epochs=None, limit=None, on_bad_record="error", max_bad_records=0):
+                 epochs=None, limit=None, on_bad_record="error", max_bad_records=0, follow=None, comm=None,
+                 on_wait=None):
         if source not in FILE_SOURCES:
             raise ValueError(f"FileBatches: source must be one of {FILE_SOURCES}, got {source!r}")
         if on_bad_record not in BAD_RECORD_POLICIES:
@@ -597,14 +619,28 @@ class FileBatches:
         if rank >= num_ranks:
             raise ValueError(f"FileBatches: rank {rank} is not below num_ranks {num_ranks}")
         self.source, self.schema = source, schema
-        self.files = expand_paths(paths)
         self.batch_size, self.rank, self.num_ranks = batch_size, rank, num_ranks
         self.epochs, self.limit = epochs, limit
         self.on_bad_record, self.max_bad_records = on_bad_record, max_bad_records
         self.format = _FORMATS[source](schema)
-        for path in self.files:
-            self.format.check(path)
-        self.wrap = self._advance(skip_records) if skip_records else (0, 0)
+        self.follow, self.comm, self.on_wait = follow, comm, on_wait
+        self._names = {}  # following: file index -> name_hash of the file's name
+        self.follower = None
+        if follow is not None:
+            if epochs is not None or limit is not None:
+                raise ValueError("FileBatches: a followed stream is one endless pass (no epochs, no limit)")
+            self.listing = Listing(paths, follow.marker)
+            self.files = {}  # file index -> path, of the files taken so far
+            self.wrap = (0, 0)
+            self._skip_first = skip_records if position is None else 0
+            if position is not None and not FilePosition(*position).name and tuple(position)[1:3] != (0, 0):
+                raise ValueError("data.follow: the checkpoint's stream position was written by a run that did not "
+                                 "follow data.path (it counts files of a fixed list); start a new --model-dir")
+        else:
+            self.files = expand_paths(paths)
+            for path in self.files:
+                self.format.check(path)
+            self.wrap = self._advance(skip_records) if skip_records else (0, 0)
         self.start = FilePosition(0, *self.wrap) if position is None else FilePosition(*position)
         self.skipped = self.start.skipped
         self._positions = []
@@ -621,6 +657,9 @@ class FileBatches:
                          f"{records - left}; give a smaller data.eval_batches or a data.eval_path")
 
     def _chunks(self):
+        if self.follow is not None:
+            yield from self._followed_chunks()
+            return
         epoch, file, record = self.start[:3]
         remaining = self.limit
         while self.epochs is None or epoch < self.epochs:
@@ -640,6 +679,27 @@ class FileBatches:
                 raise ValueError(f"data.path: the {len(self.files)} file(s) hold no record to train on")
             epoch += 1
             file, record = self.wrap
+
+    def _followed_chunks(self):
+        """The chunks of the files as they arrive (one pass, epoch 0), from the start position on."""
+        self.follower = follower = Follower(self.listing, self.follow, comm=self.comm, on_wait=self.on_wait)
+        index, record = self.start.file, self.start.record
+        taken = follower.find(self.start.name) if self.start.name else follower.next_after(None)
+        skip = self._skip_first
+        while taken is not None:
+            name, path = taken
+            self.files[index], self._names[index] = path, name_hash(name)
+            self.format.check(path)
+            for chunk in self.format.chunks(index, path, record):
+                if skip >= chunk.n:
+                    skip -= chunk.n
+                    continue
+                if skip:
+                    chunk, skip = _tail(chunk, skip), 0
+                _check_values(chunk, self.schema)
+                yield 0, chunk
+            taken = follower.next_after(name)
+            index, record = index + 1, 0
 
     def _global_batches(self):
         """(global batch pieces, FilePosition after the batch) of batch_size x num_ranks good records each."""
@@ -695,7 +755,7 @@ class FileBatches:
             offset += len(good)
             last = good[-1]
             position = FilePosition(epoch, chunk.file, chunk.first + int(last) + 1,
-                                    skipped + int(skipped_before[last]))
+                                    skipped + int(skipped_before[last]), self._names.get(chunk.file, 0))
         return taken, pieces, position
 
     def _worker_batch(self, taken):
@@ -762,6 +822,15 @@ class FileBatches:
         if not 0 < batches <= len(self._positions):
             raise ValueError(f"position_after({batches}): {len(self._positions)} batches were made")
         return self._positions[batches - 1]
+
+
+def _tail(chunk, k):
+    """The records of a chunk after its first k."""
+    ids = {}
+    for name, (values, lengths) in chunk.ids.items():
+        ids[name] = (values[int(lengths[:k].sum()):], lengths[k:])
+    return _Chunk(chunk.file, chunk.first + k, chunk.n - k, ids, chunk.dense[k:], chunk.label[k:],
+                  {r - k: m for r, m in chunk.bad.items() if r >= k})
 
 
 def _head(chunk, k):

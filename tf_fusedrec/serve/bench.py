@@ -589,7 +589,8 @@ def markdown(result, curve=None):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m tf_fusedrec.serve.bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tf_fusedrec.serve.bench",
+                                description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--config", default=DEFAULT_CONFIG, help=f"the model's config (default {DEFAULT_CONFIG})")
     p.add_argument("--export", help="an existing export of --config (default: train and export one here)")
     p.add_argument("--out", default="benchmarks/results/serve", help="where serve_bench.json and serve_bench.md go")

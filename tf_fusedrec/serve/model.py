@@ -125,7 +125,9 @@ class ServingModel:
     """
 
     def __init__(self, export_dir, backend=None, pooling=True, packed=True):
-        import tensorflow as tf  # noqa: PLC0415
+        from tf_fusedrec import _frameworks  # noqa: PLC0415
+
+        tf = _frameworks.import_tensorflow()  # quietly: no CUDA plugin ERROR lines in the ranker's log
 
         self.export_dir = export_dir
         self.manifest = fmt.read_manifest(export_dir)

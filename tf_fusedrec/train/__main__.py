@@ -5,7 +5,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # TFRA imports pkg_resources and warns on every layer about savers this app does not use; keep the output readable.
 warnings.filterwarnings("ignore", message="pkg_resources is deprecated")
 
-import tf_fusedrec  # noqa: E402,F401  (selects Keras 2 before TensorFlow loads)
+import tf_fusedrec  # noqa: E402,F401  (tf_fusedrec.train, run first by `python -m`, imported TensorFlow quietly)
 import tensorflow as tf  # noqa: E402
 
 tf.get_logger().setLevel("ERROR")
@@ -14,6 +14,7 @@ from tf_fusedrec.distributed import comm as comm_lib  # noqa: E402
 from tf_fusedrec.train.app import main  # noqa: E402
 
 main()
-# The run ended normally: the summary is printed, --summary-json, the checkpoints and the TensorBoard events (closed by
-# the app) are written. Leave without the interpreter's teardown (0.8 s of CPU per process on the tests' tiny config).
+# The run ended normally: the short summary is shown, the summary JSON, the checkpoints and the TensorBoard events
+# (closed by the app) are written. Leave without the interpreter's teardown (0.8 s of CPU per process on the tests'
+# tiny config).
 comm_lib.exit_after_success("train_done")

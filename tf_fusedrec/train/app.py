@@ -8,8 +8,10 @@
         [--model-dir DIR] [--publish-to RANKER_HOST:PORT,... [--publish-every N]]
     horovodrun -np 2 -H localhost:2 --gloo python -m tf_fusedrec.train ...
 
-Rank 0 shows a progress bar (step, loss, samples/s over all workers) and ends with a summary: samples/s, AUC on a
-held-out stream, all-to-all calls and bytes per step, and the all-to-all time the step waited on (exposed). The
+Rank 0 shows a progress line (step, loss, samples/s over all workers; in place on a terminal, a line every
+train.log_every steps in a log) without the launcher's prefix (train/progress.py), and ends with a short summary:
+samples/s, AUC on a held-out stream, loss, all-to-all calls and bytes per step, where the checkpoint and the summary
+JSON went. The summary JSON (every figure) goes to --summary-json, by default DIR/summary.json with --model-dir. The
 step runs through fr.train.TrainPipeline with the chosen schedule (train/pipeline.py). With --model-dir, the workers checkpoint (train/checkpoint.py) every
 `train.checkpoint_every` steps and at the end: each its shard of the embedding tables and optimizer slots (with
 `train.checkpoint_full_every`, only the rows and slots changed since the previous checkpoint, between full ones), rank
@@ -40,9 +42,10 @@ from tf_fusedrec.train import experiment
 from tf_fusedrec.train.checkpoint import Checkpointer
 from tf_fusedrec.train.experiment import DEFAULT_CONFIG, EMBEDDINGS
 from tf_fusedrec.train.pipeline import SCHEDULES
+from tf_fusedrec.train.progress import Progress, open_console, summary_lines
 
 # --steps-per-call's default: four steps a call ran the sync, dbp and fwp schedules 1.19-1.73x faster than one on
-# this project's 2-core machines (README, "Several steps per call"), for about 0.4 s more tracing per process.
+# this project's 2-core machines (docs/guide/performance.md), for about 0.4 s more tracing per process.
 STEPS_PER_CALL = 4
 
 
@@ -118,8 +121,12 @@ def parse_args(argv=None):
                         "hosts a file system every worker writes")
     p.add_argument("--publish-timeout-s", type=float, default=60.0,
                    help="deadline of each call to a server or ranker while publishing (default 60)")
-    p.add_argument("--no-progress", action="store_true", help="log lines instead of a progress bar")
-    p.add_argument("--summary-json", help="rank 0 writes the final summary here")
+    p.add_argument("--no-progress", action="store_true",
+                   help="a progress line every train.log_every steps, also on a terminal (default: one line updated "
+                        "in place on a terminal)")
+    p.add_argument("--summary-json", metavar="FILE",
+                   help="rank 0 writes the run's summary here as JSON, every figure (default: DIR/summary.json with "
+                        "--model-dir DIR, else none)")
     p.add_argument("--step-timeout", type=float, default=600.0,
                    help="seconds a training step or checkpoint may take before this worker gives up (a lost or "
                         "stalled peer; horovodrun itself stops the job when a worker dies); 0: no limit")
@@ -153,48 +160,14 @@ def replication_of(args):
     return HotReplication(rows=None if hot == "auto" else hot, sample_batches=args.hot_sample_batches)
 
 
-def report_hot(reports, rank, what):
-    if rank == 0:
-        for r in reports:
-            predicted = "" if r["predicted_seconds"] is None else (
-                f", predicted {1e3 * r['predicted_seconds']:.2f} ms/step of communication vs "
-                f"{1e3 * r['seconds_without']:.2f} ms without")
-            print(f"hot rows ({what}) {r['group']}: R={r['rows']} ({r['chosen_by']}) of {r['candidates']} counted, "
-                  f"covering rho={r['rho']:.3f} of the accesses{predicted}", file=sys.stderr)
-
-
-class Progress:
-    """A standard progress bar on a terminal (percentage, bar, step/total, elapsed<remaining, rate: the layout of
-    tqdm, which the pinned stack does not carry), a log line every `every` steps otherwise."""
-
-    def __init__(self, total, every, enabled, bar, start=0):
-        self.total, self.every, self.enabled, self.start = total, every, enabled, start
-        self.bar = bar and sys.stderr.isatty()
-        self.t0 = time.monotonic()
-
-    @staticmethod
-    def _clock(seconds):
-        minutes, seconds = divmod(int(seconds), 60)
-        return f"{minutes:02d}:{seconds:02d}" if minutes < 60 else f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
-
-    def update(self, step, loss, samples_per_s):
-        if not self.enabled:
-            return
-        text = f"step {step}/{self.total}  loss {loss:.4f}  {samples_per_s:,.0f} samples/s"
-        if self.bar:
-            elapsed = time.monotonic() - self.t0
-            done = step - self.start
-            remaining = elapsed / done * (self.total - step) if done else 0.0
-            width = 30
-            filled = int(width * step / max(self.total, 1))
-            sys.stderr.write(f"\r{100 * step / max(self.total, 1):3.0f}%|{'#' * filled}{' ' * (width - filled)}| "
-                             f"{step}/{self.total} [{self._clock(elapsed)}<{self._clock(remaining)}, "
-                             f"{samples_per_s:,.0f} samples/s, loss {loss:.4f}]")
-            if step == self.total:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
-        elif step % self.every == 0 or step == self.total:
-            print(text, file=sys.stderr, flush=True)
+def report_hot(reports, console, what):
+    """Writes the hot sets chosen or re-peeked on rank 0's console (other ranks' write nothing)."""
+    for r in reports:
+        predicted = "" if r["predicted_seconds"] is None else (
+            f", predicted {1e3 * r['predicted_seconds']:.2f} ms/step of communication vs "
+            f"{1e3 * r['seconds_without']:.2f} ms without")
+        console.line(f"hot rows ({what}) {r['group']}: R={r['rows']} ({r['chosen_by']}) of {r['candidates']} counted, "
+                     f"covering rho={r['rho']:.3f} of the accesses{predicted}")
 
 
 class Watchdog:
@@ -217,6 +190,11 @@ class Watchdog:
             yield
         finally:
             self._deadline = None
+
+    def extend(self):
+        """Restarts the guarded block's time: a followed stream waiting for files (data.follow) is not a stall."""
+        if self._deadline is not None:
+            self._deadline = time.monotonic() + self._limit
 
     def _watch(self):
         while True:
@@ -346,6 +324,7 @@ class _TrainingRun:
         self.comm = comm_lib.init_workers()
         comm_lib.overlap_collectives()  # collectives and the meter's stamps run when their inputs allow, not in order
         self.rank, self.size = self.comm.rank, self.comm.size
+        self.console = open_console(self.rank, in_place=not self.args.no_progress)
         self.watchdog = Watchdog(self.args.step_timeout if self.size > 1 else 0, self.rank)
         from tf_fusedrec.distributed.meter import AlltoallMeter  # noqa: PLC0415
 
@@ -383,7 +362,10 @@ class _TrainingRun:
         """Builds the dense weights on a first batch (checking its features against the config) before a restore."""
         config = self.config
         dataset = experiment.make_dataset(config, self.plan.batch_size, self.rank, self.size)
-        sample = next(iter(dataset.take(1)))[0]
+        sample = next(iter(dataset.take(1)), None)
+        if sample is None:  # a followed directory (data.follow) that stayed empty past data.idle_timeout_seconds
+            raise ValueError(f"data.path: no batch to train on under {config.data.path!r}")
+        sample = sample[0]
         experiment.check_features_match(config, sample)
         self.model(sample, training=False)
 
@@ -404,12 +386,14 @@ class _TrainingRun:
             self.start = restored["step"]
             self.bytes_read = comm.allgather(tf.constant([restored["bytes_read"]], tf.int64),
                                              name="FusedRec/checkpoint/bytes_read").numpy().tolist()
-            if rank == 0:
-                print(f"resumed from {restored['directory']} at step {self.start} (written by {restored['workers']} "
-                      f"worker(s), restored onto {size}); bytes read per rank: {self.bytes_read}", file=sys.stderr)
+            self.console.line(f"resumed from {restored['directory']} at step {self.start} (written by "
+                              f"{restored['workers']} worker(s), restored onto {size}); bytes read per rank: "
+                              f"{self.bytes_read}")
         self.position = None  # a sequence run's: where this worker's batches stand in its sample stream
         if restored is not None and self.plan.sequences:
             self.position = experiment.position_of_checkpoint(restored, rank, size)
+        elif restored is not None and self.config.data.source in cfg.FILE_SOURCES:  # resumes on any worker count
+            self.position = experiment.position_of_file_checkpoint(restored)
         if self.start >= self.plan.steps:
             raise ValueError(f"--model-dir is already at step {self.start} >= --steps {self.plan.steps}; "
                              f"ask for more steps")
@@ -445,7 +429,7 @@ class _TrainingRun:
             self.hot_reports = replication_lib.choose_hot_set(
                 self.embedding, experiment.embedding_sample(self.config, self.plan.batch_size, self.rank, self.size,
                                                             self.start, replication.sample_batches))
-            report_hot(self.hot_reports, self.rank, "chosen")
+            report_hot(self.hot_reports, self.console, "chosen")
 
     def make_pipeline(self):
         """Makes the batches from the start step (or the stream position), the loss and the TrainPipeline."""
@@ -454,12 +438,17 @@ class _TrainingRun:
         args, config, plan, comm = self.args, self.config, self.plan, self.comm
         # Endless: the pipeline prefetches one batch past the last step (its ids only; no table changes).
         loss_fn = experiment.binary_cross_entropy()
-        self.sequence_batches = None
+        self.sequence_batches = self.file_batches = None
         if plan.sequences:
             self.sequence_batches = experiment.SequenceBatches(config, plan.batch_size, self.rank, self.size,
                                                                plan.balance, position=self.position)
             dataset = self.sequence_batches.dataset()
             loss_fn = experiment.global_mean_loss(comm)
+        elif config.data.source in cfg.FILE_SOURCES:  # its position after each batch goes into the checkpoints
+            self.wait_shown = float("inf")  # when _waiting last showed a wait (a smaller time: a new wait)
+            self.file_batches = experiment.file_batches(config, plan.batch_size, self.rank, self.size,
+                                                        position=self.position, comm=comm, on_wait=self._waiting)
+            dataset = self.file_batches.dataset()
         else:
             dataset = experiment.make_dataset(config, plan.batch_size, self.rank, self.size, start_step=self.start)
         self.loss_scale = fr.train.DynamicLossScale(comm) if args.dense_precision == "mixed_float16" else None
@@ -468,24 +457,38 @@ class _TrainingRun:
                                            step_counter=self.step_var, meter=self.meter, loss_scale=self.loss_scale,
                                            steps_per_call=args.steps_per_call)
 
+    def _waiting(self, seconds):
+        """A followed stream (data.follow) polls for new files, `seconds` into a wait: the watchdog waits on; rank 0
+        shows it (every poll in place on a terminal, else at a wait's first poll and every 30 s)."""
+        self.watchdog.extend()
+        if self.console.tty or seconds < self.wait_shown or seconds >= self.wait_shown + 30:
+            self.wait_shown = seconds
+            self.console.update(f"waiting for new files under {self.config.data.path} ({seconds:.0f} s)")
+
     def train(self):
         """Trains to --steps in calls of steps: progress, TensorBoard scalars, table rows, checkpoints, re-peeks."""
         args, config, steps, start = self.args, self.config, self.plan.steps, self.start
         self.writer = tf.summary.create_file_writer(os.path.join(args.model_dir, "tensorboard")) \
             if args.model_dir and self.rank == 0 else None
-        progress = Progress(steps, config.train.log_every, self.rank == 0, not args.no_progress, start=start)
+        progress = Progress(self.console, steps, config.train.log_every, start=start)
         warmup = min(3, steps - start - 1)
         self.timed_steps, self.timed_seconds, loss_value = 0, 0.0, float("nan")
         self.table_rows = []  # (step, this worker's embedding rows) at each log step: the table size over time
         # Calls end at the last warm-up step (the timing starts after it) and at every log and checkpoint step.
         every = [config.train.log_every] + ([config.train.checkpoint_every] if self.checkpointer is not None else []) \
             + ([args.publish_every] if self.publisher is not None else [])
-        step = start
+        step, self.stream_ended = start, None
         while step < steps:
             if step == start + warmup and self.meter is not None:
                 self.meter.reset()
             n = call_length(step, args.steps_per_call, steps, ends=[start + warmup], every=every)
-            losses, elapsed = self._call(step, n)
+            try:
+                losses, elapsed = self._call(step, n)
+            except StopIteration:  # a followed stream stayed idle past data.idle_timeout_seconds: the run ends here
+                if not config.data.follow:  # the other streams are endless
+                    raise
+                self._stream_ended(step, loss_value)
+                break
             if step >= start + warmup:
                 self.timed_steps += len(losses)
                 self.timed_seconds += elapsed
@@ -499,7 +502,23 @@ class _TrainingRun:
             if self.publisher is not None and (step % args.publish_every == 0 or step == steps):
                 with self.watchdog.guard(f"publishing step {step}"):
                     self.publisher.publish(step)
-        self.final_loss = loss_value
+        self.final_loss, self.end_step = loss_value, step
+
+    def _stream_ended(self, step, loss_value):
+        """Ends training at step `step`, where the followed stream ended: logs, checkpoints and publishes it."""
+        args, config = self.args, self.config
+        self.stream_ended = step
+        self.console.line(f"no new file under {config.data.path} for {config.data.idle_timeout_seconds:g} s "
+                          f"(data.idle_timeout_seconds): training ends at step {step} of {self.plan.steps}")
+        if step == self.start:
+            raise ValueError(f"data.path: no new batch under {config.data.path!r} to train on after step {step}")
+        if step % config.train.log_every:
+            self._log(step, loss_value)
+        if self.checkpointer is not None and step % config.train.checkpoint_every:
+            self._checkpoint(step)
+        if self.publisher is not None and step % args.publish_every:
+            with self.watchdog.guard(f"publishing step {step}"):
+                self.publisher.publish(step)
 
     def _call(self, step, n):
         """Runs the `n` steps after `step` in one call: -> (each step's loss over all workers, the call's seconds)."""
@@ -532,10 +551,10 @@ class _TrainingRun:
                 sample = experiment.embedding_sample(self.config, self.plan.batch_size, self.rank, self.size, step,
                                                      self.plan.replication.sample_batches)
                 self.hot_reports = replication_lib.repeek(self.embedding, sample, self.optimizer)
-            report_hot(self.hot_reports, self.rank, f"re-peeked at step {step}")
+            report_hot(self.hot_reports, self.console, f"re-peeked at step {step}")
         with self.watchdog.guard(f"the checkpoint of step {step}"):
-            self.checkpointer.save(
-                stream_position=self.sequence_batches.position_after(step - start) if self.plan.sequences else None)
+            batches = self.sequence_batches or self.file_batches
+            self.checkpointer.save(stream_position=batches.position_after(step - start) if batches else None)
 
     def summarize(self):
         """The run's summary (a dict whose keys keep the order the JSON shows), the held-out AUC last."""
@@ -579,6 +598,10 @@ class _TrainingRun:
         if self.publisher is not None:
             result["published"] = self.publisher.summary()
             self.publisher.close()
+        if self.file_batches is not None:  # the bad records training skipped (data.on_bad_record: skip), in all
+            result["bad_records_skipped"] = self.file_batches.position_after(self.end_step - self.start).skipped
+        if self.stream_ended is not None:  # data.follow: the stream ended before --steps
+            result["stream_ended_at_step"] = self.stream_ended
         result["auc"] = experiment.evaluate(self.model, self.config, plan.batch_size, self.rank, size, comm)
         return result
 
@@ -651,25 +674,35 @@ class _TrainingRun:
                               "bytes_read_per_rank": self.bytes_read,
                               "chain": [link["step"] for link in restored["chain"]]}
 
+    def summary_path(self):
+        """Where rank 0 writes the summary JSON: --summary-json, else DIR/summary.json with --model-dir, else None."""
+        args = self.args
+        if args.summary_json:
+            return args.summary_json
+        return os.path.join(args.model_dir, "summary.json") if args.model_dir else None
+
     def publish(self, result):
-        """Rank 0: writes the AUC to TensorBoard, prints the summary line and writes --summary-json."""
+        """Rank 0: writes the AUC to TensorBoard and the summary JSON, then shows the short summary."""
         if self.rank == 0:
             if self.writer is not None:
-                with self.writer.as_default(step=self.plan.steps):
+                with self.writer.as_default(step=self.end_step):
                     if isinstance(result["auc"], dict):  # one AUC per task (a sequence config's click and conversion)
                         for task, value in result["auc"].items():
                             tf.summary.scalar(f"auc/{task}", value)
                     else:
                         tf.summary.scalar("auc", result["auc"])
                 self.writer.close()
-            print("summary: " + json.dumps(result), flush=True)
-            if self.args.summary_json:
-                with open(self.args.summary_json, "w") as f:
+            path = self.summary_path()
+            if path is not None:
+                with open(path, "w") as f:
                     json.dump(result, f, indent=2)
+            checkpoint = os.path.join(self.args.model_dir, f"ckpt-{self.end_step}") \
+                if self.checkpointer is not None else None
+            self.console.line("\n".join(summary_lines(result, checkpoint=checkpoint, summary_json=path)))
 
 
 def run(args):
-    """Trains as the flags and the config say; -> the summary (rank 0 also prints it and writes --summary-json)."""
+    """Trains as the flags and the config say; -> the summary (rank 0 also shows it short and writes its JSON)."""
     config = cfg.load_config(args.config)
     training = _TrainingRun(args, config, plan_of(args, config))
     training.start_workers()

@@ -112,20 +112,32 @@ def make_dataset(config, batch_size, rank, size, held_out=False, start_step=0, s
     return ds if held_out else ds.repeat().skip(start_step)
 
 
-def file_batches(config, batch_size, rank, size, held_out=False, position=None):
+def file_batches(config, batch_size, rank, size, held_out=False, position=None, comm=None, on_wait=None):
     """This worker's data.readers.FileBatches of a file source (config.FILE_SOURCES). Held out: one pass over
     data.eval_path or, without it, over the first eval_batches x batch_size x size records of data.path, which
     training then skips (in every pass). Training: endless, from `position` (a FilePosition, what
-    position_of_file_checkpoint returns) or the start."""
+    position_of_file_checkpoint returns) or the start. With data.follow, training follows data.path as files arrive,
+    the workers agreeing on them through `comm` (None: each on its own, as for a sample of the first batches);
+    `on_wait`: see FileBatches. The held-out records are then those of the files complete when it is made."""
     from tf_fusedrec.data.readers import FileBatches  # noqa: PLC0415
 
     d = config.data
     common = {"schema": d.schema, "batch_size": batch_size, "rank": rank, "num_ranks": size,
               "on_bad_record": d.on_bad_record, "max_bad_records": d.max_bad_records}
     holdout = 0 if d.eval_path else d.eval_batches * batch_size * size
+    follow = None
+    if d.follow:
+        from tf_fusedrec.data.follow import FollowSettings, Listing  # noqa: PLC0415
+
+        follow = FollowSettings(d.poll_seconds, d.idle_timeout_seconds, d.follow_marker)
     if held_out:
-        return FileBatches(d.source, d.eval_path or d.path, epochs=1, limit=None if d.eval_path else holdout,
-                           **common)
+        paths = d.eval_path or d.path
+        if follow is not None and not d.eval_path:
+            paths = [path for _, path in Listing(d.path, follow.marker).complete()] or d.path
+        return FileBatches(d.source, paths, epochs=1, limit=None if d.eval_path else holdout, **common)
+    if follow is not None:
+        return FileBatches(d.source, d.path, position=position, skip_records=holdout, follow=follow, comm=comm,
+                           on_wait=on_wait, **common)
     return FileBatches(d.source, d.path, position=position, skip_records=holdout, **common)
 
 
@@ -139,7 +151,7 @@ def position_of_file_checkpoint(restored):
     from tf_fusedrec.data.files import FilePosition  # noqa: PLC0415
 
     positions = restored.get("stream_positions")
-    if not positions or len(positions[0]) != len(FilePosition._fields):
+    if not positions or len(positions[0]) not in (4, len(FilePosition._fields)):  # 4: written before data.follow
         raise ValueError(f"checkpoint {restored['directory']} holds no file-stream position (not written by a run of "
                          f"a file source): a tfrecord/parquet/csv config cannot continue from it; start a new "
                          f"--model-dir")
