@@ -9,12 +9,14 @@ The manifest's features and dense entries are placeholders: the embedding server
 Also, for the tests that serve a real model: trained_export (the scenario DLRM of export_scenario.py, trained briefly
 and exported once per test process), RankerThread (the ranker built from its command-line flags, serving from a
 thread of the test process on loopback), HTTP helpers (post, get, raw_http), reserved_port (a port for a server
-started in a subprocess), and start / stop (a server or ranker as a subprocess, ready when it prints "ready").
+started in a subprocess), start / stop (a server or ranker as a subprocess, ready when it prints "ready"), and
+make_pki (certificates made by the openssl commands of docs/guide/serving-security.md).
 """
 
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -223,3 +225,30 @@ def stop(proc, sig=signal.SIGTERM):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+# --- certificates: the documented openssl commands ------------------------------------------------------------------
+
+SECURITY_DOC = os.path.join(ROOT, "docs", "guide", "serving-security.md")
+HAS_OPENSSL = shutil.which("openssl") is not None
+
+
+def documented_pki_commands():
+    """The bash block of docs/guide/serving-security.md that follows its "tested" marker."""
+    with open(SECURITY_DOC) as f:
+        text = f.read()
+    match = re.search(r"<!-- tested: [^>]*-->\s*```bash\n(.*?)```", text, re.S)
+    if not match:
+        raise AssertionError(f"{SECURITY_DOC}: no tested bash block")
+    return match.group(1)
+
+
+def make_pki(base, extra=""):
+    """Runs the documented commands in `base` (they write base/pki: a CA, certificates, publish.token), then `extra`
+    (bash, in base/pki, with the documented `cert NAME SUBJECT_ALT_NAMES [DAYS]` function) -> the pki directory."""
+    script = documented_pki_commands() + extra
+    result = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=base, capture_output=True, text=True,
+                            timeout=120)
+    if result.returncode != 0:
+        raise AssertionError(f"{script}\n{result.stderr[-3000:]}")
+    return os.path.join(base, "pki")

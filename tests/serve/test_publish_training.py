@@ -4,7 +4,8 @@ the run, the ranker serves the last version, and its predictions over HTTP equal
 (the run's final checkpoint restored here, called with training=False) within 1e-6; its first version was full, the
 next ones deltas of the rows changed. With a version that fails half-way (repaired by the next), and with hot
 replication (the hot rows come from rank 0's replicated copy). A server and a ranker started later catch up from the
-publish log."""
+publish log. Over TLS with a publish token, the train app's flags reach the servers and the ranker, and a wrong
+token or a missing CA stops the run with an error naming the ranker and the reason."""
 
 import json
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.serve.serve_fixtures import RankerThread, get, post
+from tests.serve.serve_fixtures import HAS_OPENSSL, RankerThread, get, make_pki, post
 from tests.subprocess_runner import execute, tail, worker_command
 
 pytest.importorskip("horovod.tensorflow", reason="Horovod (horovod.tensorflow) is not importable")
@@ -22,7 +23,7 @@ import tensorflow as tf  # noqa: E402
 
 import tf_fusedrec as fr  # noqa: E402
 from tf_fusedrec.export import format as fmt  # noqa: E402
-from tf_fusedrec.serve import embedding_server, publish  # noqa: E402
+from tf_fusedrec.serve import embedding_server, publish, security  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "criteo_synthetic.yaml"
@@ -93,11 +94,11 @@ def test_the_ranker_serves_the_training_model_of_the_last_version(tmp_path, serv
     ranker, address, servers, export_dir = serving
     install, calls = publish.install, []
 
-    def install_failing_second(model, version, step, body, timeout_s=10.0):
+    def install_failing_second(model, version, step, body, timeout_s=10.0, tls=None):
         calls.append(version)
         if fail_second and len(calls) == 2:
             return 503, {"error": "injected failure"}
-        return install(model, version, step, body, timeout_s)
+        return install(model, version, step, body, timeout_s, tls)
 
     monkeypatch.setattr(publish, "install", install_failing_second)
     model_dir, summary_path, log_dir = tmp_path / "model", tmp_path / "summary.json", tmp_path / "publish_log"
@@ -196,3 +197,49 @@ def test_publish_to_a_ranker_that_is_not_there_fails_clearly(tmp_path):
                           "--batch-size", "64", "--no-progress", "--publish-to", f"127.0.0.1:{port}"],
                          TIMEOUT_S, merge_stderr=True)
     assert rc == 2 and f"--publish-to: ranker 127.0.0.1:{port}: GET /publish/targets" in log, tail(log)
+
+
+@pytest.mark.skipif(not HAS_OPENSSL, reason="the openssl CLI is not installed")
+def test_publishing_over_tls_with_a_token(tmp_path):
+    """The train app's --tls-ca and --publish-token-file (certificates made by the documented commands): TLS servers
+    taking publishes with the token and a ranker serving HTTPS on its publish port. A run with the CA and the token
+    publishes version 1 to every server and the ranker; one with a wrong token, or without the CA, stops at once with
+    an error naming the ranker and the reason, and changes nothing."""
+    pki = make_pki(str(tmp_path), 'cert local "DNS:localhost,IP:127.0.0.1"\n')
+    cert, key, ca, token_file = (f"{pki}/local.pem", f"{pki}/local.key", f"{pki}/ca.pem", f"{pki}/publish.token")
+    tls = security.TLS.from_files(cert, key, ca)
+    token = security.read_token(token_file)
+    model, _, _, batch = build_model()
+    export_dir = str(tmp_path / "export")
+    fr.export.export_model(model, export_dir, example=batch)
+    servers = [embedding_server.EmbeddingServer(export_dir, start, end, accept_publish=True, tls=tls,
+                                                publish_token=token) for start, end in fmt.even_ranges(2)]
+    addresses = [f"127.0.0.1:{s.start()}" for s in servers]
+    ranker = RankerThread(["--export", export_dir, "--servers", ",".join(addresses), "--tls-ca", ca])
+    endpoint = publish.serve_publish(ranker.ranker.model, "127.0.0.1", 0, tls=tls, token=token)
+    address = f"127.0.0.1:{endpoint.server_address[1]}"
+    wrong = tmp_path / "wrong.token"
+    wrong.write_text("f" * 64 + "\n")
+    train = [sys.executable, "-m", "tf_fusedrec.train", "--config", str(CONFIG), "--steps", "2", "--batch-size", "64",
+             "--no-progress", "--publish-to", address, "--publish-every", "2"]
+    try:
+        for flags, expected in (
+                (["--tls-ca", ca, "--publish-token-file", str(wrong)],
+                 f"--publish-to: ranker {address}: GET /publish/targets: HTTP 401: refused: wrong publish token"),
+                (["--publish-token-file", token_file], "if the server serves TLS, give --tls-ca")):
+            rc, log, _ = execute(train + flags, TIMEOUT_S, merge_stderr=True)
+            assert rc == 2 and expected in log, tail(log)
+        assert [[v for v, _ in s.versions] for s in servers] == [[0]] * 2 and ranker.ranker.model.version == 0
+        summary = tmp_path / "summary.json"
+        rc, log, _ = execute(train + ["--tls-ca", ca, "--publish-token-file", token_file, "--summary-json",
+                                      str(summary)], TIMEOUT_S, merge_stderr=True)
+        assert rc == 0, tail(log)
+        assert json.loads(summary.read_text())["published"]["versions"] == [[1, 2, True]]
+        assert [[v for v, _ in s.versions] for s in servers] == [[0, 1]] * 2
+        assert ranker.ranker.model.version == 1
+    finally:
+        endpoint.shutdown()
+        endpoint.server_close()
+        ranker.close()
+        for s in servers:
+            s.stop(grace=0)

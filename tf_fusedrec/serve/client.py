@@ -15,6 +15,10 @@ The three steps of a lookup, each a function or class below:
 A server that is down fails fast (no waiting for it to come up: wait_for_ready=False) with ServerUnavailable naming
 it and the group, or, where its range lists replicas, the lookup goes on to the next replica. gRPC channels reconnect
 on their own (with a short backoff set here), so lookups succeed again once the server is back.
+
+With `tls` (security.TLS with a CA) every channel is TLS: the server's certificate must chain to the CA and name the
+address's host; the client presents its own certificate where it has one (servers with --tls-client-auth). A failed
+handshake is a ServerUnavailable naming its cause (security.explain).
 """
 
 import itertools
@@ -29,7 +33,7 @@ import numpy as np
 
 from tf_fusedrec.export import format as fmt
 from tf_fusedrec.serve import embedding_pb2 as pb
-from tf_fusedrec.serve import embedding_server
+from tf_fusedrec.serve import embedding_server, security
 from tf_fusedrec.serve.backend import Backend, Lookup, pool
 
 # Bytes of one id in a request: int64 id + int32 category + int32 segment.
@@ -211,10 +215,10 @@ def _channel_options(max_message_bytes, reconnect_backoff_s):
 class _Server:
     """One embedding server as the client sees it: its lookup and control channels, credits and counters."""
 
-    def __init__(self, address, options, initial_credits):
+    def __init__(self, address, options, initial_credits, tls=None):
         self.address = address
-        self.lookup_channel = grpc.insecure_channel(address, options=options)
-        self.control_channel = grpc.insecure_channel(address, options=options)
+        self.lookup_channel = security.grpc_channel(address, tls, options)
+        self.control_channel = security.grpc_channel(address, tls, options)
         # Raw bytes both ways: the client serializes and parses itself, so that it knows the bytes moved.
         self.lookup = self.lookup_channel.unary_unary(embedding_server.LOOKUP_METHOD)
         self.credits = self.control_channel.unary_unary(embedding_server.CREDITS_METHOD)
@@ -259,6 +263,7 @@ class RemoteBackend(Backend):
       max_message_mb: largest response accepted.
       reconnect_backoff_s: longest pause between attempts to reconnect to a server that is down.
       initial_credits: credits of a server before its first Credits answer.
+      tls: a security.TLS with a CA: TLS to every server (its certificate presented under mutual TLS); None: plain.
 
     Raises:
       ValueError naming the server when a server that answers holds another export or does not hold the range the
@@ -267,7 +272,7 @@ class RemoteBackend(Backend):
 
     def __init__(self, manifest, servers, pooling=True, io_threads=8, timeout_s=5.0, credits_poll_s=0.05,
                  connect_timeout_s=2.0, max_ids_per_request=1 << 16, max_message_mb=1024, reconnect_backoff_s=0.5,
-                 initial_credits=1):
+                 initial_credits=1, tls=None):
         if isinstance(manifest, (str, os.PathLike)):
             manifest = fmt.read_manifest(manifest)
         self.manifest = manifest
@@ -281,7 +286,8 @@ class RemoteBackend(Backend):
         self.fingerprint = embedding_server.export_fingerprint(manifest)
         self.client_id = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         options = _channel_options(max_message_mb * embedding_server.MB, reconnect_backoff_s)
-        self._servers = {a: _Server(a, options, initial_credits) for a in self.table.addresses}
+        self.tls = tls
+        self._servers = {a: _Server(a, options, initial_credits, tls) for a in self.table.addresses}
         self._pool = futures.ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="remote_backend_io")
         self._lock = threading.Lock()
         self._looked_up = self._not_trained = 0
@@ -563,7 +569,8 @@ class RemoteBackend(Backend):
                         time.sleep(_BUSY_BACKOFF_S * min(attempt + 1, 20))
                         continue
                     server.add(errors=1)
-                    message = f"server {address}, group {group!r}: {code.name}: {e.details()}"
+                    message = (f"server {address}, group {group!r}: {code.name}: {e.details()}"
+                               f"{security.explain(e.details(), self.tls)}")
                     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                         # Whatever answers at this address next may be another server: check it again first.
                         server.verified = False
@@ -594,7 +601,8 @@ class RemoteBackend(Backend):
         except grpc.RpcError as e:
             server.add(errors=1)
             raise ServerUnavailable(f"server {address}" + (f", group {group!r}" if group else "") +
-                                    f": {e.code().name}: {e.details()}", address, group, e.code()) from None
+                                    f": {e.code().name}: {e.details()}{security.explain(e.details(), self.tls)}",
+                                    address, group, e.code()) from None
         if info.fingerprint != self.fingerprint:
             raise ValueError(f"server {address} serves another export ({info.export_dir}, tables "
                              f"{info.fingerprint[:12]}), not this manifest's (tables {self.fingerprint[:12]})")

@@ -3,6 +3,7 @@
     python -m tf_fusedrec.serve.embedding_server --export EXPORT --shard i --num-shards n --port P
         [--host 127.0.0.1] [--start S --end E] [--max-inflight K] [--threads T] [--max-request-mb M]
         [--max-response-mb R] [--max-clients C] [--accept-publish [--max-staged-mb M]] [--catch-up LOG]
+        [--tls-cert PEM --tls-key PEM [--tls-ca PEM --tls-client-auth]] [--publish-token-file FILE] [--insecure]
 
 The server holds, for every group of the export, the rows whose route (format.route of the table key) lies in its
 range [start, end): range i of n even ranges (format.even_ranges), or the explicit hex range --start/--end (how a
@@ -35,6 +36,14 @@ and the staged version is dropped); a version holds its own copy of the groups i
 shared), so a server needs up to (versions held + 1) times its rows' memory while a publish commits. Requests are
 decoded from protobuf and numpy buffers only; nothing from the wire is ever unpickled.
 
+Security (tf_fusedrec/serve/security.py): with --tls-cert/--tls-key the server serves TLS only, with
+--tls-client-auth only to clients whose certificate chains to --tls-ca. A Stage or Commit is authenticated before its
+payload is read: with --publish-token-file the call's "authorization: Bearer TOKEN" metadata must hold the file's
+token (compared in constant time), else under --tls-client-auth the client certificate suffices; a refused call gets
+UNAUTHENTICATED, changes nothing and is logged with the peer's address. A server bound beyond loopback with
+--accept-publish and no authentication refuses to start unless --insecure (then every commit is logged); one bound
+beyond loopback without TLS logs a warning.
+
 The CLI logs one line to stderr when the tables are loaded, prints "ready" to stdout when it serves, and stops
 gracefully on SIGTERM or SIGINT. EmbeddingServer is the same server in-process (tests, a ranker's tests).
 """
@@ -58,12 +67,14 @@ from google.protobuf.message import DecodeError
 from tf_fusedrec import hashing
 from tf_fusedrec.export import format as fmt
 from tf_fusedrec.serve import embedding_pb2 as pb
-from tf_fusedrec.serve import lifetime
+from tf_fusedrec.serve import lifetime, security
 
 SERVICE = pb.DESCRIPTOR.services_by_name["EmbeddingService"].full_name
 LOOKUP_METHOD = f"/{SERVICE}/Lookup"
 CREDITS_METHOD = f"/{SERVICE}/Credits"
 INFO_METHOD = f"/{SERVICE}/Info"
+# The methods that change what a server serves: authenticated (security.PublishGuard) before their payload is read.
+PUBLISH_METHODS = ("Stage", "Commit")
 # Trailing metadata of a RESOURCE_EXHAUSTED that means "too many lookups in flight, retry", as opposed to gRPC's own
 # RESOURCE_EXHAUSTED for a message over the size limit, which a retry cannot cure.
 BUSY_METADATA = ("tf-fusedrec-busy", "1")
@@ -177,11 +188,15 @@ class EmbeddingServer:
       max_staged_mb: most MiB of rows and keys staged for a version before it is committed.
       catch_up: a publish log directory (publish.replay_log), or None: its newest version, if any, is the version
         served (the only one held) instead of the export's rows.
+      tls: a security.TLS with a certificate (serve TLS only; with client_auth, mutual TLS), or None (plain).
+      publish_token: the shared publish token (bytes, security.read_token), or None.
+      insecure: with accept_publish beyond loopback and neither a token nor client certificates, start anyway (and
+        log every commit); otherwise such a server raises security.SecurityError.
     """
 
     def __init__(self, export_dir, start=0, end=fmt.HASH_SPACE, max_inflight=32, threads=4, max_request_mb=64,
                  max_response_mb=512, host="127.0.0.1", max_clients=64, accept_publish=False, max_staged_mb=1024,
-                 catch_up=None):
+                 catch_up=None, tls=None, publish_token=None, insecure=False):
         if not 0 <= start < end <= fmt.HASH_SPACE:
             raise ValueError(f"the range [{start:#x}, {end:#x}) must be non-empty and within [0, 2**64)")
         for name, value in (("max_inflight", max_inflight), ("threads", threads), ("max_request_mb", max_request_mb),
@@ -189,6 +204,13 @@ class EmbeddingServer:
                             ("max_staged_mb", max_staged_mb)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if tls is not None and not tls.serves:
+            raise security.SecurityError("a server's TLS needs --tls-cert and --tls-key")
+        self.tls = tls
+        self.guard = security.PublishGuard(publish_token, client_certs=tls is not None and tls.client_auth,
+                                           insecure=insecure)
+        # Before the tables load: a server that must not start says so at once.
+        security.refuse_unsafe_start("embedding server", host, bool(accept_publish), self.guard, tls)
         self.export_dir = os.path.abspath(export_dir)
         self.range_start, self.range_end = start, end
         self.max_inflight, self.threads, self.host, self.max_clients = max_inflight, threads, host, max_clients
@@ -262,7 +284,7 @@ class EmbeddingServer:
                      ("grpc.max_send_message_length", self.max_response_bytes),
                      # Without this a second server could bind the same port and silently take half the traffic.
                      ("grpc.so_reuseport", 0)])
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+        server.add_generic_rpc_handlers((_Handlers(self, {
             # Raw bytes in and out: the handlers parse the request themselves, so that bytes that are no
             # LookupRequest get INVALID_ARGUMENT rather than gRPC's INTERNAL.
             "Lookup": grpc.unary_unary_rpc_method_handler(self._lookup),
@@ -273,7 +295,10 @@ class EmbeddingServer:
         }),))
         address = f"{self.host}:{port}"
         try:
-            bound = server.add_insecure_port(address)
+            if self.tls is not None:
+                bound = server.add_secure_port(address, self.tls.server_credentials())
+            else:
+                bound = server.add_insecure_port(address)
         except RuntimeError as e:
             raise RuntimeError(f"embedding server: cannot bind {address}: {e}") from None
         if bound == 0:
@@ -299,7 +324,15 @@ class EmbeddingServer:
         return (f"embedding server {self.export_dir}: range [{self.range_start:#018x}, {self.range_end:#x}) "
                 f"groups {groups}; {self.rows_held} rows, {self.bytes_held} bytes; {self.host}:{self._port}; "
                 f"max_inflight {self.max_inflight}, threads {self.threads}, "
-                f"max request {self.max_request_bytes // MB} MiB")
+                f"max request {self.max_request_bytes // MB} MiB; {self._security_summary()}")
+
+    def _security_summary(self):
+        transport = "mutual TLS" if self.guard.client_certs else "TLS" if self.tls is not None else "plain text"
+        if not self.accept_publish:
+            return transport
+        by = ("token" if self.guard.token is not None else "client certificate" if self.guard.client_certs
+              else "nothing (unauthenticated)")
+        return f"{transport}; publishes authenticated by {by}"
 
     # --- state ---------------------------------------------------------------------------------------------------
 
@@ -460,7 +493,18 @@ class EmbeddingServer:
         return self._publish_call(self.stage, self._parse(pb.StageRequest, payload, context), context)
 
     def _commit(self, payload, context):
-        return self._publish_call(self.commit, self._parse(pb.CommitRequest, payload, context), context)
+        request = self._parse(pb.CommitRequest, payload, context)
+        if self.accept_publish and self.guard.insecure and not self.guard.authenticates:
+            security.LOG.warning("embedding server %s:%s: unauthenticated commit of version %d from %s (--insecure)",
+                                 self.host, self._port, request.version, context.peer())
+        return self._publish_call(self.commit, request, context)
+
+    def _refuse_publish(self, method, reason, context):
+        """Answers a publish call that is not authenticated: UNAUTHENTICATED, logged with the peer's address; its
+        payload is never read."""
+        security.LOG.warning("embedding server %s:%s: refused %s from %s: %s", self.host, self._port, method,
+                             context.peer(), reason)
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{method} refused: {reason}")
 
     @staticmethod
     def _publish_call(method, request, context):
@@ -614,6 +658,28 @@ class EmbeddingServer:
                         arrays + len(entry.group.encode()) + _RESULT_FRAMING_BYTES)
 
 
+class _Handlers(grpc.GenericRpcHandler):
+    """The server's method handlers, with publish calls authenticated from their metadata first: an unauthenticated
+    Stage or Commit is answered by a handler that aborts without reading the request (a stream handler never asked
+    for its messages), so none of its payload reaches the server's code."""
+
+    def __init__(self, server, handlers):
+        self._server, self._handlers = server, handlers
+
+    def service(self, handler_call_details):
+        service, _, method = handler_call_details.method.rpartition("/")
+        handler = self._handlers.get(method) if service == f"/{SERVICE}" else None
+        if handler is None or method not in PUBLISH_METHODS or not self._server.accept_publish:
+            return handler
+        presented = next((value for key, value in handler_call_details.invocation_metadata or ()
+                          if key == security.TOKEN_METADATA), None)
+        reason = self._server.guard.refusal(presented if isinstance(presented, str) else None)
+        if reason is None:
+            return handler
+        return grpc.stream_unary_rpc_method_handler(
+            lambda requests, context: self._server._refuse_publish(method, reason, context))  # noqa: SLF001
+
+
 _Decoded = collections.namedtuple("_Decoded", ["group", "rows_of", "ids", "categories", "segments", "present", "slot",
                                                "response_bytes"])
 _Decoded.__doc__ = """A valid Lookup entry: its group's name and GroupRows, ids, categories and (pooling) segments int64
@@ -652,12 +718,15 @@ def parse_args(argv=None):
                         help="most clients registered for credits; the others share one pool (default 64)")
     parser.add_argument("--accept-publish", action="store_true",
                         help="take new versions of the rows from a trainer (Stage and Commit; python -m "
-                             "tf_fusedrec.train --publish-to): anyone who reaches the port can then replace rows")
+                             "tf_fusedrec.train --publish-to); beyond loopback it needs --publish-token-file or "
+                             "--tls-client-auth (or --insecure)")
     parser.add_argument("--max-staged-mb", type=int, default=1024,
                         help="most MiB staged for one version before its commit (default 1024)")
     parser.add_argument("--catch-up", metavar="LOG",
                         help="a trainer's publish log (--publish-log): serve its newest version rather than the "
                              "export's rows")
+    security.add_tls_flags(parser)
+    security.add_publish_auth_flags(parser)
     args = parser.parse_args(argv)
     if (args.start is None) != (args.end is None):
         parser.error("--start and --end go together")
@@ -682,12 +751,15 @@ def main(argv=None):
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: threading.Thread(target=stop.set, daemon=True).start())
     lifetime.exit_with_parent()
+    security.log_to_stderr()
     try:
+        tls = security.TLS.from_args(args)
+        token = security.read_token(args.publish_token_file) if args.publish_token_file else None
         server = EmbeddingServer(args.export, args.start, args.end, max_inflight=args.max_inflight,
                                  threads=args.threads, max_request_mb=args.max_request_mb,
                                  max_response_mb=args.max_response_mb, host=args.host, max_clients=args.max_clients,
                                  accept_publish=args.accept_publish, max_staged_mb=args.max_staged_mb,
-                                 catch_up=args.catch_up)
+                                 catch_up=args.catch_up, tls=tls, publish_token=token, insecure=args.insecure)
         server.start(args.port)
     except (fmt.ExportError, ValueError, RuntimeError, OSError) as e:
         print(f"embedding_server: {e}", file=sys.stderr, flush=True)

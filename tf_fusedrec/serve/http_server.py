@@ -394,13 +394,15 @@ class AsyncHTTPServer:
       max_connections, idle_timeout_s, read_timeout_s, max_body_bytes: the limits (module docstring).
       name: the Server header's value.
       max_error_chars: error messages are cut to this many characters (they may echo parts of a request).
+      ssl_context: an ssl.SSLContext (security.TLS.server_context): HTTPS, the handshake bounded by read_timeout_s;
+        None: plain HTTP.
 
     Attributes: refused (connections answered 503 at the cap), evicted (idle connections closed for a new one).
     """
 
     def __init__(self, address, app, max_connections=64, idle_timeout_s=30.0, read_timeout_s=30.0,
-                 max_body_bytes=16 << 20, name="tf_fusedrec", max_error_chars=1000):
-        self.app, self.name = app, name
+                 max_body_bytes=16 << 20, name="tf_fusedrec", max_error_chars=1000, ssl_context=None):
+        self.app, self.name, self.ssl_context = app, name, ssl_context
         self.max_connections, self.max_body_bytes = max_connections, max_body_bytes
         self.idle_timeout_s, self.read_timeout_s, self.max_error_chars = idle_timeout_s, read_timeout_s, \
             max_error_chars
@@ -464,8 +466,9 @@ class AsyncHTTPServer:
                     self.loop.call_later(poll_interval, tick)
 
                 tick()
+            tls = {"ssl": self.ssl_context, "ssl_handshake_timeout": self.read_timeout_s} if self.ssl_context else {}
             server = self.loop.run_until_complete(
-                self.loop.create_server(lambda: _Connection(self), sock=self.socket))
+                self.loop.create_server(lambda: _Connection(self), sock=self.socket, **tls))
             try:
                 self.loop.run_until_complete(self._stopped.wait())
             finally:

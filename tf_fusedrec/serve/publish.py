@@ -26,6 +26,12 @@ port of its own, on 127.0.0.1 unless told otherwise:
                                              current, 409 when a server does not hold V or V is not above the
                                              ranker's version, 400 naming a weight that does not fit, 413 beyond
                                              --max-publish-mb
+
+Security (tf_fusedrec/serve/security.py): the endpoint serves HTTPS with the ranker's --tls-cert/--tls-key (mutual
+TLS with --tls-client-auth); with --publish-token-file every request must carry "Authorization: Bearer TOKEN",
+checked before any byte of a body is read (401 otherwise, logged with the peer's address, the connection closed).
+The trainer's side (Publisher, ranker_targets, push_dense) takes the same settings: `tls` (a security.TLS with a CA:
+HTTPS and gRPC over TLS) and `token` (sent with every Stage, Commit and endpoint request).
 """
 
 import http.client
@@ -33,6 +39,7 @@ import io
 import json
 import os
 import shutil
+import ssl
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -42,7 +49,7 @@ import numpy as np
 
 from tf_fusedrec.export import format as fmt
 from tf_fusedrec.serve import embedding_pb2 as pb
-from tf_fusedrec.serve import embedding_server
+from tf_fusedrec.serve import embedding_server, security
 from tf_fusedrec.serve.client import RangeTable
 
 STAGE_METHOD = f"/{embedding_server.SERVICE}/Stage"
@@ -61,8 +68,8 @@ class PublishError(RuntimeError):
     """A publish step failed; the message names the server or ranker and what it answered."""
 
 
-def _rpc_error(address, what, e):
-    return PublishError(f"server {address}: {what}: {e.code().name}: {e.details()}")
+def _rpc_error(address, what, e, tls=None):
+    return PublishError(f"server {address}: {what}: {e.code().name}: {e.details()}{security.explain(e.details(), tls)}")
 
 
 class Publisher:
@@ -71,14 +78,18 @@ class Publisher:
     Args:
       table: a RangeTable, or [(start, end, [addresses])] as a ranker's /publish/targets gives it.
       timeout_s: deadline of each call.
+      tls: a security.TLS with a CA (TLS to the servers; its certificate presented under mutual TLS), or None.
+      token: the publish token (bytes, security.read_token) sent with every Stage and Commit, or None.
     """
 
-    def __init__(self, table, timeout_s=60.0):
+    def __init__(self, table, timeout_s=60.0, tls=None, token=None):
         self.table = table if isinstance(table, RangeTable) else RangeTable(table)
-        self.timeout_s = timeout_s
+        self.timeout_s, self.tls = timeout_s, tls
+        # The token's metadata on Stage and Commit (none without a token).
+        self._auth = {"metadata": ((security.TOKEN_METADATA, security.bearer(token)),)} if token is not None else {}
         options = [("grpc.max_send_message_length", 2 * MAX_STAGE_BYTES),
                    ("grpc.max_receive_message_length", 64 * MB)]
-        self._channels = {a: grpc.insecure_channel(a, options=options) for a in self.table.addresses}
+        self._channels = {a: security.grpc_channel(a, tls, options) for a in self.table.addresses}
         self._calls = {a: {name: channel.unary_unary(method) for name, method in (
             ("stage", STAGE_METHOD), ("commit", COMMIT_METHOD), ("info", embedding_server.INFO_METHOD))}
             for a, channel in self._channels.items()}
@@ -96,7 +107,7 @@ class Publisher:
             info = pb.InfoResponse.FromString(self._calls[address]["info"](
                 pb.InfoRequest().SerializeToString(), timeout=self.timeout_s))
         except grpc.RpcError as e:
-            raise _rpc_error(address, "Info", e) from None
+            raise _rpc_error(address, "Info", e, self.tls) from None
         if info.max_request_bytes > 0:
             self._max_request[address] = info.max_request_bytes
         return info
@@ -152,9 +163,10 @@ class Publisher:
                 payload = request.SerializeToString()
                 for address in addresses:
                     try:
-                        self._calls[address]["stage"](payload, timeout=self.timeout_s)
+                        self._calls[address]["stage"](payload, timeout=self.timeout_s, **self._auth)
                     except grpc.RpcError as e:
-                        raise _rpc_error(address, f"Stage of version {version}, group {group!r}", e) from None
+                        raise _rpc_error(address, f"Stage of version {version}, group {group!r}", e,
+                                         self.tls) from None
                     sent += len(payload)
         with self._lock:
             self.bytes_sent += sent
@@ -166,13 +178,14 @@ class Publisher:
         the rankers serve)."""
         payload = pb.CommitRequest(version=version, full=full, step=step, keep_from=keep_from,
                                    publish_id=publish_id).SerializeToString()
-        calls = {a: c["commit"].future(payload, timeout=self.timeout_s) for a, c in self._calls.items()}
+        calls = {a: c["commit"].future(payload, timeout=self.timeout_s, **self._auth)
+                 for a, c in self._calls.items()}
         answers, failures = {}, []
         for address, call in calls.items():
             try:
                 answers[address] = pb.CommitResponse.FromString(call.result())
             except grpc.RpcError as e:
-                failures.append(str(_rpc_error(address, f"Commit of version {version}", e)))
+                failures.append(str(_rpc_error(address, f"Commit of version {version}", e, self.tls)))
         if failures:
             raise PublishError("; ".join(failures))
         return answers
@@ -363,9 +376,9 @@ def decode_weights(body):
     return [arrays[name] for name in expected]
 
 
-def install(model, version, step, body, timeout_s=10.0):
-    """POST /publish/dense: checks that every embedding server holds `version`, then installs the dense weights.
-    -> (HTTP status, answer dict)."""
+def install(model, version, step, body, timeout_s=10.0, tls=None):
+    """POST /publish/dense: checks that every embedding server holds `version` (over TLS with `tls`, the ranker's),
+    then installs the dense weights. -> (HTTP status, answer dict)."""
     try:
         weights = decode_weights(body)
     except ValueError as e:
@@ -375,7 +388,7 @@ def install(model, version, step, body, timeout_s=10.0):
         return 409, {"error": "this ranker reads no embedding servers (--servers): it takes no published versions"}
     if version <= model.version:
         return 409, {"error": f"version {version} is not above the ranker's version {model.version}"}
-    publisher = Publisher(table, timeout_s=timeout_s)
+    publisher = Publisher(table, timeout_s=timeout_s, tls=tls)
     try:
         missing = publisher.holds(version)
     finally:
@@ -390,10 +403,50 @@ def install(model, version, step, body, timeout_s=10.0):
     return 200, {"version": model.version, "step": model.step}
 
 
-def serve_publish(model, host="127.0.0.1", port=0, max_body_mb=256):
+class _HTTPSServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer over TLS, the handshake done in the request's own thread (a client that stalls in it
+    holds that thread, not the accepting one) within the handler's timeout; a failed handshake is logged with the
+    peer's address."""
+
+    def __init__(self, address, handler, context):
+        self.context = context
+        super().__init__(address, handler)
+
+    def get_request(self):
+        sock, address = self.socket.accept()
+        return self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
+
+    def process_request_thread(self, request, client_address):
+        try:
+            request.settimeout(self.RequestHandlerClass.timeout)
+            request.do_handshake()
+        except (ssl.SSLError, OSError) as e:
+            security.LOG.warning("ranker publish endpoint: TLS handshake with %s:%s failed: %s", *client_address[:2],
+                                 e)
+            self.shutdown_request(request)
+            return
+        super().process_request_thread(request, client_address)
+
+
+def serve_publish(model, host="127.0.0.1", port=0, max_body_mb=256, tls=None, token=None, insecure=False):
     """Starts the publish endpoint of a ranker's ServingModel on a thread -> the ThreadingHTTPServer (its
-    server_address[1] is the port; shutdown() stops it)."""
+    server_address[1] is the port; shutdown() stops it).
+
+    Args:
+      model: the ServingModel.
+      host, port: where it listens.
+      max_body_mb: the largest dense body taken.
+      tls: the ranker's security.TLS: HTTPS with its certificate (mutual TLS with client_auth); its CA verifies the
+        embedding servers when a publish checks them. None: plain HTTP.
+      token: the publish token (bytes) every request must carry, or None.
+      insecure: beyond loopback without authentication, start anyway (every publish is logged); otherwise such an
+        endpoint raises security.SecurityError.
+    """
     max_body = int(max_body_mb * MB)
+    tls_serving = tls if tls is not None and tls.serves else None  # a ranker with a CA only verifies its servers
+    guard = security.PublishGuard(token, client_certs=tls_serving is not None and tls_serving.client_auth,
+                                  insecure=insecure)
+    security.refuse_unsafe_start("ranker publish endpoint", host, True, guard, tls_serving)
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -411,13 +464,28 @@ def serve_publish(model, host="127.0.0.1", port=0, max_body_mb=256):
             self.end_headers()
             self.wfile.write(body)
 
+        def _refused(self):
+            """Whether the request is not authenticated (then answered 401, before its body is read, and logged)."""
+            reason = guard.refusal(self.headers.get(security.TOKEN_HEADER))
+            if reason is None:
+                return False
+            security.LOG.warning("ranker publish endpoint: refused %s %s from %s:%s: %s", self.command,
+                                 urllib.parse.urlsplit(self.path).path, *self.client_address[:2], reason)
+            self.close_connection = True
+            self._send(401, {"error": f"refused: {reason}"})
+            return True
+
         def do_GET(self):  # noqa: N802
+            if self._refused():
+                return
             if urllib.parse.urlsplit(self.path).path != "/publish/targets":
                 self._send(404, {"error": "no such endpoint (GET /publish/targets, POST /publish/dense)"})
                 return
             self._send(200, targets_of(model))
 
         def do_POST(self):  # noqa: N802
+            if self._refused():
+                return
             url = urllib.parse.urlsplit(self.path)
             try:
                 length = int(self.headers.get("Content-Length", ""))
@@ -442,9 +510,15 @@ def serve_publish(model, host="127.0.0.1", port=0, max_body_mb=256):
             except (KeyError, ValueError):
                 self._send(400, {"error": "query field version: an int >= 1 is needed (and step: an int)"})
                 return
-            self._send(*install(model, version, step, body))
+            if guard.insecure and not guard.authenticates:
+                security.LOG.warning("ranker publish endpoint: unauthenticated publish of version %d from %s:%s "
+                                     "(--insecure)", version, *self.client_address[:2])
+            self._send(*install(model, version, step, body, tls=tls))
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    if tls_serving is not None:
+        server = _HTTPSServer((host, port), Handler, tls_serving.server_context())
+    else:
+        server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="ranker_publish", daemon=True).start()
     return server
@@ -453,16 +527,25 @@ def serve_publish(model, host="127.0.0.1", port=0, max_body_mb=256):
 # --- the trainer's side of the ranker's endpoint ---------------------------------------------------------------------
 
 
-def _request(address, method, path, body=None, timeout_s=60.0):
+def _request(address, method, path, body=None, timeout_s=60.0, tls=None, token=None):
     host, _, port = address.rpartition(":")
-    connection = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout_s)
+    if tls is not None and tls.verifies:
+        connection = http.client.HTTPSConnection(host.strip("[]"), int(port), timeout=timeout_s,
+                                                 context=tls.client_context())
+    else:
+        connection = http.client.HTTPConnection(host.strip("[]"), int(port), timeout=timeout_s)
     try:
         headers = {"Content-Type": "application/octet-stream"} if body is not None else {}
+        if token is not None:
+            headers[security.TOKEN_HEADER] = security.bearer(token)
         connection.request(method, path, body=body, headers=headers)
         response = connection.getresponse()
         text = response.read()
-    except OSError as e:
-        raise PublishError(f"ranker {address}: {method} {path.split('?')[0]}: {e}") from None
+    except (OSError, http.client.HTTPException) as e:
+        hint = ""
+        if isinstance(e, (ConnectionResetError, http.client.RemoteDisconnected)):
+            hint = security.explain("Connection reset", tls)
+        raise PublishError(f"ranker {address}: {method} {path.split('?')[0]}: {e}{hint}") from None
     finally:
         connection.close()
     try:
@@ -475,9 +558,9 @@ def _request(address, method, path, body=None, timeout_s=60.0):
     return answer
 
 
-def ranker_targets(address, timeout_s=60.0):
+def ranker_targets(address, timeout_s=60.0, tls=None, token=None):
     """GET /publish/targets of the ranker at host:port -> its answer (servers, version, step, dense)."""
-    return _request(address, "GET", "/publish/targets", timeout_s=timeout_s)
+    return _request(address, "GET", "/publish/targets", timeout_s=timeout_s, tls=tls, token=token)
 
 
 def table_of_targets(targets):
@@ -485,7 +568,7 @@ def table_of_targets(targets):
     return RangeTable([(int(s["start"], 16), int(s["end"], 16), s["addresses"]) for s in targets["servers"]])
 
 
-def push_dense(address, version, step, arrays, timeout_s=60.0):
+def push_dense(address, version, step, arrays, timeout_s=60.0, tls=None, token=None):
     """POST /publish/dense: the ranker at host:port installs `version` -> its answer; PublishError otherwise."""
     return _request(address, "POST", f"/publish/dense?version={int(version)}&step={int(step)}",
-                    body=encode_weights(arrays), timeout_s=timeout_s)
+                    body=encode_weights(arrays), timeout_s=timeout_s, tls=tls, token=token)

@@ -34,6 +34,12 @@ so that its parse cannot hold the interpreter's lock against the event loop and 
 (_ShortSlices), and such requests are served at most --malformed-qps a second (beyond, they wait their turn: a client
 sending malformed requests back to back cannot take the core from well-formed ones). Binds to 127.0.0.1 unless --host
 says otherwise.
+
+Security (tf_fusedrec/serve/security.py): --tls-cert/--tls-key serve HTTPS on both ports (--tls-client-auth: only to
+clients whose certificate chains to --tls-ca); --tls-ca also makes the lookups to the embedding servers TLS, verified
+against it (the same certificate presented to servers that require client certificates). --publish-token-file: the
+publish port takes only requests carrying the token. A publish port beyond loopback without authentication refuses
+to start unless --insecure; either port beyond loopback without TLS logs a warning.
 """
 
 import argparse
@@ -53,7 +59,7 @@ from concurrent import futures
 import numpy as np
 import orjson
 
-from tf_fusedrec.serve import http_server, lifetime
+from tf_fusedrec.serve import http_server, lifetime, security
 from tf_fusedrec.serve.model import FlatIds, InputError, RaggedIds
 
 MB = 1 << 20
@@ -674,11 +680,15 @@ def parse_args(argv=None):
     p.add_argument("--publish-port", type=int,
                    help="take published versions (rows on the servers, dense weights here) from a trainer on this "
                         "port (python -m tf_fusedrec.train --publish-to HOST:PORT); needs --servers other than local")
-    p.add_argument("--publish-host", default="127.0.0.1", help="interface of --publish-port (default: loopback only)")
+    p.add_argument("--publish-host", default="127.0.0.1",
+                   help="interface of --publish-port (default: loopback only; beyond it the port needs "
+                        "--publish-token-file or --tls-client-auth, or --insecure)")
     p.add_argument("--max-publish-mb", type=float, default=256.0, help="largest published dense body")
     p.add_argument("--catch-up", metavar="LOG",
                    help="a trainer's publish log (python -m tf_fusedrec.train --publish-log): start at its newest "
                         "version (the embedding servers must hold it: start them with --catch-up LOG too)")
+    security.add_tls_flags(p)
+    security.add_publish_auth_flags(p)
     args = p.parse_args(argv)
     if (args.publish_port is not None or args.catch_up) and args.servers == "local":
         p.error("--publish-port and --catch-up need embedding servers (--servers host:port,...): published rows go to "
@@ -711,7 +721,7 @@ def build(args):
     else:
         servers = [s.strip() for s in args.servers.split(",") if s.strip()]
         backend = RemoteBackend(manifest, servers, pooling=pooling, io_threads=args.io_threads,
-                                timeout_s=args.timeout_s)
+                                timeout_s=args.timeout_s, tls=security.TLS.from_args(args))
     cache = None
     if args.cache_mb > 0:
         cache = cache_lib.AdaptiveCache(int(args.cache_mb * MB), policy=args.cache_policy,
@@ -724,7 +734,8 @@ def build(args):
             model.install_version(*newest)
     if args.servers != "local":
         # Lookups name the ranker's version: servers a trainer published to since would refuse every one.
-        publisher = publish.Publisher(publish.routing_table(backend), timeout_s=args.timeout_s)
+        publisher = publish.Publisher(publish.routing_table(backend), timeout_s=args.timeout_s,
+                                      tls=security.TLS.from_args(args))
         try:
             lacking = publisher.lacking(model.version)
         finally:
@@ -740,12 +751,17 @@ def build(args):
 
 
 def make_server(ranker, args):
-    """The HTTP server of a Ranker from the parsed flags (bound, not yet serving: serve_forever)."""
+    """The HTTP server of a Ranker from the parsed flags (bound, not yet serving: serve_forever); HTTPS with
+    --tls-cert."""
+    tls = security.TLS.from_args(args)
+    tls = tls if tls is not None and tls.serves else None
+    security.refuse_unsafe_start("ranker", args.host, False, None, tls)
     app = RankerApp(ranker, args.name, handler_threads=args.handler_threads, malformed_qps=args.malformed_qps)
     return http_server.AsyncHTTPServer(
         (args.host, args.port), app,
         max_connections=args.max_connections, idle_timeout_s=args.idle_timeout_s, read_timeout_s=args.read_timeout_s,
-        max_body_bytes=int(args.max_body_mb * MB), name="tf_fusedrec-ranker", max_error_chars=MAX_ERROR_CHARS)
+        max_body_bytes=int(args.max_body_mb * MB), name="tf_fusedrec-ranker", max_error_chars=MAX_ERROR_CHARS,
+        ssl_context=tls.server_context() if tls is not None else None)
 
 
 def main(argv=None):
@@ -753,10 +769,20 @@ def main(argv=None):
 
     args = parse_args(argv)
     lifetime.exit_with_parent()  # before TensorFlow builds the model: a SIGTERM until the handler below just ends it
+    security.log_to_stderr()
+    ranker = None
     try:
+        tls = security.TLS.from_args(args)
+        token = security.read_token(args.publish_token_file) if args.publish_token_file else None
+        if args.publish_port is not None:  # a publish port that must not open says so before the model loads
+            security.check_publish_exposure(
+                "ranker publish endpoint", args.publish_host,
+                security.PublishGuard(token, tls is not None and tls.serves and tls.client_auth, args.insecure))
         ranker = build(args)
         server = make_server(ranker, args)
     except (ValueError, OSError) as e:
+        if ranker is not None:
+            ranker.close()
         print(f"ranker: {e}", file=sys.stderr, flush=True)
         return 2
     publish_server = None
@@ -765,15 +791,17 @@ def main(argv=None):
 
         try:
             publish_server = publish.serve_publish(ranker.model, args.publish_host, args.publish_port,
-                                                   args.max_publish_mb)
-        except OSError as e:
+                                                   args.max_publish_mb, tls=tls, token=token, insecure=args.insecure)
+        except (OSError, ValueError) as e:
             print(f"ranker: --publish-port {args.publish_port}: {e}", file=sys.stderr, flush=True)
             return 2
-        print(f"ranker: taking published versions on http://{args.publish_host}:"
+        print(f"ranker: taking published versions on {'https' if tls is not None and tls.serves else 'http'}://"
+              f"{args.publish_host}:"
               f"{publish_server.server_address[1]}/publish", file=sys.stderr, flush=True)
     signal.signal(signal.SIGTERM, lambda signum, frame: threading.Thread(target=server.shutdown).start())
     try:  # whatever ends this (a print to a closed pipe too) closes the servers and the ranker's threads
-        print(f"ranker: serving '{args.name}' of {args.export} on http://{args.host}:{server.server_address[1]} "
+        print(f"ranker: serving '{args.name}' of {args.export} on "
+              f"{'https' if tls is not None and tls.serves else 'http'}://{args.host}:{server.server_address[1]} "
               f"(servers: {args.servers}; pooling {'on' if not args.no_pooling else 'off'}; cache "
               f"{f'{args.cache_mb:g} MiB {args.cache_policy}' if args.cache_mb else 'off'})", file=sys.stderr,
               flush=True)

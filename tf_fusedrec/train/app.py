@@ -121,6 +121,10 @@ def parse_args(argv=None):
                         "hosts a file system every worker writes")
     p.add_argument("--publish-timeout-s", type=float, default=60.0,
                    help="deadline of each call to a server or ranker while publishing (default 60)")
+    from tf_fusedrec.serve import security  # noqa: PLC0415  (ssl and hmac only: no gRPC)
+
+    security.add_publish_auth_flags(p, server=False)
+    security.add_tls_flags(p, server=False)
     p.add_argument("--no-progress", action="store_true",
                    help="a progress line every train.log_every steps, also on a terminal (default: one line updated "
                         "in place on a terminal)")
@@ -405,7 +409,7 @@ class _TrainingRun:
         if args.publish_log and not args.publish_to:
             raise ValueError("--publish-log needs --publish-to (it logs the versions published)")
         if args.publish_to:
-            from tf_fusedrec.serve import publish  # noqa: PLC0415
+            from tf_fusedrec.serve import publish, security  # noqa: PLC0415
             from tf_fusedrec.train.publishing import TrainingPublisher  # noqa: PLC0415
 
             if args.publish_log:
@@ -413,9 +417,11 @@ class _TrainingRun:
             if args.publish_every < 1:
                 raise ValueError(f"--publish-every must be >= 1, got {args.publish_every}")
             rankers = [a.strip() for a in args.publish_to.split(",") if a.strip()]
+            tls = security.TLS.from_args(args)
+            token = security.read_token(args.publish_token_file) if args.publish_token_file else None
             try:
                 self.publisher = TrainingPublisher(self.model, self.comm, rankers, timeout_s=args.publish_timeout_s,
-                                                   log_dir=args.publish_log)
+                                                   log_dir=args.publish_log, tls=tls, token=token)
             except publish.PublishError as e:
                 raise ValueError(f"--publish-to: {e}") from None
 

@@ -82,9 +82,12 @@ class TrainingPublisher:
       log_dir: a directory every worker can write (a shared file system on several hosts), or None: each version
         that reaches the rankers is also written there (publish.write_log_*), so that an embedding server or a
         ranker started later catches up (--catch-up DIR) from the newest full version and the deltas after it.
+      tls: a serve.security.TLS with a CA (--tls-ca; --tls-cert/--tls-key under mutual TLS): HTTPS to the rankers and
+        TLS to the servers, or None.
+      token: the publish token (bytes, --publish-token-file) sent with every publish call, or None.
     """
 
-    def __init__(self, model, comm, rankers, timeout_s=60.0, log_dir=None):
+    def __init__(self, model, comm, rankers, timeout_s=60.0, log_dir=None, tls=None, token=None):
         layers = embedding_layers(model)
         if len(layers) != 1:
             raise ValueError(f"--publish-to: the model must hold exactly one embedding layer, found {len(layers)}")
@@ -94,7 +97,8 @@ class TrainingPublisher:
         self.dense = writer.dense_variables(model, self.layer)
         self.tracked = tracked_tables(self.layer)  # None: export and compare
         self.log_dir = log_dir
-        targets = [publish.ranker_targets(a, timeout_s) for a in self.rankers]
+        self.tls, self.token = tls, token
+        targets = [publish.ranker_targets(a, timeout_s, tls=tls, token=token) for a in self.rankers]
         tables = [publish.table_of_targets(t) for t in targets]
         for address, table in zip(self.rankers[1:], tables[1:]):
             if table != tables[0]:
@@ -106,7 +110,7 @@ class TrainingPublisher:
             raise ValueError(f"--publish-to: the ranker's model has dense weights {expected}, this model {have}: "
                              f"the ranker serves another model (export this config's model for it)")
         # Group names and dims as the export writes them (writer.group_parts), checked against the servers'.
-        self.publisher = publish.Publisher(tables[0], timeout_s=timeout_s)
+        self.publisher = publish.Publisher(tables[0], timeout_s=timeout_s, tls=tls, token=token)
         served = {g.name: g.dim for g in self.publisher.info(tables[0].addresses[0]).groups}
         mine = {g["name"]: g["dim"] for g, *_ in writer.group_parts(self.layer)}
         if served != mine:
@@ -214,7 +218,7 @@ class TrainingPublisher:
                     held = sum(a.versions[-1].rows for address, a in answers.items() if address in primaries)
                     weights = [v.numpy() for v in self.dense]
                     for address in self.rankers:
-                        publish.push_dense(address, version, step, weights)
+                        publish.push_dense(address, version, step, weights, tls=self.tls, token=self.token)
                 except publish.PublishError as e:
                     error, ok = str(e), 0
         if rank == 0 and self.log_dir is not None:
