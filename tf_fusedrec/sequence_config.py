@@ -20,11 +20,11 @@ class SequenceConfig:
     max_length: the cap; a longer sequence is an error unless truncate: true (keeps the last max_length items).
     """
 
-    feature: str = "items"
-    target: Optional[str] = None
-    median_length: float = 32.0
-    length_sigma: float = 1.0
-    longest_length: int = 1600
-    empty_fraction: float = 0.0
-    max_length: int = 2048
-    truncate: bool = False
+    feature: str = "items"  # the sequence feature (ragged ids, combiner null); the others are context features
+    target: Optional[str] = None  # the context feature that is a candidate item, or null
+    median_length: float = 32.0  # grm_synthetic: the median of the non-empty lengths (log-normal, bounded)
+    length_sigma: float = 1.0  # grm_synthetic: the log-normal's sigma (the tail knob), >= 0
+    longest_length: int = 1600  # grm_synthetic: the bound on lengths, >= median_length
+    empty_fraction: float = 0.0  # grm_synthetic: the fraction of users with an empty sequence, in [0, 1)
+    max_length: int = 2048  # the cap: a longer sequence is an error unless truncate
+    truncate: bool = False  # a longer sequence keeps its last max_length items

@@ -107,7 +107,7 @@ def time_variants(variants, repeats, calls):
     return {name: float(np.median(s)) for name, s in samples.items()}
 
 
-def main(argv=None):
+def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--categories", type=int, default=26)
     parser.add_argument("--keys-per-category", type=int, default=4096)
@@ -118,7 +118,11 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="intra- and inter-op threads (0: TensorFlow's default)")
     parser.add_argument("--json", help="also write the results to this file")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)

@@ -48,7 +48,7 @@ def time_calls(fn, calls):
     return float(np.median(times))
 
 
-def main(argv=None):
+def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--features", type=int, default=26)
     p.add_argument("--batch", type=int, default=2048, help="ids per feature")
@@ -58,7 +58,11 @@ def main(argv=None):
     p.add_argument("--zipf", type=float, default=1.225)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--calls", type=int, default=200, help="timed calls per sender and round")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
 
     comm = LoopbackComm(args.ranks)
     wire = gl.PackedWire(args.features) if args.wire == "packed" else gl.PairWire()

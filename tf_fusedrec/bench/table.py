@@ -180,7 +180,7 @@ def print_table(results):
         print(f"| {name} | {kps / 1e6:.2f} | {kps / tfra:.1f}x |")
 
 
-def main(argv=None):
+def build_parser():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="directory for table.json")
     parser.add_argument("--dim", type=int, default=16)
@@ -191,6 +191,11 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=5, help="batches run before timing")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="fresh runs of each variant (the median is reported)")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")

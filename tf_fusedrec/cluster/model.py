@@ -326,11 +326,15 @@ def chart(result, path):
     return path
 
 
-def main(argv=None):
+def build_parser():
     p = argparse.ArgumentParser(prog="python -m tf_fusedrec.cluster.model", description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", default="bench_results/cluster", help="directory of <run>/bench.json (+ probe.json)")
     p.add_argument("--out", default=None, help="default: --runs")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     runs = load_runs(args.runs)
     try:
         result = build(runs)

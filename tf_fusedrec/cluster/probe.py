@@ -164,13 +164,18 @@ def link_bytes_per_byte(size, workers_per_host):
     return workers_per_host * (size - workers_per_host) / size if size > workers_per_host else 0.0
 
 
-def main(argv=None):
+def build_parser():
     p = argparse.ArgumentParser(prog="python -m tf_fusedrec.cluster.probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="message bytes per worker")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--out", default="probe_results")
     p.add_argument("--only-alltoall", action="store_true", help="skip the allreduce and batched curves")
     p.add_argument("--label", default=None, help="name of the network (default: $FUSEDREC_CLUSTER_LINK_RATE)")
+    return p
+
+
+def main(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     if not sizes or min(sizes) <= 0 or args.reps < 1:

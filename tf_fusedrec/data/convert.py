@@ -135,7 +135,7 @@ def write(table, schema, out_dir, to, files=1, row_group_size=65536):
     return paths
 
 
-def main(argv=None):
+def build_parser():
     p = argparse.ArgumentParser(prog="python -m tf_fusedrec.data.convert", description=__doc__.split("\n\n")[0])
     p.add_argument("dataset", choices=["criteo"], help="the built-in format of the input")
     p.add_argument("inputs", nargs="+", help="the input files (or globs), in order")
@@ -144,7 +144,11 @@ def main(argv=None):
     p.add_argument("--files", type=int, default=1, help="how many files to write (default 1)")
     p.add_argument("--num-dense", type=int, default=13)
     p.add_argument("--num-sparse", type=int, default=26)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     import yaml  # noqa: PLC0415
 
     try:
