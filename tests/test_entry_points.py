@@ -3,8 +3,9 @@
 * importing the package root, the serving load generator, embedding server and client, and the cluster launcher
   (its __main__ too) and cost model imports neither TensorFlow nor TFRA nor Horovod, and their command lines answer
   --help without them;
-* the package's public names still work: `fr.FusedEmbedding` and the others load TensorFlow on first access, with
-  Keras 2 selected by the package (TFRA needs it) and TensorFlow's start-up lines dropped;
+* the package's public names still work: `fr.FusedEmbedding` and the others load TensorFlow on first access, in the
+  Keras the process chose (the package never changes it), with TensorFlow's start-up lines dropped; the documented
+  commands that import TensorFlow answer --help without those lines;
 * the sequence sources (data/sequences.py, data/movielens_seq.py) import without the experiment schema (config.py),
   which imports them to check a config's sequence section: no import cycle.
 """
@@ -198,3 +199,17 @@ comm.exit_after_success("unused")
     assert rc == 0, f"exit status {rc}\nstdout: {tail(out)}\nstderr: {tail(err)}"
     assert int(out.strip().splitlines()[-1]) >= 2, out  # the converted function's file and the other one
     assert sorted(p.name for p in temp.iterdir()) == [other.name]
+
+
+# The documented commands that import TensorFlow before their --help: none may show TensorFlow's harmless ERROR lines
+# about CUDA plugin factories registered twice (printed by CUDA builds of TensorFlow, the baseline lane's wheel), which
+# the package's quiet import drops (tf_fusedrec/_frameworks.py).
+TF_CLIS = ["tf_fusedrec.train", "tf_fusedrec.export", "tf_fusedrec.serve.ranker", "tf_fusedrec.serve.bench",
+           "tf_fusedrec.data.convert", "tf_fusedrec.bench", "tf_fusedrec.bench.clustering"]
+
+
+@pytest.mark.parametrize("module", TF_CLIS)
+def test_command_line_help_shows_no_tensorflow_start_up_errors(module):
+    rc, out, err = execute([sys.executable, "-m", module, "--help"], TIMEOUT_S)  # ERROR lines pass any log level
+    assert rc == 0 and "usage:" in out, f"python -m {module} --help: exit status {rc}\n{tail(out)}\n{tail(err)}"
+    assert "Unable to register" not in err and " E0000" not in err, f"python -m {module} --help wrote:\n{tail(err)}"

@@ -9,10 +9,19 @@ ids ``>= 0``, ``[B]`` (one id per example) or ``tf.RaggedTensor [B, None]`` (mul
 stream) and ``batch_size`` is the per-worker batch size.
 """
 
-from tf_fusedrec.data.criteo import CRITEO_DENSE, CRITEO_SPARSE, criteo_dataset
-from tf_fusedrec.data.movielens import MOVIELENS_GENRES, MOVIELENS_SPARSE, movielens_dataset, movielens_is_test
-from tf_fusedrec.data.sequences import SequenceSpec, grm_batch, grm_dataset, grm_hidden_logits, grm_samples
-from tf_fusedrec.data.synthetic import SparseInput, calibrate_zipf, hidden_logits, synthetic_dataset, top_share
+from tf_fusedrec import _frameworks
+
+# The readers below import TensorFlow: first through the package's quiet import (its harmless CUDA plugin lines
+# dropped), so that `python -m tf_fusedrec.data.convert` starts as quietly as the other commands.
+_frameworks.import_tensorflow()
+
+from tf_fusedrec.data.criteo import CRITEO_DENSE, CRITEO_SPARSE, criteo_dataset  # noqa: E402
+from tf_fusedrec.data.movielens import (  # noqa: E402
+    MOVIELENS_GENRES, MOVIELENS_SPARSE, movielens_dataset, movielens_is_test)
+from tf_fusedrec.data.sequences import (  # noqa: E402
+    SequenceSpec, grm_batch, grm_dataset, grm_hidden_logits, grm_samples)
+from tf_fusedrec.data.synthetic import (  # noqa: E402
+    SparseInput, calibrate_zipf, hidden_logits, synthetic_dataset, top_share)
 
 __all__ = [
     "CRITEO_DENSE",
