@@ -398,10 +398,13 @@ class DataConfig:
     seed: int = 0  # of the generated data (a batch is a function of seed, rank and step) and of shuffled files
     eval_batches: int = 8  # batches per worker of the held-out stream the AUC is measured on
     drift: float = 0.0  # source synthetic: new popular ids per step, every id sinking as many ranks (data/synthetic.py)
+    # source movielens: shuffle each worker's training ratings (ratings.dat is sorted by user); false: file order, the
+    # order `python -m tf_fusedrec.data.convert movielens` writes them in (without --shuffle)
+    shuffle: bool = True
     sequences: Any = None  # a SequenceConfig for the SEQUENCE_SOURCES (parsed from a mapping), else null
     # FILE_SOURCES (docs/guide/your-data.md): the columns (a data.files.FileSchema parsed from a mapping), the held-out
     # files (else the first eval_batches x batch x workers records are held out), what a bad record does
-    schema: Any = None  # required: the columns of the features, the label and the dense inputs, a mapping
+    schema: Any = None  # required: the columns of the features, the label, the dense inputs and a weight, a mapping
     eval_path: Any = None  # the held-out files: a file, a glob or a list of them; null: the first records
     on_bad_record: str = "error"  # error | skip (counted; past max_bad_records, the error)
     max_bad_records: int = 1000  # bad records skipped at most (on_bad_record: skip)
@@ -559,6 +562,10 @@ def parse_config(raw, where="config"):
         raise ValueError(f"{where}.data.drift: a finite number >= 0 (ids per step), got {data.drift!r}")
     if data.drift and data.source != "synthetic":
         raise ValueError(f"{where}.data.drift: only for source 'synthetic', not {data.source!r}")
+    if not isinstance(data.shuffle, bool):
+        raise ValueError(f"{where}.data.shuffle: must be true or false, got {data.shuffle!r}")
+    if "shuffle" in (raw.get("data") or {}) and data.source != "movielens":
+        raise ValueError(f"{where}.data.shuffle: only for source 'movielens', not {data.source!r}")
     if data.source not in ("synthetic", "grm_synthetic") and not data.path:
         raise ValueError(f"{where}.data.path: required for source {data.source!r}")
     if data.source in SEQUENCE_SOURCES:

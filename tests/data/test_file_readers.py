@@ -326,8 +326,8 @@ def test_convert_cli(criteo, tmp_path):
 
 
 def test_the_docs_example_and_the_config(criteo, tmp_path):
-    """docs/guide/your-data.md's data section reads its example columns; configs/criteo_parquet.yaml is the
-    converter's schema and reads converted files."""
+    """docs/guide/your-data.md's data section reads its example columns; configs/criteo_parquet.yaml and
+    movielens1m_parquet.yaml hold the converter's schemas."""
     import re
 
     import yaml
@@ -342,13 +342,149 @@ def test_the_docs_example_and_the_config(criteo, tmp_path):
     pq.write_table(pa.table({"user_id": pa.array(range(n), pa.int64()), "city_name": [f"c{i % 4}" for i in range(n)],
                              "genres": [[i, i + 1][: i % 3] for i in range(n)],
                              "last_items": [[i] * 5 for i in range(n)], "price": np.arange(n, dtype=np.float32),
-                             "age_days": np.ones(n, np.float32), "clicked": np.arange(n) % 2}),
+                             "age_days": np.ones(n, np.float32), "clicked": np.arange(n) % 2,
+                             "importance": np.full(n, 0.5, np.float32)}),
                    tmp_path / "part-0.parquet")
     data["path"] = str(tmp_path / "*.parquet")
     config = parse_config({"features": [{"name": f, "dim": 4, "combiner": "sum"}
                                         for f in ("user_id", "city", "genres", "last_items")], "data": data})
-    features, label = next(iter(experiment.make_dataset(config, 2, 0, 1)))
+    assert config.data.schema.weight == "importance"
+    features, label = next(iter(experiment.make_dataset(config, 2, 0, 1)))  # (features, label): no weights there
     assert features["user_id"].numpy().tolist() == [8, 9] and features["last_items"].shape == (2, 5)
     assert features["dense"].numpy().tolist() == [[8.0, 1.0], [9.0, 1.0]] and label.dtype == tf.float32
+    _, _, weight = next(iter(experiment.file_batches(config, 2, 0, 1).dataset()))
+    assert weight.numpy().tolist() == [0.5, 0.5]
     config = load_config(os.path.join(root, "configs", "criteo_parquet.yaml"))
     assert config.data.schema == parse_schema(convert.criteo_schema(), "parquet", CRITEO_FEATURES)
+    config = load_config(os.path.join(root, "configs", "movielens1m_parquet.yaml"))
+    assert config.data.schema == parse_schema(convert.movielens_schema("parquet"), "parquet",
+                                              [f.name for f in config.features])
+    builtin = load_config(os.path.join(root, "configs", "movielens1m.yaml"))
+    assert [f.name for f in config.features] == [f.name for f in builtin.features]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sample weights (data.schema.weight): a float column delivered as (features, label, weight), checked like the label.
+# ---------------------------------------------------------------------------------------------------------------
+
+WEIGHTED = {"label": "y", "weight": "w", "features": {"user": {"type": "int64"}}}
+
+
+def _write_weighted(fmt, path, users, labels, weights, weight_type=None):
+    """Records (user, y, w); a weight of None: no value (CSV: an empty field); a str weight is written as it is."""
+    if fmt == "csv":
+        path.write_text("user,y,w\n" + "".join(f"{u},{y},{'' if w is None else w}\n"
+                                               for u, y, w in zip(users, labels, weights)))
+    elif fmt == "parquet":
+        pq.write_table(pa.table({"user": pa.array(users, pa.int64()), "y": pa.array(labels, pa.float32()),
+                                 "w": pa.array(weights, weight_type or pa.float32())}), path, row_group_size=4)
+    else:
+        with tf.io.TFRecordWriter(str(path)) as writer:
+            for u, y, w in zip(users, labels, weights):
+                f = {"user": tf.train.Feature(int64_list=tf.train.Int64List(value=[u])),
+                     "y": tf.train.Feature(float_list=tf.train.FloatList(value=[y]))}
+                if isinstance(w, str):
+                    f["w"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[w.encode()]))
+                elif w is not None:
+                    f["w"] = tf.train.Feature(float_list=tf.train.FloatList(value=[w]))
+                writer.write(tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString())
+
+
+def _weighted(fmt, path, batch_size, **kw):
+    return FileBatches(fmt, str(path), parse_schema(WEIGHTED, fmt, ["user"]), batch_size, epochs=1, **kw)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("num_ranks", [1, 2])
+def test_sample_weights_come_with_the_batch(tmp_path, fmt, num_ranks):
+    path = tmp_path / f"w.{fmt}"
+    rng = np.random.default_rng(5)
+    weights = rng.uniform(0, 3, 24).astype(np.float32)
+    weights[[2, 7]] = 0.0
+    _write_weighted(fmt, path, list(range(24)), [float(i % 2) for i in range(24)], weights.tolist())
+    for rank in range(num_ranks):
+        batches = list(_weighted(fmt, path, 4, rank=rank, num_ranks=num_ranks).dataset())
+        assert len(batches) == 24 // (4 * num_ranks)
+        for features, label, weight in batches:
+            users = features["user"].numpy()
+            assert weight.dtype == tf.float32 and weight.shape == (4,)
+            np.testing.assert_array_equal(weight.numpy(), weights[users])  # the record's own weight, exactly
+            np.testing.assert_array_equal(label.numpy(), (users % 2).astype(np.float32))
+            assert (users % num_ranks == rank).all()
+    # Without a weight in the schema, the batches are (features, label), as before.
+    plain = parse_schema({"label": "y", "features": {"user": {"type": "int64"}}}, fmt, ["user"])
+    assert all(len(b) == 2 for b in FileBatches(fmt, str(path), plain, 4, epochs=1).dataset())
+
+
+@pytest.mark.parametrize("fmt, weights, weight_type, match", [
+    ("parquet", [1.0] * 4, pa.string(), "weight column 'w' holds strings, not numbers"),
+    ("parquet", None, None, "no column 'w' \\(read for the weight values\\)"),
+    ("tfrecord", ["heavy"] * 4, None, "weight feature 'w' holds strings \\(not a float_list\\)"),
+    ("tfrecord", [None] * 4, None, "its first record has no feature 'w' \\(read for the weight values\\)"),
+    ("csv", ["heavy"] * 4, None, "weight column 'w' holds 'heavy', not a number"),
+])
+def test_weight_column_checked_at_start(tmp_path, fmt, weights, weight_type, match):
+    path = tmp_path / f"w.{fmt}"
+    if weights is None:
+        pq.write_table(pa.table({"user": pa.array(range(4), pa.int64()), "y": pa.array([0.0] * 4, pa.float32())}),
+                       path)
+    else:
+        if weight_type == pa.string():
+            weights = [str(w) for w in weights]
+        _write_weighted(fmt, path, list(range(4)), [0.0] * 4, weights, weight_type)
+    with pytest.raises(ValueError, match=f"file {path}: " + match):
+        _weighted(fmt, path, 2)
+
+
+def _bad_weights(fmt, path):
+    """Records 0-9 of weight 1.0 but a negative weight at 2 and a weight that is not finite at 5 (CSV: 'nan' is not
+    a number, an error of its own), and no weight at 7."""
+    weights = [1.0] * 10
+    weights[2], weights[5], weights[7] = -0.5, float("inf"), None
+    if fmt == "csv":
+        weights[5] = "nan"
+    _write_weighted(fmt, path, list(range(10)), [0.0] * 10, weights)
+
+
+BAD_WEIGHT = {
+    "parquet": ["Parquet file {path} row 3: the sample weight \\(column 'w'\\) is -0.5; a weight is a finite number",
+                "Parquet file {path} row 6: the sample weight \\(column 'w'\\) is inf",
+                "Parquet file {path} row 8: the sample weight \\(column 'w'\\) has no value"],
+    "tfrecord": ["TFRecord file {path} record 3: the sample weight \\(column 'w'\\) is -0.5",
+                 "TFRecord file {path} record 6: the sample weight \\(column 'w'\\) is inf",
+                 "TFRecord file {path} record 8: the sample weight 'w' holds 0 values, not 1"],
+    "csv": ["CSV file {path} line 4: the sample weight \\(column 'w'\\) is -0.5",
+            "CSV file {path} line 7: the sample weight column 'w' holds 'nan', not a number",
+            "CSV file {path} line 9: the sample weight column 'w' has no value"],
+}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_bad_weights(tmp_path, fmt):
+    path = tmp_path / f"w.{fmt}"
+    _bad_weights(fmt, path)
+    for rank in range(2):  # every worker stops at the global batch holding the bad record (records 2-3)
+        it = iter(_weighted(fmt, path, 1, rank=rank, num_ranks=2).dataset())
+        next(it)
+        with pytest.raises(tf.errors.OpError, match=BAD_WEIGHT[fmt][0].format(path=path)):
+            next(it)
+    skipping = _weighted(fmt, path, 1, on_bad_record="skip", max_bad_records=3)
+    batches = list(skipping.dataset())
+    assert [int(f["user"][0]) for f, _, _ in batches] == [0, 1, 3, 4, 6, 8, 9]
+    assert [float(w[0]) for _, _, w in batches] == [1.0] * 7
+    assert skipping.position_after(7) == FilePosition(0, 0, 10, 3)
+    for limit, message in ((0, BAD_WEIGHT[fmt][0]), (1, BAD_WEIGHT[fmt][1]), (2, BAD_WEIGHT[fmt][2])):
+        with pytest.raises(tf.errors.OpError, match=f"more than data.max_bad_records = {limit} bad records skipped; "
+                           f"the last: " + message.format(path=path)):
+            list(_weighted(fmt, path, 1, on_bad_record="skip", max_bad_records=limit).dataset())
+
+
+def test_weight_schema_errors():
+    assert parse_schema({**WEIGHTED, "weight": {"column": "w"}}, "csv", ["user"]).weight == "w"
+    assert parse_schema({"label": "y", "features": {"user": {}}}, "csv", ["user"]).weight is None
+    with pytest.raises(ValueError, match="data.schema.weight: expected a column name or \\{column: ...\\}, got 3"):
+        parse_schema({**WEIGHTED, "weight": 3}, "csv", ["user"])
+    with pytest.raises(ValueError, match="data.schema.weight: unknown key 'range'"):
+        parse_schema({**WEIGHTED, "weight": {"column": "w", "range": [0, 1]}}, "csv", ["user"])
+    with pytest.raises(ValueError, match="data.schema.columns: column 'w' is read by the schema but not among"):
+        parse_schema({**WEIGHTED, "columns": ["user", "y"]}, "csv", ["user"])

@@ -211,5 +211,24 @@ def test_the_short_summary_without_timed_steps():
     assert summary_lines(result)[1].startswith("  throughput   n/a samples/s")
 
 
+
+def test_skipped_bad_records_in_the_progress_and_the_summary():
+    out = Recorder()
+    bar = Progress(Console(out), total=3, every=1)
+    for step, skipped in ((1, 0), (2, 1), (3, 1234)):
+        bar.update(step, 0.5, 100.0, skipped=skipped)
+    assert out.writes == ["step 1/3  loss 0.5000  100 samples/s\n",
+                          "step 2/3  loss 0.5000  100 samples/s, 1 bad record skipped\n",
+                          "step 3/3  loss 0.5000  100 samples/s, 1,234 bad records skipped\n"]
+    tty = Recorder()
+    Progress(Console(tty, tty=True), total=3, every=1).update(2, 0.5, 100.0, skipped=7)
+    assert tty.writes[0].endswith("loss 0.5000, 7 bad records skipped]"), tty.writes
+    result = {"steps": 4, "workers": 1, "embedding": "fused", "pipeline": "sync", "samples_per_s": 1.0,
+              "final_loss": 0.5, "auc": 0.5}
+    assert not any("bad records" in line for line in summary_lines(dict(result, bad_records_skipped=0)))
+    lines = summary_lines(dict(result, bad_records_skipped=1234))
+    assert lines[4] == "  bad records  1,234 skipped (data.on_bad_record: skip)", lines
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

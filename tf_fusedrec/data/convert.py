@@ -1,7 +1,10 @@
-"""Writes the Criteo TSV files as TFRecord, Parquet or CSV files with their schema, for the file sources.
+"""Writes the built-in data sets (the Criteo TSV, MovieLens-1M) as TFRecord, Parquet or CSV files with their schema,
+for the file sources.
 
     python -m tf_fusedrec.data.convert criteo train.txt --to parquet --out /data/criteo_parquet --files 8
     # -> /data/criteo_parquet/part-00000-of-00008.parquet ... and schema.yaml, the config's `data:` section
+    python -m tf_fusedrec.data.convert movielens /data/ml-1m --to parquet --out /data/ml1m_parquet --shuffle 0
+    # -> /data/ml1m_parquet/train/part-*.parquet, test/part-*.parquet (data.eval_path) and schema.yaml
 
 The records keep their order (file k holds the k-th run of them), and the values are those the built-in reader
 (data/criteo.py) makes: the label (float32), the dense features already as ``log(1 + max(x, 0))`` (float32 columns
@@ -9,6 +12,15 @@ I1..I13, a missing value 0), the categorical values as the hex strings of the TS
 absent where missing; the schema gives them type string, shape list: hashed like the built-in reader, an empty row
 where missing). The file sources then give the same batches as ``data.source: criteo`` on the same records.
 TFRecord records are ``tf.train.Example``s (a missing value: no feature); CSV files have a header line.
+
+**MovieLens** (data/movielens.py): one record a rating, the features the built-in reader joins from users.dat and
+movies.dat: int64 columns user_id, movie_id, gender, age, occupation; zip as the string of users.dat (type string:
+hashed like the built-in reader); genres a list of genre ids (in CSV joined by ``|``); label float32 (rating >= 4).
+The ratings of the built-in test split (``movielens_is_test`` with ``--test-fraction`` and ``--seed``, as data.seed)
+go to ``test/``, the schema's ``eval_path``, the others to ``train/``, in the order of ratings.dat: with
+``data.shuffle: false`` the built-in source then gives the same batches. The built-in source shuffles each worker's
+training ratings by default (ratings.dat is sorted by user) and the file sources read in file order, so
+``--shuffle SEED`` writes the training ratings in a seeded random order instead.
 """
 
 from __future__ import annotations
@@ -75,6 +87,77 @@ def criteo_table(paths, num_dense=13, num_sparse=26):
     return pa.concat_tables(tables)
 
 
+MOVIELENS_INT_COLUMNS = ("user_id", "movie_id", "gender", "age", "occupation")
+
+
+def movielens_schema(to):
+    """The ``data.schema`` mapping of converted MovieLens files of format `to` (CSV: genres joined by "|")."""
+    features = {name: {"type": "int64"} for name in MOVIELENS_INT_COLUMNS}
+    features["zip"] = {"type": "string"}
+    features["genres"] = {"type": "int64", "shape": "list", **({"separator": "|"} if to == "csv" else {})}
+    return {"label": "label", "features": features}
+
+
+def movielens_tables(data_dir, test_fraction=0.1, seed=0, shuffle=None):
+    """(train, test): pyarrow Tables of the ratings of an ML-1M directory, split as the built-in reader splits them
+    (the module docstring); `shuffle`: None keeps the order of ratings.dat, an int seeds a random order of train.
+
+    Raises:
+      FileNotFoundError naming a missing file; ValueError naming the file and line of a malformed line or of a rating
+      of a user or movie that users.dat or movies.dat does not hold.
+    """
+    import pyarrow as pa  # noqa: PLC0415
+
+    from tf_fusedrec.data import movielens  # noqa: PLC0415
+
+    data_dir = os.fspath(data_dir)
+    if not os.path.isdir(data_dir):
+        raise FileNotFoundError(f"MovieLens directory not found: {data_dir!r}")
+    # The reader's own parsing and checks of the three files (its private helpers: one home for them).
+    users = movielens._load_users(os.path.join(data_dir, "users.dat"))  # noqa: SLF001
+    movies = movielens._load_movies(os.path.join(data_dir, "movies.dat"))  # noqa: SLF001
+    zips = {int(uid): z for _, (uid, _g, _a, _o, z) in movielens._read_table(  # noqa: SLF001
+        os.path.join(data_dir, "users.dat"), 5, "UserID::Gender::Age::Occupation::Zip-code")}
+    path = os.path.join(data_dir, "ratings.dat")
+    rows = []
+    lines = movielens._fields(path, 4, "UserID::MovieID::Rating::Timestamp")  # noqa: SLF001
+    for no, (uid, mid, rating, _time) in lines:
+        uid, mid = movielens._int(path, no, "UserID", uid), movielens._int(path, no, "MovieID", mid)  # noqa: SLF001
+        if uid >= users["known"].size or not users["known"][uid]:
+            raise ValueError(f"{path}:{no}: rates UserID {uid}, which users.dat does not have")
+        if mid >= movies["known"].size or not movies["known"][mid]:
+            raise ValueError(f"{path}:{no}: rates MovieID {mid}, which movies.dat does not have")
+        try:
+            rating = float(rating)
+        except ValueError:
+            raise ValueError(f"{path}:{no}: Rating must be a number, got {rating!r}") from None
+        rows.append((uid, mid, rating))
+    ratings = np.array(rows, np.float64).reshape(-1, 3)
+    user, movie = ratings[:, 0].astype(np.int64), ratings[:, 1].astype(np.int64)
+    label = (ratings[:, 2].astype(np.float32) >= 4.0).astype(np.float32)  # the reader's float32 rating >= 4.0
+    test = movielens.movielens_is_test(user, movie, test_fraction, seed)
+    genre_values, genre_splits = movies["genre_values"], movies["genre_splits"]
+
+    def table(rows):
+        u, m = user[rows], movie[rows]
+        columns = {"user_id": u, "movie_id": m}
+        for name in ("gender", "age", "occupation"):
+            columns[name] = users[name][u]
+        columns["zip"] = pa.array([zips[int(i)] for i in u], pa.string())
+        starts, lengths = genre_splits[m], genre_splits[m + 1] - genre_splits[m]
+        ends = np.cumsum(lengths)
+        flat = genre_values[np.repeat(starts - (ends - lengths), lengths) + np.arange(int(ends[-1]) if len(m) else 0)]
+        columns["genres"] = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], ends]).astype(np.int32)),
+                                                     pa.array(flat, pa.int64()))
+        columns["label"] = label[rows]
+        return pa.table(columns)
+
+    train = np.flatnonzero(~test)
+    if shuffle is not None:
+        train = train[np.random.default_rng(shuffle).permutation(len(train))]
+    return table(train), table(np.flatnonzero(test))
+
+
 def _null_empty(pa, column):
     import pyarrow.compute as pc  # noqa: PLC0415
 
@@ -126,7 +209,7 @@ def write(table, schema, out_dir, to, files=1, row_group_size=65536):
         if to == "parquet":
             pq.write_table(part, path, row_group_size=row_group_size)
         elif to == "csv":
-            pacsv.write_csv(part, path)
+            pacsv.write_csv(_joined_lists(part, schema), path)
         else:
             with tf.io.TFRecordWriter(path) as writer:
                 for record in _tfrecord_bytes(part, schema):
@@ -135,15 +218,33 @@ def write(table, schema, out_dir, to, files=1, row_group_size=65536):
     return paths
 
 
+def _joined_lists(table, schema):
+    """The table with each list column as the string of its values joined by the schema's separator (CSV)."""
+    import pyarrow as pa  # noqa: PLC0415
+
+    for name, spec in schema["features"].items():
+        if spec.get("separator") is not None:
+            joined = [spec["separator"].join(map(str, values)) for values in table.column(name).to_pylist()]
+            table = table.set_column(table.column_names.index(name), name, pa.array(joined, pa.string()))
+    return table
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m tf_fusedrec.data.convert", description=__doc__.split("\n\n")[0])
-    p.add_argument("dataset", choices=["criteo"], help="the built-in format of the input")
-    p.add_argument("inputs", nargs="+", help="the input files (or globs), in order")
+    p.add_argument("dataset", choices=["criteo", "movielens"], help="the built-in format of the input")
+    p.add_argument("inputs", nargs="+", help="criteo: the input files (or globs), in order; movielens: the directory "
+                                             "holding ratings.dat, users.dat and movies.dat")
     p.add_argument("--to", required=True, choices=sorted(FORMATS))
     p.add_argument("--out", required=True, help="the output directory")
-    p.add_argument("--files", type=int, default=1, help="how many files to write (default 1)")
-    p.add_argument("--num-dense", type=int, default=13)
-    p.add_argument("--num-sparse", type=int, default=26)
+    p.add_argument("--files", type=int, default=1, help="how many files to write (default 1; movielens: each split)")
+    p.add_argument("--num-dense", type=int, default=13, help="criteo: dense columns")
+    p.add_argument("--num-sparse", type=int, default=26, help="criteo: categorical columns")
+    p.add_argument("--test-fraction", type=float, default=0.1,
+                   help="movielens: the share of ratings in the test split (default 0.1, the built-in reader's)")
+    p.add_argument("--seed", type=int, default=0, help="movielens: the split's seed (data.seed; default 0)")
+    p.add_argument("--shuffle", type=int, default=None, metavar="SEED",
+                   help="movielens: write the training ratings in a random order of this seed (default: the order "
+                        "of ratings.dat, sorted by user)")
     return p
 
 
@@ -151,17 +252,34 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     import yaml  # noqa: PLC0415
 
+    files = f"part-*.{FORMATS[args.to]}"
+    out = os.path.abspath(args.out)
     try:
-        table = criteo_table(args.inputs, args.num_dense, args.num_sparse)
-        schema = criteo_schema(args.num_dense, args.num_sparse)
-        paths = write(table, schema, args.out, args.to, args.files)
+        if args.dataset == "criteo":
+            table = criteo_table(args.inputs, args.num_dense, args.num_sparse)
+            schema = criteo_schema(args.num_dense, args.num_sparse)
+            paths = write(table, schema, args.out, args.to, args.files)
+            data = {"source": args.to, "path": os.path.join(out, files), "schema": schema}
+            rows = table.num_rows
+        else:
+            if len(args.inputs) != 1:
+                raise ValueError(f"movielens: give one directory (holding ratings.dat, users.dat and movies.dat), "
+                                 f"got {len(args.inputs)} inputs")
+            if not 0 <= args.test_fraction <= 1:
+                raise ValueError(f"--test-fraction must be in [0, 1], got {args.test_fraction}")
+            train, test = movielens_tables(args.inputs[0], args.test_fraction, args.seed, args.shuffle)
+            schema = movielens_schema(args.to)
+            paths = write(train, schema, os.path.join(args.out, "train"), args.to, args.files) + \
+                write(test, schema, os.path.join(args.out, "test"), args.to, args.files)
+            data = {"source": args.to, "path": os.path.join(out, "train", files),
+                    "eval_path": os.path.join(out, "test", files), "schema": schema}
+            rows = train.num_rows + test.num_rows
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    pattern = os.path.join(os.path.abspath(args.out), f"part-*.{FORMATS[args.to]}")
     with open(os.path.join(args.out, "schema.yaml"), "w") as f:
-        yaml.safe_dump({"data": {"source": args.to, "path": pattern, "schema": schema}}, f, sort_keys=False)
-    print(f"wrote {table.num_rows} records to {len(paths)} {args.to} file(s) under {args.out}; their data section: "
+        yaml.safe_dump({"data": data}, f, sort_keys=False)
+    print(f"wrote {rows} records to {len(paths)} {args.to} file(s) under {args.out}; their data section: "
           f"{os.path.join(args.out, 'schema.yaml')}")
     return 0
 

@@ -5,6 +5,7 @@
       path: /data/clicks/*.parquet        # a file, a glob, or a list of them; files are read in sorted order
       schema:
         label: clicked                    # or {column: clicked, range: [0, 1]} (the default range)
+        weight: importance                # optional: a float column, each record's sample weight (>= 0, finite)
         dense: [price, age_days]          # float columns, in this order -> "dense" float32 [B, 2]
         features:
           user_id: {type: int64}                          # column defaults to the feature name; shape one
@@ -15,8 +16,10 @@
 **The batch dict** is the one the built-in sources give (tf_fusedrec/data/__init__.py): a feature of shape ``one``
 is int64 ``[B]``, ``fixed`` int64 ``[B, length]``, ``list`` a ``tf.RaggedTensor`` int64 ``[B, None]`` (a missing value,
 a null or an empty field, is an empty row); ``"dense"`` float32 ``[B, len(dense)]`` when ``dense`` names columns; the
-label float32 ``[B]``. A ``string`` id is ``tf.strings.to_hash_bucket_fast(value, 2**62)``, the hash of the built-in
-Criteo and MovieLens readers, so converted data gives the same ids.
+label float32 ``[B]``. With ``weight``, the readers give ``(features, label, weight)`` batches (the Keras
+``sample_weight`` convention), the weight float32 ``[B]``; without it ``(features, label)``. A ``string`` id is
+``tf.strings.to_hash_bucket_fast(value, 2**62)``, the hash of the built-in Criteo and MovieLens readers, so converted
+data gives the same ids.
 
 This module holds the schema and its parsing only (no TensorFlow, no file access): the readers (readers.py) check the
 files against it when they start and read them.
@@ -81,16 +84,23 @@ class FileSchema:
     dense: Tuple[str, ...] = ()
     delimiter: str = ","
     columns: Optional[Tuple[str, ...]] = None  # CSV: the names of the fields when the files have no header line
+    weight: Optional[str] = None  # the sample weight's column (finite, >= 0; anything else is a bad record)
 
     def feature(self, name):
         return next(f for f in self.features if f.name == name)
 
     def used_columns(self):
-        """Every column the schema reads, in a fixed order (features, dense, label), without repeats."""
-        return tuple(dict.fromkeys([f.column for f in self.features] + list(self.dense) + [self.label.column]))
+        """Every column the schema reads, in a fixed order (features, dense, label, weight), without repeats."""
+        return tuple(dict.fromkeys([f.column for f in self.features] + [c for _, c in self.number_columns()]))
+
+    def number_columns(self):
+        """(what, column) of the columns holding one number a record: ("dense", c) for each dense column, ("label",
+        the label's) and, with a sample weight, ("weight", its column)."""
+        return [("dense", c) for c in self.dense] + [("label", self.label.column)] + \
+            ([("weight", self.weight)] if self.weight is not None else [])
 
 
-SCHEMA_KEYS = ("features", "label", "dense", "delimiter", "columns")
+SCHEMA_KEYS = ("features", "label", "weight", "dense", "delimiter", "columns")
 _FEATURE_KEYS = ("column", "type", "shape", "length", "separator")
 
 
@@ -135,6 +145,7 @@ def parse_schema(raw, source, feature_names, where="data.schema"):
     features = tuple(_parse_feature(name, raw_features[name], source, f"{where}.features.{name}")
                      for name in feature_names)
     label = _parse_label(raw["label"], f"{where}.label")
+    weight = _parse_weight(raw.get("weight"), f"{where}.weight")
     dense = raw.get("dense") or ()
     if not isinstance(dense, (list, tuple)):
         raise ValueError(f"{where}.dense: expected a list of column names, got {dense!r}")
@@ -153,7 +164,7 @@ def parse_schema(raw, source, feature_names, where="data.schema"):
         if not isinstance(columns, (list, tuple)) or not columns:
             raise ValueError(f"{where}.columns: expected the list of the CSV fields' names, got {columns!r}")
         columns = tuple(_name(c, f"{where}.columns[{i}]") for i, c in enumerate(columns))
-    schema = FileSchema(features, label, dense, delimiter, columns)
+    schema = FileSchema(features, label, dense, delimiter, columns, weight)
     if columns is not None:
         absent = [c for c in schema.used_columns() if c not in columns]
         if absent:
@@ -212,6 +223,22 @@ def _parse_label(raw, where):
             or any(isinstance(b, bool) or not isinstance(b, (int, float)) for b in bounds) or bounds[0] > bounds[1]):
         raise ValueError(f"{where}.range: expected [low, high] with low <= high, got {bounds!r}")
     return LabelColumn(column, float(bounds[0]), float(bounds[1]))
+
+
+def _parse_weight(raw, where):
+    if raw is None:
+        return None
+    if isinstance(raw, dict):
+        unknown = sorted(set(raw) - {"column"})
+        if unknown:
+            raise ValueError(f"{where}: unknown key '{unknown[0]}' (known keys: ['column']; a weight is any finite "
+                             f"number >= 0)")
+        if "column" not in raw:
+            raise ValueError(f"{where}: missing required key 'column'")
+        raw = raw["column"]
+    if not isinstance(raw, str) or not raw:
+        raise ValueError(f"{where}: expected a column name or {{column: ...}}, got {raw!r}")
+    return raw
 
 
 def expand_paths(paths, what="data.path"):

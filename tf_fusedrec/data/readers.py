@@ -1,7 +1,7 @@
 """TFRecord, Parquet and CSV files read by a schema (files.py) into the built-in sources' batches.
 
     reader = FileBatches("parquet", "/data/clicks/*.parquet", schema, batch_size=2048, rank=r, num_ranks=n)
-    ds = reader.dataset()              # endless (features, label) batches of this worker
+    ds = reader.dataset()              # endless (features, label) batches of this worker (+ weight: schema.weight)
     reader.position_after(steps)       # the FilePosition a checkpoint stores to resume after `steps` batches
 
 **Formats.** TFRecord files of ``tf.train.Example`` (``tf.data.TFRecordDataset`` read in chunks, parsed with one
@@ -20,12 +20,13 @@ after each global batch (file, record, pass, bad records skipped) is the same on
 it, on any number of workers and any batch size, reads each record after it once and none before it again.
 
 **Bad records.** A record that does not fit the schema (a TFRecord that is truncated or does not parse, a CSV line
-with another number of fields or a value that is not a number, a null or missing value where one is needed, a list
-of the wrong length, a negative id, a label outside its range) raises BadRecordError naming the file, the record
-and the problem, on every worker while it makes the global batch that would hold the record (so at the same step
-everywhere; no batch holds a part of it). With ``on_bad_record="skip"`` the record is left out and counted
-(``skipped``) and the error comes once more than ``max_bad_records`` were skipped. A truncated or corrupt TFRecord
-file cannot be read past the damage: skipping it skips the rest of that file (one bad record).
+with another number of fields or a value that is not a number, a null or missing value where one is needed, a list of
+the wrong length, a negative id, a label outside its range, a sample weight that is negative or not finite) raises
+BadRecordError naming the file, the record and the problem, on every worker while it makes the global batch that
+would hold the record (so at the same step everywhere; no batch holds a part of it). With ``on_bad_record="skip"``
+the record is left out and counted (``skipped``) and the error comes once more than ``max_bad_records`` were skipped.
+A truncated or corrupt TFRecord file cannot be read past the damage: skipping it skips the rest of that file (one bad
+record).
 
 **Following** (``follow``: a follow.FollowSettings; ``data.follow: true``): ``paths`` is one directory or glob whose
 files keep arriving. The stream is one endless pass over the complete files in name order (follow.py: which files are
@@ -73,18 +74,19 @@ def _pyarrow():
 
 class _Chunk:
     """Records first .. first + n - 1 of file `file`: ids[name] = (flat values, lengths int64 [n]) per feature,
-    dense float32 [n, d], label float32 [n]; bad: {row: what is wrong} (those rows' values are arbitrary)."""
+    dense float32 [n, d], label float32 [n], weight float32 [n] (None without a weight column); bad: {row: what is
+    wrong} (those rows' values are arbitrary)."""
 
-    def __init__(self, file, first, n, ids, dense, label, bad):
-        self.file, self.first, self.n, self.ids, self.dense, self.label, self.bad = \
-            file, first, n, ids, dense, label, dict(bad)
+    def __init__(self, file, first, n, ids, dense, label, bad, weight=None):
+        self.file, self.first, self.n, self.ids, self.dense, self.label, self.bad, self.weight = \
+            file, first, n, ids, dense, label, dict(bad), weight
 
     @classmethod
     def all_bad(cls, file, first, message, schema):
         ids = {f.name: (np.zeros(0, object if f.type == "string" else np.int64), np.zeros(1, np.int64))
                for f in schema.features}
         return cls(file, first, 1, ids, np.zeros((1, len(schema.dense)), np.float32), np.zeros(1, np.float32),
-                   {0: message})
+                   {0: message}, np.zeros(1, np.float32) if schema.weight is not None else None)
 
     def mark(self, rows, message_of):
         for row in np.unique(rows).tolist():
@@ -106,7 +108,7 @@ def _take(values, lengths, rows):
 
 def _check_values(chunk, schema):
     """Marks the records whose values break the schema: a count of ids its shape refuses, a negative id, a label
-    outside its range."""
+    outside its range, a sample weight that is negative or not finite."""
     rows = np.arange(chunk.n)
     for f in schema.features:
         values, lengths = chunk.ids[f.name]
@@ -126,6 +128,11 @@ def _check_values(chunk, schema):
     outside = rows[~((label >= low) & (label <= high))]
     chunk.mark(outside, lambda r: f"the label (column '{schema.label.column}') is {label[r]!r}, outside its range "
                                   f"[{low:g}, {high:g}]")
+    if schema.weight is not None:
+        weight = chunk.weight
+        wrong = rows[~(np.isfinite(weight) & (weight >= 0))]
+        chunk.mark(wrong, lambda r: f"the sample weight (column '{schema.weight}') is {float(weight[r])!r}; a "
+                                    f"weight is a finite number >= 0")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -151,8 +158,8 @@ _KIND_WORDS = {"int": "integers", "float": "floats", "string": "strings"}
 
 
 def _type_error(feature_or_what, kind, path, column):
-    """The complaint about a column of Arrow kind `kind` for a feature (a FeatureColumn) or a "dense"/"label" column,
-    or None when it fits."""
+    """The complaint about a column of Arrow kind `kind` for a feature (a FeatureColumn) or a "dense", "label" or
+    "weight" column, or None when it fits."""
     scalar = kind.removeprefix("list:")
     is_list = kind.startswith("list:")
     found = ("lists of " if is_list else "") + _KIND_WORDS.get(scalar, scalar)
@@ -190,8 +197,7 @@ class _ParquetFormat:
             raise ValueError(f"file {path}: not a readable Parquet file ({e})") from None
         names = arrow_schema.names
         s = self.schema
-        for what, column in [(f, f.column) for f in s.features] + [("dense", c) for c in s.dense] + \
-                [("label", s.label.column)]:
+        for what, column in [(f, f.column) for f in s.features] + s.number_columns():
             if column not in names:
                 owner = f"feature '{what.name}'" if not isinstance(what, str) else f"the {what} values"
                 raise ValueError(f"file {path}: no column '{column}' (read for {owner}); the file has columns "
@@ -253,11 +259,14 @@ class _ParquetFormat:
             for row in np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False)).tolist():
                 bad.setdefault(row, f"dense column '{name}' has no value")
             dense[:, j] = column.fill_null(0).to_numpy(zero_copy_only=False)
-        label = batch.column(s.label.column)
-        for row in np.flatnonzero(label.is_null().to_numpy(zero_copy_only=False)).tolist():
-            bad.setdefault(row, f"the label (column '{s.label.column}') has no value")
-        label = label.fill_null(0).to_numpy(zero_copy_only=False).astype(np.float32)
-        return _Chunk(index, first, n, ids, dense, label, bad)
+        numbers = {}
+        for what, name in s.number_columns()[len(s.dense):]:  # the label and the weight: one number a record
+            column = batch.column(name)
+            for row in np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False)).tolist():
+                bad.setdefault(row, f"the {'label' if what == 'label' else 'sample weight'} (column '{name}') has "
+                                    f"no value")
+            numbers[what] = column.fill_null(0).to_numpy(zero_copy_only=False).astype(np.float32)
+        return _Chunk(index, first, n, ids, dense, numbers["label"], bad, numbers.get("weight"))
 
     def where(self, path, record):
         return f"Parquet file {path} row {record + 1}"
@@ -277,7 +286,7 @@ class _TFRecordFormat:
         for f in schema.features:
             spec[f.column] = tf.io.RaggedFeature(tf.int64 if f.type == "int64" else tf.string,
                                                  row_splits_dtype=tf.int64)
-        for column in (*schema.dense, schema.label.column):
+        for _, column in schema.number_columns():
             spec[column] = tf.io.RaggedFeature(tf.float32, row_splits_dtype=tf.int64)
         self.spec = spec
 
@@ -296,8 +305,7 @@ class _TFRecordFormat:
             raise ValueError(f"file {path}: its first record is not a tf.train.Example ({e})") from None
         features = example.features.feature
         s = self.schema
-        for what, column in [(f, f.column) for f in s.features] + [("dense", c) for c in s.dense] + \
-                [("label", s.label.column)]:
+        for what, column in [(f, f.column) for f in s.features] + s.number_columns():
             if column not in features:
                 if not isinstance(what, str) and what.shape == "list":
                     continue  # an absent list is an empty one
@@ -372,17 +380,18 @@ class _TFRecordFormat:
             values, lengths = column(f.column)
             ids[f.name] = (values.astype(object) if f.type == "string" else values, lengths)
         scalars = {}
-        for name in (*s.dense, s.label.column):
+        words = {"dense": "dense feature", "label": "the label", "weight": "the sample weight"}
+        for kind, name in s.number_columns():
             values, lengths = column(name)
-            what = "the label" if name == s.label.column else "dense feature"
             for row in np.flatnonzero(lengths != 1).tolist():
-                bad.setdefault(row, f"{what} '{name}' holds {int(lengths[row])} values, not 1")
+                bad.setdefault(row, f"{words[kind]} '{name}' holds {int(lengths[row])} values, not 1")
             full = np.zeros(n, np.float32)
             ok = np.flatnonzero(lengths == 1)
             full[ok] = values[_offsets(lengths)[:-1][ok]]
             scalars[name] = full
         dense = np.stack([scalars[c] for c in s.dense], axis=1) if s.dense else np.zeros((n, 0), np.float32)
-        return _Chunk(index, first, n, ids, dense, scalars[s.label.column], bad)
+        weight = scalars[s.weight] if s.weight is not None else None
+        return _Chunk(index, first, n, ids, dense, scalars[s.label.column], bad, weight)
 
     def where(self, path, record):
         return f"TFRecord file {path} record {record + 1}"
@@ -431,8 +440,7 @@ class _CsvFormat:
         if self.schema.columns is None:
             names = self._header(path)
         s = self.schema
-        for what, column in [(f, f.column) for f in s.features] + [("dense", c) for c in s.dense] + \
-                [("label", s.label.column)]:
+        for what, column in [(f, f.column) for f in s.features] + s.number_columns():
             if column not in names:
                 owner = f"feature '{what.name}'" if not isinstance(what, str) else f"the {what} values"
                 raise ValueError(f"file {path}: no column '{column}' (read for {owner}) in its header {names}")
@@ -443,8 +451,7 @@ class _CsvFormat:
         if batch is None:
             return
         pc = self.pc
-        for what, column in [(f, f.column) for f in s.features if f.type == "int64"] + \
-                [("dense", c) for c in s.dense] + [("label", s.label.column)]:
+        for what, column in [(f, f.column) for f in s.features if f.type == "int64"] + s.number_columns():
             values = batch.column(column)
             if not isinstance(what, str) and what.separator is not None:
                 values = pc.list_flatten(pc.split_pattern(values, what.separator))
@@ -550,9 +557,10 @@ class _CsvFormat:
                 mark(parents[empty], lambda i, w=where: f"{w} holds an empty id in its list")
             ids[f.name] = (values, spread(np.asarray(lengths, np.int64)))
         floats = {}
-        for column in (*s.dense, s.label.column):
+        words = {"dense": "dense", "label": "the label", "weight": "the sample weight"}
+        for kind, column in s.number_columns():
             strings = batch.column(column)
-            what = "the label" if column == s.label.column else "dense"
+            what = words[kind]
             try:  # the common case: every field a finite number (Arrow's cast also takes nan, inf: checked after)
                 values = pc.cast(strings, self.pa.float64()).to_numpy(zero_copy_only=False)
                 if np.isfinite(values).all():
@@ -569,7 +577,8 @@ class _CsvFormat:
             floats[column] = spread(pc.cast(cleaned, self.pa.float64()).to_numpy(zero_copy_only=False)
                                     .astype(np.float32))
         dense = np.stack([floats[c] for c in s.dense], axis=1) if s.dense else np.zeros((n, 0), np.float32)
-        return _Chunk(index, first, n, ids, dense, floats[s.label.column], bad)
+        return _Chunk(index, first, n, ids, dense, floats[s.label.column], bad,
+                      floats[s.weight] if s.weight is not None else None)
 
     def where(self, path, record):
         return f"CSV file {path} line {record + 1 + self.header}"
@@ -760,7 +769,7 @@ class FileBatches:
 
     def _worker_batch(self, taken):
         """This worker's numpy batch of the pieces `_cut` took: per feature its values (+ "/lengths" for lists),
-        "dense", "label"."""
+        "dense", "label" (+ "weight")."""
         out = {}
         for f in self.schema.features:
             parts = [_take(*chunk.ids[f.name], rows) for chunk, rows in taken]
@@ -774,6 +783,8 @@ class FileBatches:
                 out[f.name + "/lengths"] = np.concatenate([p[1] for p in parts])
         out["dense"] = np.concatenate([chunk.dense[rows] for chunk, rows in taken])
         out["label"] = np.concatenate([chunk.label[rows] for chunk, rows in taken])
+        if self.schema.weight is not None:
+            out["weight"] = np.concatenate([chunk.weight[rows] for chunk, rows in taken])
         return out
 
     def _signature(self):
@@ -785,6 +796,8 @@ class FileBatches:
                 spec[f.name + "/lengths"] = tf.TensorSpec([None], tf.int64)
         spec["dense"] = tf.TensorSpec([None, len(self.schema.dense)], tf.float32)
         spec["label"] = tf.TensorSpec([None], tf.float32)
+        if self.schema.weight is not None:
+            spec["weight"] = tf.TensorSpec([None], tf.float32)
         return spec
 
     def _generate(self):
@@ -794,10 +807,12 @@ class FileBatches:
             yield self._worker_batch(taken)
 
     def dataset(self):
-        """The batches from the start position on: ``(features, label)``, features as the module docstring says.
-        Iterate it once per FileBatches when checkpointing (position_after describes the latest pass)."""
+        """The batches from the start position on: ``(features, label)``, features as the module docstring says, or
+        ``(features, label, weight)`` with a sample-weight column (weight float32 [B]). Iterate it once per
+        FileBatches when checkpointing (position_after describes the latest pass)."""
         features = self.schema.features
         has_dense = bool(self.schema.dense)
+        weighted = self.schema.weight is not None
 
         def finish(batch):
             out = {}
@@ -810,7 +825,7 @@ class FileBatches:
                 out[f.name] = values
             if has_dense:
                 out["dense"] = batch["dense"]
-            return out, batch["label"]
+            return (out, batch["label"], batch["weight"]) if weighted else (out, batch["label"])
 
         ds = tf.data.Dataset.from_generator(self._generate, output_signature=self._signature())
         return ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
@@ -830,7 +845,8 @@ def _tail(chunk, k):
     for name, (values, lengths) in chunk.ids.items():
         ids[name] = (values[int(lengths[:k].sum()):], lengths[k:])
     return _Chunk(chunk.file, chunk.first + k, chunk.n - k, ids, chunk.dense[k:], chunk.label[k:],
-                  {r - k: m for r, m in chunk.bad.items() if r >= k})
+                  {r - k: m for r, m in chunk.bad.items() if r >= k},
+                  None if chunk.weight is None else chunk.weight[k:])
 
 
 def _head(chunk, k):
@@ -839,4 +855,4 @@ def _head(chunk, k):
     for name, (values, lengths) in chunk.ids.items():
         ids[name] = (values[:int(lengths[:k].sum())], lengths[:k])
     return _Chunk(chunk.file, chunk.first, k, ids, chunk.dense[:k], chunk.label[:k],
-                  {r: m for r, m in chunk.bad.items() if r < k})
+                  {r: m for r, m in chunk.bad.items() if r < k}, None if chunk.weight is None else chunk.weight[:k])

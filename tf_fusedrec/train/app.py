@@ -272,6 +272,10 @@ def plan_of(args, config):
     if sequences and schedule == "fwp":
         raise ValueError("--pipeline fwp weights micro-batches by their local size; with a sequence config (workers "
                          "holding different sample counts) use --pipeline sync or dbp")
+    weighted = config.data.source in cfg.FILE_SOURCES and config.data.schema.weight is not None
+    if weighted and micro_batches > 1:
+        raise ValueError(f"--micro-batches {micro_batches} weights micro-batches by their size; with sample weights "
+                         f"(data.schema.weight: {config.data.schema.weight}) use --micro-batches 1")
     replication = replication_of(args)
     if args.hot_repeek and schedule != "sync":
         raise ValueError(f"--hot-repeek needs --pipeline sync (a {schedule} pipeline holds a batch in flight across "
@@ -288,7 +292,7 @@ def plan_of(args, config):
     admission, expiry = table_policies_of(args, config)
     return types.SimpleNamespace(steps=steps, batch_size=batch_size, schedule=schedule, micro_batches=micro_batches,
                                  cluster=cluster, sequences=sequences, balance=balance, replication=replication,
-                                 eviction=eviction, admission=admission, expiry=expiry)
+                                 eviction=eviction, admission=admission, expiry=expiry, weighted=weighted)
 
 
 def table_policies_of(args, config):
@@ -455,6 +459,9 @@ class _TrainingRun:
             self.file_batches = experiment.file_batches(config, plan.batch_size, self.rank, self.size,
                                                         position=self.position, comm=comm, on_wait=self._waiting)
             dataset = self.file_batches.dataset()
+            if plan.weighted:  # (features, label, weight) -> labels [B, 2]: the label and the weight, for the loss
+                dataset = dataset.map(lambda features, label, weight: (features, tf.stack([label, weight], axis=1)))
+                loss_fn = experiment.global_weighted_mean_loss(comm)
         else:
             dataset = experiment.make_dataset(config, plan.batch_size, self.rank, self.size, start_step=self.start)
         self.loss_scale = fr.train.DynamicLossScale(comm) if args.dense_precision == "mixed_float16" else None
@@ -500,7 +507,9 @@ class _TrainingRun:
                 self.timed_seconds += elapsed
             for loss_value in losses.tolist():
                 step += 1
-                progress.update(step, loss_value, self.plan.batch_size * self.size * len(losses) / max(elapsed, 1e-9))
+                skipped = self.file_batches.position_after(step - start).skipped if self.file_batches else 0
+                progress.update(step, loss_value, self.plan.batch_size * self.size * len(losses) / max(elapsed, 1e-9),
+                                skipped=skipped)
             if step % config.train.log_every == 0 or step == steps:
                 self._log(step, loss_value)
             if self.checkpointer is not None and (step % config.train.checkpoint_every == 0 or step == steps):
@@ -533,7 +542,9 @@ class _TrainingRun:
             losses = self.pipe.progress_many(n).numpy()
         elapsed = time.perf_counter() - t0
         with self.watchdog.guard(f"step {step + len(losses)} (the allreduce of its loss)"):
-            losses = mean_over_workers(self.comm, losses, 1 if self.plan.sequences else self.plan.batch_size)
+            # A loss over the global batch already (sequences, sample weights) counts 1; a local mean its samples.
+            global_loss = self.plan.sequences or self.plan.weighted
+            losses = mean_over_workers(self.comm, losses, 1 if global_loss else self.plan.batch_size)
         return losses, elapsed
 
     def _log(self, step, loss_value):

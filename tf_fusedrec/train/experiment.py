@@ -83,12 +83,15 @@ def make_model(config, embedding):
 
 
 def make_dataset(config, batch_size, rank, size, held_out=False, start_step=0, steps=None):
-    """This worker's batches of the configured source."""
+    """This worker's (features, labels) batches of the configured source (a file source's sample weights,
+    data.schema.weight, left out: the train app reads them through file_batches)."""
     from tf_fusedrec import data  # noqa: PLC0415
 
     d = config.data
     if d.source in ("tfrecord", "parquet", "csv"):  # config.FILE_SOURCES; the train app resumes by file_batches
         ds = file_batches(config, batch_size, rank, size, held_out=held_out).dataset()
+        if d.schema.weight is not None:
+            ds = ds.map(lambda features, label, _weight: (features, label))
         return ds if held_out else ds.skip(start_step)
     if d.source == "grm_synthetic":  # labels float32 [B, 2] (click, conversion)
         return data.grm_dataset(config, batch_size, seed=d.seed, rank=rank, num_ranks=size, held_out=held_out,
@@ -108,7 +111,8 @@ def make_dataset(config, batch_size, rank, size, held_out=False, start_step=0, s
             return ds.take(d.eval_batches)
         return ds.skip(d.eval_batches).repeat().skip(start_step)
     ds = data.movielens_dataset(d.path, batch_size, rank=rank, num_ranks=size,
-                                split="test" if held_out else "train", seed=d.seed, shuffle=not held_out)
+                                split="test" if held_out else "train", seed=d.seed,
+                                shuffle=d.shuffle and not held_out)
     return ds if held_out else ds.repeat().skip(start_step)
 
 
@@ -304,6 +308,31 @@ def global_mean_loss(comm):
         if per_sample.shape.rank == 2:  # one label per sample: [B, 1] -> [B]
             per_sample = per_sample[:, 0]
         return weighted(per_sample, tf.ones_like(per_sample, tf.int64)).loss
+
+    return loss
+
+
+def global_weighted_mean_loss(comm):
+    """The loss of a step with sample weights (data.schema.weight): binary cross-entropy on logits, the weighted mean
+    over every worker's batch, ``sum(w * l) / sum(w)`` over the global batch. Each worker's loss is its ``sum(w * l)``
+    x N / the global ``sum(w)`` (one allreduce): with the grouped optimizer's average over workers, the update equals
+    one worker's on the union of the batches (train/weighting.py), so N workers train as one. A global batch whose
+    weights are all 0 has the loss 0 and zero gradients.
+
+    The loss takes ``labels`` float32 [B, 2]: the label and the sample weight of each sample (what the train app makes
+    of the reader's (features, label, weight) batches), and logits [B] or [B, 1]."""
+    from tf_fusedrec.distributed import comm as comm_lib  # noqa: PLC0415
+
+    comm = comm_lib.get_comm(comm)
+
+    def loss(labels, logits):
+        labels = tf.convert_to_tensor(labels, tf.float32)
+        label, weight = labels[:, 0], labels[:, 1]
+        per_sample = tf.nn.sigmoid_cross_entropy_with_logits(labels=label,
+                                                             logits=tf.reshape(tf.cast(logits, tf.float32), [-1]))
+        total, = comm.allreduce([tf.reduce_sum(weight)], name="FusedRec/loss/weight_sum", op="sum")
+        world = tf.cast(comm.size, tf.float32)
+        return tf.math.divide_no_nan(tf.reduce_sum(weight * per_sample) * world, tf.stop_gradient(total))
 
     return loss
 

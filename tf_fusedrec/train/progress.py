@@ -165,16 +165,19 @@ def _clock(seconds):
 class Progress:
     """The progress of steps `start`+1 .. `total` on a Console: on a terminal a bar redrawn at every step (percentage,
     bar, step/total, elapsed<remaining, rate: tqdm's layout, which the pinned stack does not carry), else the line
-    `step S/T  loss L  R samples/s` every `every` steps and at the last step."""
+    `step S/T  loss L  R samples/s` every `every` steps and at the last step; either ends with `, N bad records
+    skipped` once the stream has skipped some (data.on_bad_record: skip)."""
 
     def __init__(self, console, total, every, start=0):
         self.console, self.total, self.every, self.start = console, total, every, start
         self.t0 = time.monotonic()
 
-    def update(self, step, loss, samples_per_s):
+    def update(self, step, loss, samples_per_s, skipped=0):
+        """Shows step `step` (of every worker: its loss, the samples/s) and the bad records skipped by then."""
         console = self.console
         if not console.enabled:
             return
+        bad = f", {skipped:,} bad record{'s' if skipped != 1 else ''} skipped" if skipped else ""
         if console.tty:
             elapsed = time.monotonic() - self.t0
             done = step - self.start
@@ -182,11 +185,12 @@ class Progress:
             width, total = 30, max(self.total, 1)
             filled = int(width * step / total)
             console.update(f"{100 * step / total:3.0f}%|{'#' * filled}{' ' * (width - filled)}| {step}/{self.total} "
-                           f"[{_clock(elapsed)}<{_clock(remaining)}, {samples_per_s:,.0f} samples/s, loss {loss:.4f}]")
+                           f"[{_clock(elapsed)}<{_clock(remaining)}, {samples_per_s:,.0f} samples/s, loss {loss:.4f}"
+                           f"{bad}]")
             if step == self.total:
                 console.close()
         elif step % self.every == 0 or step == self.total:
-            console.line(f"step {step}/{self.total}  loss {loss:.4f}  {samples_per_s:,.0f} samples/s")
+            console.line(f"step {step}/{self.total}  loss {loss:.4f}  {samples_per_s:,.0f} samples/s{bad}")
 
 
 def _bytes(n):
@@ -202,8 +206,8 @@ def _number(x, spec):
 
 
 def summary_lines(result, checkpoint=None, summary_json=None):
-    """The short summary a person reads at the end, from the run's summary dict: throughput, AUC and loss, the
-    all-to-all traffic per step, and where the checkpoint and the summary JSON went.
+    """The short summary a person reads at the end, from the run's summary dict: throughput, AUC and loss, the bad
+    records skipped (if any), the all-to-all traffic per step, and where the checkpoint and the summary JSON went.
 
     Args:
       result: the summary (app.py, _TrainingRun.summarize).
@@ -222,6 +226,9 @@ def summary_lines(result, checkpoint=None, summary_json=None):
         f"  AUC          {auc} (held out)",
         f"  loss         {_number(result['final_loss'], '.4f')} (last step)",
     ]
+    skipped = result.get("bad_records_skipped")
+    if skipped:
+        lines.append(f"  bad records  {skipped:,} skipped (data.on_bad_record: skip)")
     if "alltoall_calls_per_step" in result:
         exposed = result.get("exposed_alltoall_seconds_per_step")
         lines.append(f"  all-to-all   {result['alltoall_calls_per_step']:g} calls, "
