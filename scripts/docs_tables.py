@@ -951,6 +951,36 @@ def serve_async_saturation(directory="benchmarks/results/serve/async_server"):
                    "160 q/s offered", "320 q/s offered"], "llrrr", rows)
 
 
+def serve_tls_ab(directory="benchmarks/results/serve/tls_ab"):
+    """directory/saturation.json and half.json (its run.sh): per repeat, plain and TLS on every hop alternated, the
+    most served (past saturation) and p99 at half of plain's saturation, with TLS's ratio to plain; then the
+    medians."""
+    phases = {name: _json(f"{directory}/{name}.json") for name in ("saturation", "half")}
+
+    def of(name, transport):
+        return {r["repeat"]: r for r in phases[name]["runs"] if r["transport"] == transport}
+
+    sat_plain, sat_tls, half_plain, half_tls = (of(n, t) for n in ("saturation", "half") for t in ("plain", "tls"))
+    sat_qps, half_qps = (next(iter(runs.values()))["offered_qps"] for runs in (sat_plain, half_plain))
+
+    def median(values):
+        values = sorted(values)
+        return (values[(len(values) - 1) // 2] + values[len(values) // 2]) / 2
+
+    pairs = [(sat_plain[k]["requests_per_s"], sat_tls[k]["requests_per_s"], half_plain[k]["p99_ms"],
+              half_tls[k]["p99_ms"]) for k in sorted(sat_plain)]
+    rows = [[str(k + 1), f"{sp:.1f}", f"{st:.1f}", f"{st / sp:.2f}x", f"{hp:.1f}", f"{ht:.1f}", f"{ht / hp:.2f}x"]
+            for k, (sp, st, hp, ht) in enumerate(pairs)]
+    # The median of each column; in the ratio columns, the median of the repeats' ratios (each of an alternated pair).
+    columns = list(zip(*pairs))
+    rows.append(["median", *(f"{median(c):.1f}" for c in columns[:2]),
+                 f"{median(st / sp for sp, st, _, _ in pairs):.2f}x", *(f"{median(c):.1f}" for c in columns[2:]),
+                 f"{median(ht / hp for _, _, hp, ht in pairs):.2f}x"])
+    return _table(["repeat", f"plain req/s at {sat_qps:g} q/s", "TLS req/s", "TLS / plain (target >= 0.8)",
+                   f"plain p99 ms at {half_qps:g} q/s", "TLS p99 ms", "TLS / plain (target <= 1.25)"],
+                  "lrrrrrr", rows)
+
+
 def serve_malformed_gate(directory="benchmarks/results/serve/malformed_gate"):
     """directory/{off,on}-N.json (its run.sh): the hostile bench with --malformed-qps 0 (off) and the default 100
     (on), alternated."""
@@ -1270,6 +1300,7 @@ TABLES = {
     "hot-sweep": (("benchmarks/results/hot/hot_sweep.json",), hot_sweep_loopback),
     "hot-sweep-1gbit": (("benchmarks/results/hot/1gbit-n2/hot_sweep.json",), hot_sweep_1gbit),
     "serve-bench": (("benchmarks/results/serve/serve_bench.json",), serve_bench),
+    "serve-tls-ab": (("benchmarks/results/serve/tls_ab/*.json",), serve_tls_ab),
     "serve-curve": (("benchmarks/results/serve/serve_curve.json",), serve_curve),
     "serve-bench-1127": (("benchmarks/results/serve/plain_1127/serve_bench.json",),
                          lambda: serve_bench("benchmarks/results/serve/plain_1127/serve_bench.json")),

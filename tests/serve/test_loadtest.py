@@ -1,16 +1,20 @@
 """The load test against a small in-test HTTP server that answers :predict (200, or the status an instance asks for)
-and /stats, and records what it saw: counts by status and the most requests it held at once."""
+and /stats, and records what it saw: counts by status and the most requests it held at once; the same server over
+HTTPS (and mutual TLS) with certificates of a throwaway CA (tests/serve/test_tls.py runs the load test against the
+HTTPS ranker)."""
 
 import http.server
 import json
 import math
+import shutil
+import ssl
 import sys
 import threading
 import time
 
 import pytest
 
-from tf_fusedrec.serve import loadtest
+from tf_fusedrec.serve import loadtest, security
 
 # The server's counters before the test, so the report must use deltas.
 BASE = {"requests": 1000, "bytes_from_servers": 123_456, "hits": 50, "misses": 70}
@@ -31,8 +35,11 @@ class _Server(http.server.ThreadingHTTPServer):
     # busy machine more than 5 can wait to be accepted, which the kernel would refuse (a "connection" error).
     request_queue_size = 256
 
-    def __init__(self, delay_s=0.0, with_stats=True):
+    def __init__(self, delay_s=0.0, with_stats=True, ssl_context=None):
         super().__init__(("127.0.0.1", 0), _Handler)
+        if ssl_context is not None:  # HTTPS: each accepted connection's handshake is made in accept()
+            self.socket = ssl_context.wrap_socket(self.socket, server_side=True)
+        self.scheme = "http" if ssl_context is None else "https"
         self.delay_s = delay_s
         self.with_stats = with_stats
         self.lock = threading.Lock()
@@ -51,7 +58,7 @@ class _Server(http.server.ThreadingHTTPServer):
 
     @property
     def url(self):
-        return f"http://127.0.0.1:{self.server_address[1]}/v1/models/m"
+        return f"{self.scheme}://127.0.0.1:{self.server_address[1]}/v1/models/m"
 
     def handled(self):
         with self.lock:
@@ -352,3 +359,58 @@ def test_open_loop_starts_workers_as_arrivals_need_them(serve, monkeypatch):
     _check_counts_match_the_server(report, server)
     assert report["dropped"] == 0 and report["sent"] >= 5
     assert 1 <= len(started) <= report["max_in_flight_seen"] + 1 < report["sent"]
+
+
+# --- HTTPS -----------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """Two throwaway CAs (security.make_throwaway_pki: the documented openssl commands), each with a loopback
+    certificate -> {"ca", "local", "other_ca", "other_local"}."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl CLI is not installed")
+    paths = {}
+    for prefix in ("", "other_"):
+        made = security.make_throwaway_pki(str(tmp_path_factory.mktemp(f"{prefix}pki") / "pki"),
+                                           {"local": "DNS:localhost,IP:127.0.0.1"})
+        paths[prefix + "ca"], paths[prefix + "local"] = made["ca"], made["local"]
+    return paths
+
+
+@pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mtls"])
+def test_https_with_the_ca_and_a_client_certificate(serve, pki, mutual, tmp_path, capsys):
+    cert, key = pki["local"]
+    server_tls = security.TLS.from_files(cert, key, pki["ca"], client_auth=mutual)
+    server = serve(delay_s=0.0, ssl_context=server_tls.server_context())
+    assert server.url.startswith("https://127.0.0.1:")
+    # The client: the CA, and (mutual TLS) a certificate of it.
+    flags = ["--tls-ca", pki["ca"]] + (["--tls-cert", cert, "--tls-key", key] if mutual else [])
+    out = tmp_path / "report.json"
+    report = loadtest.main(["--url", server.url, "--example-instances", json.dumps([OK, FAIL_500]), "--batch", "1",
+                            "--qps", "30", "--duration", "0.5", "--timeout", "5", "--out", str(out), *flags])
+    assert capsys.readouterr().out.startswith("open loop")
+    _check_counts_match_the_server(report, server)
+    assert report["ok"] > 0 and set(report["errors"]) <= {"500"}
+    assert report["ranker_delta"]["requests"] == report["sent"]  # /stats was read over HTTPS too
+    assert json.loads(out.read_text())["url"] == server.url
+
+
+def test_https_that_cannot_verify_fails_as_tls_errors(serve, pki):
+    cert, key = pki["local"]
+    server = serve(ssl_context=security.TLS.from_files(cert, key).server_context())
+    # A CA the server's certificate does not chain to: every request fails its handshake, none is handled.
+    other = security.TLS.from_files(ca=pki["other_ca"])
+    report = loadtest.LoadTest(server.url, loadtest.CycledInstances([OK]), loadtest.ClosedLoop(1), 1, 0.3, 2.0,
+                               tls=other).run()
+    assert report["ok"] == 0 and report["errors"] == {"tls": report["sent"]} and report["sent"] >= 1
+    assert report["ranker_delta"] is None and server.handled() == 0
+    # Without --tls-ca an https:// URL is verified against the system's CAs, which do not hold the throwaway one.
+    report = loadtest.LoadTest(server.url, loadtest.CycledInstances([OK]), loadtest.ClosedLoop(1), 1, 0.3, 2.0).run()
+    assert report["ok"] == 0 and set(report["errors"]) == {"tls"}
+    # TLS settings with a plain http:// URL are a mistake, said at once.
+    with pytest.raises(ValueError, match="--tls-ca/--tls-cert/--tls-key are for an https:// URL"):
+        loadtest.LoadTest("http://127.0.0.1:1/v1/models/m", loadtest.CycledInstances([OK]), loadtest.ClosedLoop(1),
+                          1, 1.0, tls=other)
+    assert isinstance(loadtest.client_context(server.url, other), ssl.SSLContext)
+    assert loadtest.client_context("http://127.0.0.1:1/v1/models/m", None) is None

@@ -1,5 +1,7 @@
 """python -m tf_fusedrec.serve.bench, end to end on a tiny config (one-process training, export, 2 embedding servers,
-4 rankers, 8 one-second load tests, a 2-point saturation curve), and its synthetic spec of configs/criteo_serve.yaml.
+4 rankers, 8 one-second load tests, a 2-point saturation curve), the same with --tls --tls-client-auth (mutual TLS on
+every hop, a throwaway CA made by the documented openssl commands; no curve), and its synthetic spec of
+configs/criteo_serve.yaml.
 
 Behaviour only, never timing: every run answered requests, none failed at the low load, bytes moved, pooling on the
 servers moves fewer bytes back than fetching the rows when there is no cache, the cache gets hits, and the curve's
@@ -7,13 +9,15 @@ points, summary and plot are written.
 """
 
 import json
+import subprocess
 import sys
 
 import pytest
 
+from tests.serve import serve_fixtures
 from tests.subprocess_runner import ROOT, execute, tail
 from tf_fusedrec import config as cfg
-from tf_fusedrec.serve import bench
+from tf_fusedrec.serve import bench, security
 
 # 2 one-hot features and 2 bags of 1 to 30 ids: the bags are what pooling on the servers saves on.
 TINY_CONFIG = """
@@ -112,3 +116,54 @@ def test_the_bench_end_to_end(tmp_path):
     assert (out / "serve_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "## Saturation curve: pooling on, cache" in table and "| offered q/s | achieved req/s |" in table
     assert "| offered q/s | achieved req/s |" in stdout
+
+
+def test_the_throwaway_ca_is_made_by_the_documented_commands(tmp_path):
+    # security.PKI_COMMANDS is the page's CA and `cert` function, line for line (the page's block is tested by
+    # tests/serve/test_tls.py, which runs it).
+    documented = [line.strip() for line in serve_fixtures.documented_pki_commands().splitlines()]
+    lines = [line.strip() for line in security.PKI_COMMANDS.strip().splitlines()]
+    assert len(lines) == 13 and [line for line in lines if line not in documented] == []
+    if not serve_fixtures.HAS_OPENSSL:
+        pytest.skip("the openssl CLI is not installed")
+    transport = bench.Transport.make(True, True, str(tmp_path))
+    ca, (cert, key) = transport.pki["ca"], transport.pki["local"]
+    out = subprocess.run(["openssl", "verify", "-CAfile", ca, cert], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert transport.label == "mutual TLS" and transport.url(8501, "m") == "https://127.0.0.1:8501/v1/models/m"
+    assert transport.server_flags() == ["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca, "--tls-client-auth"]
+    assert transport.ranker_flags() == ["--tls-cert", cert, "--tls-key", key, "--tls-ca", ca, "--tls-client-auth"]
+    client = transport.client_tls()
+    assert client.verifies and client.cert is not None  # the load generator presents the certificate
+    one_way = bench.Transport(transport.pki)
+    assert one_way.label == "TLS" and "--tls-client-auth" not in one_way.server_flags() + one_way.ranker_flags()
+    assert one_way.server_flags() == ["--tls-cert", cert, "--tls-key", key] and one_way.client_tls().cert is None
+    plain = bench.Transport.make(False, False, str(tmp_path / "unused"))
+    assert plain.label == "plain" and plain.server_flags() == plain.ranker_flags() == [] and plain.client_tls() is None
+    assert plain.url(8501, "m") == "http://127.0.0.1:8501/v1/models/m" and not (tmp_path / "unused").exists()
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--tls-client-auth"])  # mutual TLS needs --tls
+
+
+@pytest.mark.skipif(not serve_fixtures.HAS_OPENSSL, reason="the openssl CLI is not installed")
+def test_the_bench_over_mutual_tls(tmp_path):
+    config_path = tmp_path / "tiny.yaml"
+    config_path.write_text(TINY_CONFIG)
+    out = tmp_path / "out"
+    code, stdout, stderr = execute(
+        [sys.executable, "-m", "tf_fusedrec.serve.bench", "--config", str(config_path), "--steps", "3",
+         "--train-batch-size", "256", "--duration", "1", "--warmup", "0.5", "--low-qps", "4", "--high-qps", "8",
+         "--burst-size", "0", "--timeout", "10", "--curve-qps", "", "--tls", "--tls-client-auth", "--out", str(out)],
+        timeout=600)  # as long as the plain bench's, less the curve: a bound for a hang only
+    assert code == 0, tail(stderr)
+    assert "embedding servers ready on" in stderr and "(mutual TLS)" in stderr
+    result = json.loads((out / "serve_bench.json").read_text())
+    assert result["transport"] == "mutual TLS" and "--tls --tls-client-auth" in result["command"]
+    assert len(result["runs"]) == 8 and not (out / "serve_curve.json").exists()
+    for run in result["runs"]:
+        where = f"pooling {run['pooling']}, cache {run['cache_mb']}, {run['load']} load"
+        # Every request answered over HTTPS, the ranker's stats read over HTTPS, the rows fetched over gRPC TLS.
+        assert run["ok"] > 0 and run["errors"] == 0, (where, run["errors_by_kind"])
+        assert run["report"]["url"].startswith("https://127.0.0.1:"), where
+        assert run["bytes_from_servers_per_request"] > 0, where
+    assert "over mutual TLS (certificates of a throwaway CA)" in (out / "serve_bench.md").read_text()

@@ -1,8 +1,9 @@
 """TLS and authenticated publishing on loopback (tf_fusedrec/serve/security.py), with certificates made by the
 commands of docs/guide/serving-security.md (run here with the openssl CLI):
 
-* with TLS, and with mutual TLS, the ranker's predictions over HTTPS equal the in-process model's (1e-6), and a
-  publish (Stage, Commit, the dense install) reaches every embedding server and the ranker;
+* with TLS, and with mutual TLS, the ranker's predictions over HTTPS equal the in-process model's (1e-6), the load
+  generator (serve/loadtest.py) gets every request answered, and a publish (Stage, Commit, the dense install) reaches
+  every embedding server and the ranker;
 * a publish with no token, a wrong token, a client certificate of another CA, or in plain text to a TLS port is
   refused before anything is staged, logged with the peer's address, and the servers keep serving the previous
   version bit for bit; the ranker's publish endpoint refuses the same with 401 before reading the body;
@@ -30,7 +31,7 @@ from tests.serve.serve_fixtures import instances_of
 from tests.subprocess_runner import ROOT, child_env
 from tf_fusedrec.export import format as fmt
 from tf_fusedrec.serve import embedding_pb2 as pb
-from tf_fusedrec.serve import embedding_server, publish, security
+from tf_fusedrec.serve import embedding_server, loadtest, publish, security
 from tf_fusedrec.serve.client import RemoteBackend, ServerUnavailable
 
 pytestmark = pytest.mark.skipif(not serve_fixtures.HAS_OPENSSL, reason="the openssl CLI is not installed")
@@ -328,6 +329,12 @@ def test_predictions_over_tls_equal_in_process_and_a_publish_reaches_everything(
         status, answer = https(f"{url}:predict", {"instances": instances}, context)
         assert status == 200 and answer["model_version"] == "0", answer
         np.testing.assert_allclose(answer["predictions"], want, rtol=1e-6, atol=1e-7)
+        # The load generator over HTTPS, its /stats reads too (presenting the client certificate under mutual TLS):
+        # a short closed-loop run, every request answered.
+        report = loadtest.LoadTest(url, loadtest.CycledInstances(instances), loadtest.ClosedLoop(2), 16, 0.5, 10.0,
+                                   tls=client).run()
+        assert report["ok"] > 0 and report["error_count"] == 0 and report["unfinished"] == 0, report["errors"]
+        assert report["ranker_delta"]["requests"] == report["sent"]
         # Plain HTTP to the HTTPS port gets no answer; neither does a client without a certificate under mTLS.
         with pytest.raises(OSError):  # urllib's URLError, or the connection reset
             https(f"http://127.0.0.1:{ranker.port}/v1/models/model", context=None)
@@ -409,7 +416,8 @@ def test_the_documented_deployment_commands_parse(pki):
     commands = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()
                 if " -m tf_fusedrec." in line]
     parsers = {"tf_fusedrec.serve.embedding_server": embedding_server.parse_args,
-               "tf_fusedrec.serve.ranker": ranker_lib.parse_args, "tf_fusedrec.train": app.parse_args}
+               "tf_fusedrec.serve.ranker": ranker_lib.parse_args, "tf_fusedrec.train": app.parse_args,
+               "tf_fusedrec.serve.loadtest": loadtest._parser().parse_args}  # noqa: SLF001
     seen = set()
     for command in commands:
         words = shlex.split(command)
@@ -417,5 +425,6 @@ def test_the_documented_deployment_commands_parse(pki):
         args = parsers[module](words[words.index("-m") + 2:])
         seen.add(module)
         assert args.tls_ca or args.tls_cert, command
-        assert args.publish_token_file == "pki/publish.token", command
+        if module != "tf_fusedrec.serve.loadtest":  # the load generator publishes nothing
+            assert args.publish_token_file == "pki/publish.token", command
     assert seen == set(parsers)

@@ -3,7 +3,7 @@ servers on or off and the row cache on or off, at a low and a high load; and one
 
     python -m tf_fusedrec.serve.bench [--config configs/criteo_serve.yaml] [--export EXPORT] [--out benchmarks/results/serve]
         [--duration 10] [--low-qps 5] [--high-qps 45] [--batch 64] [--cache-mb 64]
-        [--curve-qps 10,20,40,60,80,120,160] [--curve-pooling on] [--curve-cache on]
+        [--curve-qps 10,20,40,60,80,120,160] [--curve-pooling on] [--curve-cache on] [--tls [--tls-client-auth]]
 
 1. The export: --export, or a short training of --config in one process (python -m tf_fusedrec.train --steps
    --train-batch-size, no horovodrun) exported with python -m tf_fusedrec.export, in a temporary directory.
@@ -23,6 +23,12 @@ servers on or off and the row cache on or off, at a low and a high load; and one
    OUT/serve_bench.md (one table row per run, then the curve's table), printed too; OUT/serve_curve.json (the curve's
    points, its load averages, the command) and OUT/serve_curve.png (achieved against offered beside y = x, and p50/p99
    against offered). Progress lines go to stderr.
+
+TLS (--tls): every hop over TLS, with certificates of a throwaway CA made in the work directory (the openssl commands of
+docs/guide/serving-security.md, security.make_throwaway_pki): the embedding servers serve gRPC over TLS, the ranker
+verifies them and serves HTTPS, the load generator verifies the ranker; with --tls-client-auth, mutual TLS on every hop
+(the servers and the ranker take only clients presenting a certificate of that CA, which the ranker and the load
+generator do). Without --tls everything is plain text on loopback, as before.
 
 Bounds: every run lasts --duration plus at most --timeout for the requests in flight; every process started has a
 start timeout (--start-timeout) and is stopped (SIGTERM, then SIGKILL) in a finally, also on Ctrl-C or SIGTERM. The
@@ -49,6 +55,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from tf_fusedrec.serve import security
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = "configs/criteo_serve.yaml"
@@ -181,6 +189,69 @@ def train_and_export(config_path, work_dir, steps, batch_size, timeout_s):
     return export_dir
 
 
+# --- how the processes talk ------------------------------------------------------------------------------------------
+
+# Transport.label -> the results' words for it.
+TRANSPORT_WORDS = {"plain": "in plain text", "TLS": "over TLS (certificates of a throwaway CA)",
+                   "mutual TLS": "over mutual TLS (certificates of a throwaway CA)"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Transport:
+    """Plain text on loopback, or TLS on every hop (see the module docstring); Transport.make builds one.
+
+    Attributes:
+      pki: make_throwaway_pki's paths ({"ca", "local": (cert, key)}), or None for plain text.
+      client_auth: mutual TLS (the servers and the ranker require client certificates).
+    """
+
+    pki: dict = None
+    client_auth: bool = False
+
+    @classmethod
+    def make(cls, tls, client_auth, work_dir):
+        """Plain (tls false), or TLS with a throwaway CA and a loopback certificate made in work_dir/pki."""
+        if not tls:
+            return cls()
+        pki = security.make_throwaway_pki(os.path.join(work_dir, "pki"), {"local": "DNS:localhost,IP:127.0.0.1"})
+        return cls(pki, bool(client_auth))
+
+    @property
+    def label(self):
+        return "plain" if self.pki is None else "mutual TLS" if self.client_auth else "TLS"
+
+    @property
+    def scheme(self):
+        return "http" if self.pki is None else "https"
+
+    def _own(self):
+        cert, key = self.pki["local"]
+        return ["--tls-cert", cert, "--tls-key", key]
+
+    def server_flags(self):
+        """An embedding server's flags: its certificate (and, for mutual TLS, the CA its clients must chain to)."""
+        if self.pki is None:
+            return []
+        return self._own() + (["--tls-ca", self.pki["ca"], "--tls-client-auth"] if self.client_auth else [])
+
+    def ranker_flags(self):
+        """The ranker's flags: HTTPS with its certificate, TLS to the servers verified against the CA (presenting
+        the certificate under mutual TLS), and, for mutual TLS, client certificates required."""
+        if self.pki is None:
+            return []
+        return self._own() + ["--tls-ca", self.pki["ca"]] + (["--tls-client-auth"] if self.client_auth else [])
+
+    def client_tls(self):
+        """The load generator's security.TLS: the CA (and, for mutual TLS, the certificate), or None."""
+        if self.pki is None:
+            return None
+        cert, key = self.pki["local"] if self.client_auth else (None, None)
+        return security.TLS.from_files(cert, key, self.pki["ca"])
+
+    def url(self, port, name):
+        return f"{self.scheme}://127.0.0.1:{port}/v1/models/{name}"
+
+
 # --- what is measured ------------------------------------------------------------------------------------------------
 
 
@@ -229,10 +300,10 @@ def synthetic_spec(config, manifest):
     return spec
 
 
-def _stats(url, timeout_s):
+def _stats(url, timeout_s, tls=None):
     from tf_fusedrec.serve import loadtest  # noqa: PLC0415
 
-    return loadtest.fetch_stats(f"{url}/stats", timeout_s) or {}
+    return loadtest.fetch_stats(f"{url}/stats", timeout_s, tls) or {}
 
 
 def _delta(before, after, key):
@@ -240,23 +311,23 @@ def _delta(before, after, key):
     return b - a if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
 
 
-def load_run(url, spec, load, qps, args, seed, bursts=False, pids=None):
+def load_run(url, spec, load, qps, args, seed, bursts=False, pids=None, tls=None):
     """One open-loop load test of the ranker at url, with --burst-size bursts if `bursts`; -> the run's record
     (report included). pids ({"ranker": [pid], "servers": [pid, ...]}) adds their CPU seconds per second, and this
-    process's (the load generator) as "load_generator"."""
+    process's (the load generator) as "load_generator". tls: the load generator's security.TLS (an https:// url)."""
     from tf_fusedrec.serve import loadtest  # noqa: PLC0415
 
     bursts = bursts and args.burst_size > 0
     loop = loadtest.OpenLoop(qps, args.burst_every if bursts else None, args.burst_size if bursts else 0,
                              args.max_in_flight, seed=seed)
     test = loadtest.LoadTest(url, loadtest.SyntheticInstances(spec, seed=seed), loop, args.batch, args.duration,
-                             args.timeout)
+                             args.timeout, tls=tls)
     test.prepare()  # the bodies the run sends, built before its clock and its CPU readings start
-    before = _stats(url, args.timeout)
+    before = _stats(url, args.timeout, tls)
     cpu_before, start = _cpu_seconds(pids), time.monotonic()
     report = test.run()
     cpu_after, elapsed = _cpu_seconds(pids), time.monotonic() - start
-    after = _stats(url, args.timeout)
+    after = _stats(url, args.timeout, tls)
     requests = _delta(before, after, "requests")
     to_servers = _delta(before, after, "bytes_to_servers")
     servers = after.get("servers", {})
@@ -316,24 +387,24 @@ def _cpu_seconds(pids):
     return seconds
 
 
-def settle(url, timeout_s):
+def settle(url, timeout_s, tls=None):
     """Waits (at most timeout_s) until the ranker's queue is empty: a curve point then does not start with the last
     point's backlog."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if _stats(url, timeout_s).get("queue_depth", 0) == 0:
+        if _stats(url, timeout_s, tls).get("queue_depth", 0) == 0:
             return True
         time.sleep(0.1)
     return False
 
 
-def run_curve(url, spec, args, pids):
+def run_curve(url, spec, args, pids, tls=None):
     """The saturation curve of the ranker at url: one open-loop run per rate of args.curve_qps; -> the points."""
     points = []
     for i, qps in enumerate(args.curve_qps):
-        if not settle(url, args.timeout):
+        if not settle(url, args.timeout, tls):
             log(f"  the ranker's queue was not empty within {args.timeout:g} s; the next point starts anyway")
-        point = load_run(url, spec, "curve", qps, args, seed=args.seed + 10 + i, pids=pids)
+        point = load_run(url, spec, "curve", qps, args, seed=args.seed + 10 + i, pids=pids, tls=tls)
         points.append(point)
         log(f"  curve {i + 1}/{len(args.curve_qps)}: {summary(point)}")
     return points
@@ -350,13 +421,14 @@ def saturation(points):
             "highest_offered_qps_all_served": max(all_served, default=None)}
 
 
-def warm_up(url, spec, args):
+def warm_up(url, spec, args, tls=None):
     """A second of closed-loop requests (own seed): the first calls of a fresh ranker (connections, the dense
     SavedModel's first run) are not measured."""
     from tf_fusedrec.serve import loadtest  # noqa: PLC0415
 
     source = loadtest.SyntheticInstances(spec, seed=args.seed + 1000)
-    report = loadtest.LoadTest(url, source, loadtest.ClosedLoop(1), args.batch, args.warmup, args.timeout).run()
+    report = loadtest.LoadTest(url, source, loadtest.ClosedLoop(1), args.batch, args.warmup, args.timeout,
+                               tls=tls).run()
     if report["ok"] == 0:
         raise RuntimeError(f"the ranker at {url} answered no warm-up request: {report['errors']}")
     return report["ok"]
@@ -371,6 +443,8 @@ def run_bench(args, work_dir):
     export_dir = args.export or train_and_export(args.config, work_dir, args.steps, args.train_batch_size,
                                                  args.step_timeout)
     spec = synthetic_spec(config, fmt.read_manifest(export_dir))
+    transport = Transport.make(args.tls, args.tls_client_auth, work_dir)
+    client_tls = transport.client_tls()
     result = {
         "command": "python -m tf_fusedrec.serve.bench" + (" " + shlex.join(args.argv) if args.argv else ""),
         "config": str(args.config),
@@ -381,6 +455,7 @@ def run_bench(args, work_dir):
         "settings": {k: getattr(args, k) for k in ("duration", "low_qps", "high_qps", "burst_every", "burst_size",
                                                    "batch", "cache_mb", "max_in_flight", "timeout", "warmup",
                                                    "seed")},
+        "transport": transport.label,
         "servers": NUM_SERVERS,
         "synthetic_spec": spec,
         "runs": [],
@@ -393,34 +468,35 @@ def run_bench(args, work_dir):
         for shard, port in enumerate(ports):
             server = Service(f"embedding server {shard}", "tf_fusedrec.serve.embedding_server",
                              ["--export", export_dir, "--shard", str(shard), "--num-shards", str(NUM_SERVERS),
-                              "--port", str(port)], os.path.join(work_dir, f"server{shard}.log"))
+                              "--port", str(port), *transport.server_flags()],
+                             os.path.join(work_dir, f"server{shard}.log"))
             services.append(server)
             server.start(args.start_timeout)
         addresses = ",".join(f"127.0.0.1:{p}" for p in ports)
-        log(f"{NUM_SERVERS} embedding servers ready on {addresses}")
+        log(f"{NUM_SERVERS} embedding servers ready on {addresses} ({transport.label})")
         for i, setup in enumerate(ranker_setups(args.cache_mb)):
             port = free_port()
             ranker = Service(f"ranker ({setup.label})", "tf_fusedrec.serve.ranker",
                              ["--export", export_dir, "--servers", addresses, "--port", str(port), "--name", "bench",
-                              "--timeout-s", str(args.timeout), *setup.flags()],
+                              "--timeout-s", str(args.timeout), *setup.flags(), *transport.ranker_flags()],
                              os.path.join(work_dir, f"ranker{i}.log"))
             services.append(ranker)
             try:
                 ranker.start(args.start_timeout)
-                url = f"http://127.0.0.1:{port}/v1/models/bench"
-                warm = warm_up(url, spec, args)
+                url = transport.url(port, "bench")
+                warm = warm_up(url, spec, args, client_tls)
                 log(f"ranker {i + 1}/4 ready ({setup.label}; {warm} warm-up requests)")
                 for load, qps in (("low", args.low_qps), ("high", args.high_qps)):
                     run = {"pooling": setup.pooling, "cache_mb": setup.cache_mb,
                            **load_run(url, spec, load, qps, args, seed=args.seed + (load == "high"),
-                                      bursts=load == "high")}
+                                      bursts=load == "high", tls=client_tls)}
                     result["runs"].append(run)
                     log(f"  {load} load: {summary(run)}")
                 if setup == curve_setup and args.curve_qps:
                     log(f"saturation curve ({setup.label}): {len(args.curve_qps)} points of {args.duration:g} s")
                     pids = {"ranker": [ranker.proc.pid], "servers": [s.proc.pid for s in services[:NUM_SERVERS]]}
                     curve = {"load_average_start": list(os.getloadavg())}
-                    curve["points"] = run_curve(url, spec, args, pids)
+                    curve["points"] = run_curve(url, spec, args, pids, client_tls)
                     curve["load_average_end"] = list(os.getloadavg())
             finally:
                 ranker.stop()
@@ -441,6 +517,7 @@ def run_bench(args, work_dir):
             "settings": {k: getattr(args, k) for k in ("curve_qps", "duration", "batch", "max_in_flight", "timeout",
                                                        "seed")},
             "servers": NUM_SERVERS,
+            "transport": result["transport"],
             "saturation": saturation(curve["points"]),
             "points": curve["points"],
         }
@@ -572,6 +649,7 @@ def markdown(result, curve=None):
         f"on {result['machine']['cpus']} CPUs ({result['machine']['platform']}, niceness "
         f"{result['machine']['niceness']}), load average (1, 5, 15 min) "
         f"{', '.join(f'{x:.2f}' for x in start)} at the start and {', '.join(f'{x:.2f}' for x in end)} at the end.",
+        f"Every hop (load generator to ranker, ranker to servers) {TRANSPORT_WORDS[result['transport']]}.",
         f"Open loop, {s['batch']} instances a request, {s['duration']:g} s a run, at most {s['max_in_flight']} "
         f"requests in flight (arrivals beyond are dropped), {s['timeout']:g} s timeout; low load Poisson "
         f"{s['low_qps']:g} q/s, high load Poisson {s['high_qps']:g} q/s plus {s['burst_size']} requests at once every "
@@ -615,7 +693,13 @@ def parse_args(argv=None):
     p.add_argument("--curve-cache", choices=("on", "off"), default="on",
                    help="the curve's ranker: cache of --cache-mb or none (default on)")
     p.add_argument("--work-dir", help="keep the training, export and logs here (default: a temporary directory)")
+    p.add_argument("--tls", action="store_true",
+                   help="every hop over TLS, with certificates of a throwaway CA made in the work directory (openssl)")
+    p.add_argument("--tls-client-auth", action="store_true",
+                   help="with --tls: mutual TLS on every hop (the servers and the ranker require client certificates)")
     args = p.parse_args(argv)
+    if args.tls_client_auth and not args.tls:
+        p.error("--tls-client-auth goes with --tls")
     for name in ("duration", "batch", "timeout", "warmup", "burst_every", "max_in_flight", "steps",
                  "train_batch_size", "start_timeout", "step_timeout"):
         if not getattr(args, name) > 0:

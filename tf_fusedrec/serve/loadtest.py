@@ -1,9 +1,13 @@
 """A load test for a ranker's REST endpoint (TensorFlow Serving's shape: POST {url}:predict {"instances": [...]}).
 
-    python -m tf_fusedrec.serve.loadtest --url http://127.0.0.1:8501/v1/models/NAME \\
+    python -m tf_fusedrec.serve.loadtest --url http[s]://127.0.0.1:8501/v1/models/NAME \\
         (--requests-from FILE | --example-instances JSON | --synthetic SPEC) --batch B --duration S \\
         (--qps Q [--burst-every T --burst-size K] [--max-in-flight N] | --closed-loop --concurrency C) \\
-        [--timeout S] [--seed N] [--prebuild N|auto] [--out REPORT.json]
+        [--timeout S] [--seed N] [--prebuild N|auto] [--tls-ca PEM [--tls-cert PEM --tls-key PEM]] [--out REPORT.json]
+
+HTTPS. An https:// URL verifies the ranker's certificate (and its host name or IP) against --tls-ca (without it, the
+system's CAs); --tls-cert/--tls-key present a client certificate to a ranker started with --tls-client-auth (the flags
+of tf_fusedrec/serve/security.py). Each connection makes its handshake once and is kept alive.
 
 Instances. Each request carries --batch instances, taken from one of:
   --requests-from FILE      a JSON list of instances, a JSON object {"instances": [...]}, or JSON Lines (one
@@ -34,11 +38,11 @@ limit), so the run ends by duration + timeout at worst. The threads are workers 
 most --max-in-flight (open loop), or --concurrency clients (closed loop), at most MAX_THREADS.
 
 Report. Latency percentiles (nearest rank) and max over the successful (2xx) requests; achieved requests/s and
-instances/s (successful, over the run's wall time); errors by HTTP status ("timeout" and "connection" for requests that
-got none); dropped arrivals. Before and after, GET {url}/stats (the ranker's counters: "requests",
-"bytes_from_servers", "cache": {"hits", "misses"}) gives the cache hit rate and the bytes moved from the embedding
-servers per request over the test; without that endpoint those are null. One line goes to stdout, the full report
-(JSON) to --out. Standard library only.
+instances/s (successful, over the run's wall time); errors by HTTP status ("timeout", "connection" and "tls", a failed
+handshake, for requests that got none); dropped arrivals. Before and after, GET {url}/stats (the ranker's counters:
+"requests", "bytes_from_servers", "cache": {"hits", "misses"}) gives the cache hit rate and the bytes moved from the
+embedding servers per request over the test; without that endpoint those are null. One line goes to stdout, the full
+report (JSON) to --out. Standard library only (and tf_fusedrec/serve/security.py, which is).
 """
 
 import argparse
@@ -51,12 +55,15 @@ import os
 import queue
 import random
 import socket
+import ssl
 import sys
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+
+from tf_fusedrec.serve import security
 
 MAX_THREADS = 1024
 MAX_PREBUILT_BYTES = 512 << 20  # request bodies built before a run, at most
@@ -234,26 +241,44 @@ def _json_arg(text, what):
 # --- HTTP ------------------------------------------------------------------------------------------------------------
 
 
-class _Endpoint:
-    """Where the model lives: host, port, and the paths of :predict and /stats."""
+def client_context(url, tls):
+    """The ssl.SSLContext of an https:// url (tls: a security.TLS, or None for the system's CAs), None for http://;
+    ValueError for any other URL, or TLS settings with an http:// one."""
+    scheme = urllib.parse.urlsplit(url).scheme
+    if scheme == "http":
+        if tls is not None:
+            raise ValueError(f"--tls-ca/--tls-cert/--tls-key are for an https:// URL, got {url!r}")
+        return None
+    if scheme != "https":
+        raise ValueError(f"--url must be http[s]://HOST:PORT/v1/models/NAME, got {url!r}")
+    return (tls or security.TLS()).client_context()
 
-    def __init__(self, url):
+
+class _Endpoint:
+    """Where the model lives: host, port, the paths of :predict and /stats, and the TLS context (None: plain HTTP)."""
+
+    def __init__(self, url, tls=None):
         parsed = urllib.parse.urlsplit(url)
-        if parsed.scheme != "http" or not parsed.hostname:
-            raise ValueError(f"--url must be http://HOST:PORT/v1/models/NAME, got {url!r}")
+        self.context = client_context(url, tls)
+        if not parsed.hostname:
+            raise ValueError(f"--url must be http[s]://HOST:PORT/v1/models/NAME, got {url!r}")
         self.url = url.rstrip("/")
-        self.host, self.port = parsed.hostname, parsed.port or 80
+        self.host, self.port = parsed.hostname, parsed.port or (443 if self.context is not None else 80)
         path = parsed.path.rstrip("/")
         self.predict_path = f"{path}:predict"
         self.stats_url = f"{self.url}/stats"
 
 
 class _Connection:
-    """One keep-alive HTTP connection, owned by one thread."""
+    """One keep-alive HTTP(S) connection, owned by one thread."""
 
     def __init__(self, endpoint, timeout_s):
         self._endpoint = endpoint
-        self._conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout_s)
+        if endpoint.context is None:
+            self._conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout_s)
+        else:
+            self._conn = http.client.HTTPSConnection(endpoint.host, endpoint.port, timeout=timeout_s,
+                                                     context=endpoint.context)
 
     def predict(self, body):
         """-> "ok" for a 2xx answer, else the HTTP status as a string, "timeout" or "connection"."""
@@ -265,6 +290,9 @@ class _Connection:
         except (TimeoutError, socket.timeout):
             self._conn.close()  # the late answer must not be read as the next request's
             return "timeout"
+        except ssl.SSLError:  # the handshake failed (a certificate not verified, ...): OSError's subclass, told apart
+            self._conn.close()
+            return "tls"
         except (OSError, http.client.HTTPException):
             self._conn.close()
             return "connection"
@@ -274,10 +302,11 @@ class _Connection:
         self._conn.close()
 
 
-def fetch_stats(stats_url, timeout_s):
-    """The ranker's stats (a JSON object), or None when the endpoint is absent, fails or answers something else."""
+def fetch_stats(stats_url, timeout_s, tls=None):
+    """The ranker's stats (a JSON object), or None when the endpoint is absent, fails or answers something else (tls:
+    a security.TLS for an https:// URL, see client_context)."""
     try:
-        with urllib.request.urlopen(stats_url, timeout=timeout_s) as response:
+        with urllib.request.urlopen(stats_url, timeout=timeout_s, context=client_context(stats_url, tls)) as response:
             stats = json.loads(response.read())
     except (OSError, urllib.error.URLError, http.client.HTTPException, json.JSONDecodeError, ValueError):
         return None
@@ -513,7 +542,7 @@ class LoadTest:
     """One load test.
 
     Args:
-      url: http://HOST:PORT/v1/models/NAME.
+      url: http[s]://HOST:PORT/v1/models/NAME.
       source: CycledInstances or SyntheticInstances (anything with next_batch(size) -> list).
       loop: OpenLoop or ClosedLoop.
       batch: instances per request.
@@ -524,6 +553,8 @@ class LoadTest:
         build theirs as they are sent. The bodies are the same either way (the source's order, none sent twice):
         building them first keeps the generator's CPU (a few ms per 64 synthetic instances) out of the measured run,
         where it competes with the server on a shared machine.
+      tls: a security.TLS for an https:// url (its CA verifies the ranker; its certificate, if any, is presented), or
+        None (an https:// url is verified against the system's CAs).
     """
 
     url: str
@@ -533,6 +564,7 @@ class LoadTest:
     duration_s: float
     timeout_s: float = 10.0
     prebuild: object = "auto"
+    tls: object = None
 
     def __post_init__(self):
         if not isinstance(self.batch, int) or self.batch < 1:
@@ -544,7 +576,7 @@ class LoadTest:
         if self.prebuild != "auto" and (not isinstance(self.prebuild, int) or isinstance(self.prebuild, bool)
                                         or self.prebuild < 0):
             raise ValueError(f"--prebuild must be 'auto' or an int >= 0, got {self.prebuild!r}")
-        self._endpoint = _Endpoint(self.url)
+        self._endpoint = _Endpoint(self.url, self.tls)
         self._bodies = None
 
     def prepare(self):
@@ -560,7 +592,7 @@ class LoadTest:
         if self._bodies is None:
             self.prepare()
         bodies, self._bodies = self._bodies, None  # a second run() builds its own
-        stats_before = fetch_stats(self._endpoint.stats_url, self.timeout_s)
+        stats_before = fetch_stats(self._endpoint.stats_url, self.timeout_s, self.tls)
         recorder = _Recorder()
         start = time.perf_counter()
         deadline = start + self.duration_s
@@ -570,7 +602,7 @@ class LoadTest:
         for t in threads:
             t.join(max(0.0, give_up - time.perf_counter()))
         elapsed = time.perf_counter() - start
-        stats_after = fetch_stats(self._endpoint.stats_url, self.timeout_s)
+        stats_after = fetch_stats(self._endpoint.stats_url, self.timeout_s, self.tls)
         return self._report(recorder, elapsed, stats_before, stats_after, bodies)
 
     def _report(self, recorder, elapsed, stats_before, stats_after, bodies):
@@ -636,7 +668,7 @@ def _prebuild_arg(text):
 def _parser():
     p = argparse.ArgumentParser(prog="python -m tf_fusedrec.serve.loadtest",
                                 description="Load test a ranker's REST endpoint (see the module docstring).")
-    p.add_argument("--url", required=True, help="http://HOST:PORT/v1/models/NAME")
+    p.add_argument("--url", required=True, help="http[s]://HOST:PORT/v1/models/NAME")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--requests-from", metavar="FILE", help="instances: JSON list, {instances: [...]} or JSONL")
     source.add_argument("--example-instances", metavar="JSON", help="instances inline: a JSON list")
@@ -655,6 +687,7 @@ def _parser():
                    help="request bodies built before the clock starts (default auto: as many as the open loop can "
                         "send; the rest are built as they are sent)")
     p.add_argument("--out", metavar="JSON", help="write the report here")
+    security.add_tls_flags(p, server=False)
     return p
 
 
@@ -676,7 +709,8 @@ def main(argv=None):
             loop = ClosedLoop(args.concurrency)
         else:
             loop = OpenLoop(args.qps, args.burst_every, args.burst_size, args.max_in_flight, seed=args.seed)
-        test = LoadTest(args.url, source, loop, args.batch, args.duration, args.timeout, args.prebuild)
+        test = LoadTest(args.url, source, loop, args.batch, args.duration, args.timeout, args.prebuild,
+                        tls=security.TLS.from_args(args))
     except (OSError, ValueError) as e:
         parser.error(str(e))
     report = test.run()

@@ -22,7 +22,10 @@ import dataclasses
 import hmac
 import ipaddress
 import logging
+import os
+import shutil
 import ssl
+import subprocess
 
 LOG = logging.getLogger("tf_fusedrec.serve")
 # The gRPC metadata key and the HTTP header carrying the publish token ("Bearer TOKEN").
@@ -156,10 +159,11 @@ class TLS:
         return context
 
     def client_context(self):
-        """ssl.SSLContext of an HTTPS client: the server verified against the CA, its host name or IP checked; this
-        certificate presented where there is one."""
+        """ssl.SSLContext of an HTTPS client: the server verified against the CA (without one, against the system's
+        CAs), its host name or IP checked; this certificate presented where there is one."""
         try:
-            context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=self.ca.decode("ascii", "replace"))
+            context = ssl.create_default_context(
+                ssl.Purpose.SERVER_AUTH, cadata=self.ca.decode("ascii", "replace") if self.ca is not None else None)
             context.minimum_version = ssl.TLSVersion.TLSv1_2
             if self.cert is not None:
                 context.load_cert_chain(self.paths["--tls-cert"], self.paths["--tls-key"])
@@ -304,3 +308,58 @@ def add_publish_auth_flags(parser, server=True):
         parser.add_argument("--insecure", action="store_true",
                             help="take publishes beyond loopback without authentication (every one is logged); "
                                  "without it such a server refuses to start")
+
+
+# --- throwaway certificates ------------------------------------------------------------------------------------------
+
+# The CA and the `cert` function of docs/guide/serving-security.md, line for line (tests/serve/test_serve_bench.py
+# checks it): the serve bench's --tls makes its certificates with them.
+PKI_COMMANDS = r"""
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 365 \
+    -subj "/CN=tf_fusedrec serving CA" -keyout ca.key -out ca.pem \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign"
+cert() {
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$1" \
+        -keyout "$1.key" -out "$1.csr"
+    printf '%s\n' "subjectAltName=$2" "basicConstraints=critical,CA:FALSE" \
+        "keyUsage=critical,digitalSignature" "extendedKeyUsage=serverAuth,clientAuth" \
+        "subjectKeyIdentifier=hash" "authorityKeyIdentifier=keyid,issuer" > "$1.ext"
+    openssl x509 -req -in "$1.csr" -CA ca.pem -CAkey ca.key -CAcreateserial -days "${3:-90}" \
+        -extfile "$1.ext" -out "$1.pem"
+    rm "$1.csr" "$1.ext"
+}
+"""
+
+
+def make_throwaway_pki(directory, certs, timeout_s=120):
+    """A new CA and certificates made in `directory` (created, private) by PKI_COMMANDS.
+
+    Args:
+      directory: where ca.pem, ca.key, NAME.pem and NAME.key go.
+      certs: {NAME: subjectAltName} (e.g. {"local": "DNS:localhost,IP:127.0.0.1"}), NAME a plain word.
+
+    Returns:
+      {"ca": the CA's path, NAME: (certificate path, key path), ...}.
+
+    Raises:
+      SecurityError: openssl is not installed, or failed (with its output).
+    """
+    if shutil.which("openssl") is None:
+        raise SecurityError("making certificates needs the openssl command, which is not installed")
+    for name, alt_names in certs.items():
+        if not name.isidentifier() or "'" in alt_names:
+            raise SecurityError(f"certificate {name!r} ({alt_names!r}): the name must be a plain word and the "
+                                "subjectAltName hold no quote")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    script = PKI_COMMANDS + "".join(f"cert {name} '{alt_names}'\n" for name, alt_names in certs.items())
+    try:
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=directory, capture_output=True,
+                              text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise SecurityError(f"openssl did not make the certificates in {directory} within {timeout_s:g} s") from None
+    if done.returncode != 0:
+        raise SecurityError(f"openssl failed to make the certificates in {directory}: {done.stderr[-2000:]}")
+    paths = {"ca": os.path.join(directory, "ca.pem")}
+    for name in certs:
+        paths[name] = (os.path.join(directory, f"{name}.pem"), os.path.join(directory, f"{name}.key"))
+    return paths
