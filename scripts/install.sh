@@ -33,6 +33,8 @@ command -v patch >/dev/null || need_apt+=(patch)  # Horovod's patch for TensorFl
 { command -v mpirun && command -v mpicxx; } >/dev/null || need_apt+=(openmpi-bin libopenmpi-dev)
 # ip and tc build the namespaced cluster of tf_fusedrec.cluster (its tests and make bench-cluster).
 { command -v ip && command -v tc; } >/dev/null || need_apt+=(iproute2)
+# openssl makes the test certificates of the TLS tests (tests/serve/test_tls.py) and the serving-security guide.
+command -v openssl >/dev/null || need_apt+=(openssl)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "[install] missing system packages: ${need_apt[*]}; run as root or apt-get install them" >&2
