@@ -1139,6 +1139,43 @@ def publish_long():
                    "freshness s"], "rlrrrrrr", rows)
 
 
+def _percentile(values, q):
+    """The q-th percentile of `values`, interpolated linearly between the closest ranks (numpy.percentile's default)."""
+    values = sorted(values)
+    at = (len(values) - 1) * q / 100
+    low = int(at)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (at - low)
+
+
+def publish_tls_token_ab(directory="benchmarks/results/publish/tls_token_ab"):
+    """benchmarks/publishing/bench_publish.py --transports plain,tls-token --modes publish (its run.sh): per round and
+    transport, the full version's freshness, the deltas' p50 and max, the seconds publishing and the load average
+    after the run; then, per transport, every round's deltas together (p50, p99, max)."""
+    runs = [r for r in _json(f"{directory}/publish_bench.json")["runs"] if r["mode"] == "publish"]
+    words = {"plain": "plain", "tls-token": "TLS + token"}
+
+    def deltas(run):
+        return [v["freshness_s"] for v in run["versions"] if not v["full"] and v["freshness_s"] is not None]
+
+    rows = []
+    for r in runs:
+        full = [v["freshness_s"] for v in r["versions"] if v["full"]]
+        d = deltas(r)
+        rows.append([str(r["repeat"] + 1), words[r["transport"]], _num(full[0] if full else None, ".2f"),
+                     f"{_percentile(d, 50):.2f}", "-", f"{max(d):.2f}", f"{len(d)}",
+                     f"{r['publish_seconds']:.2f}", f"{r['loadavg'][0]:.1f}"])
+    for transport in dict.fromkeys(r["transport"] for r in runs):
+        mine = [r for r in runs if r["transport"] == transport]
+        d = [f for r in mine for f in deltas(r)]
+        full = [v["freshness_s"] for r in mine for v in r["versions"] if v["full"] and v["freshness_s"] is not None]
+        rows.append(["all", words[transport], f"max {max(full):.2f}" if full else "-", f"{_percentile(d, 50):.2f}",
+                     f"{_percentile(d, 99):.2f}", f"{max(d):.2f}", f"{len(d)}",
+                     f"{sum(r['publish_seconds'] for r in mine) / len(mine):.2f} a run", ""])
+    return _table(["round", "publishing", "full version s", "deltas' p50 s", "deltas' p99 s (target <= 10)",
+                   "deltas' max s", "deltas", "s publishing", "load (1 min) after"], "llrrrrrrr", rows)
+
+
 def publish_auc():
     """benchmarks/publishing/bench_freshness_auc.py: AUC of the served model on the coming batches per publish interval, per drift
     (benchmarks/results/publish/freshness_auc.json; the plot is benchmarks/results/publish/freshness_auc.png)."""
@@ -1317,6 +1354,7 @@ TABLES = {
     "publish-versions": (("benchmarks/results/publish/publish_bench.json",), publish_versions),
     "publish-long": (("benchmarks/results/publish/long/publish_bench.json",), publish_long),
     "publish-auc": (("benchmarks/results/publish/freshness_auc.json",), publish_auc),
+    "publish-tls-token-ab": (("benchmarks/results/publish/tls_token_ab/publish_bench.json",), publish_tls_token_ab),
     "cluster-probe": (("benchmarks/results/cluster/*-n2/probe.json", "benchmarks/results/cluster/model.json"), cluster_probe),
     "cluster-bench": (("benchmarks/results/cluster/*-n2/bench.json", "benchmarks/results/cluster/model.json"), cluster_bench),
     "bench-per-feature-ceiling": (("benchmarks/results/bench/per_feature_ceiling/*/bench.json",), bench_per_feature_ceiling),
