@@ -27,10 +27,10 @@ def parse_args(argv):
     p.add_argument("--hosts", type=int, required=True, help="number of hosts (network namespaces)")
     p.add_argument("--link-rate", default="1gbit",
                    help="rate of each host's link, tc syntax (1gbit, 100mbit, 10gbit); 'none' for unshaped")
-    p.add_argument("--workers-per-host", type=int, default=1)
+    p.add_argument("--workers-per-host", type=int, default=1, help="Horovod workers on each host (default 1)")
     p.add_argument("--cores-per-worker", type=int, default=None,
                    help="pin each worker to this many CPUs of its own (default: no pinning)")
-    p.add_argument("--verbose", action="store_true")
+    p.add_argument("--verbose", action="store_true", help="log each step of building and tearing down the hosts")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     args = p.parse_args(argv)
     if args.command and args.command[0] == "--":

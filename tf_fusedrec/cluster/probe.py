@@ -167,8 +167,8 @@ def link_bytes_per_byte(size, workers_per_host):
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m tf_fusedrec.cluster.probe", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="message bytes per worker")
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--out", default="probe_results")
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions of each message size (default 5)")
+    p.add_argument("--out", default="probe_results", help="directory for probe.json and probe.png")
     p.add_argument("--only-alltoall", action="store_true", help="skip the allreduce and batched curves")
     p.add_argument("--label", default=None, help="name of the network (default: $FUSEDREC_CLUSTER_LINK_RATE)")
     return p

@@ -234,7 +234,7 @@ def build_parser():
     p.add_argument("dataset", choices=["criteo", "movielens"], help="the built-in format of the input")
     p.add_argument("inputs", nargs="+", help="criteo: the input files (or globs), in order; movielens: the directory "
                                              "holding ratings.dat, users.dat and movies.dat")
-    p.add_argument("--to", required=True, choices=sorted(FORMATS))
+    p.add_argument("--to", required=True, choices=sorted(FORMATS), help="the format to write")
     p.add_argument("--out", required=True, help="the output directory")
     p.add_argument("--files", type=int, default=1, help="how many files to write (default 1; movielens: each split)")
     p.add_argument("--num-dense", type=int, default=13, help="criteo: dense columns")

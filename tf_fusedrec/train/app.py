@@ -52,7 +52,9 @@ STEPS_PER_CALL = 4
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m tf_fusedrec.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=DEFAULT_CONFIG, help="experiment YAML (default: configs/criteo_synthetic.yaml)")
-    p.add_argument("--embedding", choices=EMBEDDINGS, default="fused")
+    p.add_argument("--embedding", choices=EMBEDDINGS, default="fused",
+                   help="the embedding layer: fused (FusedEmbedding, default), per_feature (one TFRA layer a feature, "
+                        "the baseline; the [tfra] extra), or the ablations fused_nodedup and fused_source_hash")
     p.add_argument("--pipeline", choices=SCHEDULES, help="training schedule (default: the config's train.pipeline)")
     p.add_argument("--micro-batches", type=int, help="micro-batches per batch for --pipeline fwp "
                                                       "(default: the config's train.micro_batches)")
