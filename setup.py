@@ -127,17 +127,15 @@ def run_all(commands, stamp, newest_input=None):
 
 
 def library_built_against(path):
-    """The TensorFlow version recorded in a built op library (tf_fusedrec/ops/_loader.py's built_against, read here
-    without importing the package); None without the marker."""
-    marker = b"tf_fusedrec-built-against-tensorflow="
-    with open(path, "rb") as f:
-        data = f.read()
-    start = data.find(marker)
-    if start < 0:
-        return None
-    start += len(marker)
-    end = data.find(b";", start, start + 64)
-    return data[start:end].decode("ascii", "replace") if end > 0 else None
+    """The TensorFlow version recorded in a built op library: tf_fusedrec/ops/_loader.py's built_against, that module
+    loaded from the source tree by its path (importing the package's ops would load the library itself)."""
+    import importlib.util  # noqa: PLC0415
+
+    loader = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tf_fusedrec", "ops", "_loader.py")
+    spec = importlib.util.spec_from_file_location("_fusedrec_build_loader", loader)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.built_against(path)
 
 
 # The TensorFlow versions tf_fusedrec supports and tests (DESIGN.md: 2.16 to 2.21, tested at both ends).
