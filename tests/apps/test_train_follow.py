@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip("pyarrow")
+
+
 def _tiny_part(path, first, n):
     """n records of the app tests' tiny experiment (features A1, A2, B1, multi-hot B2, 3 dense) as a Parquet file."""
     import pyarrow as pa
@@ -26,16 +28,22 @@ def _tiny_part(path, first, n):
     os.rename(hidden, path)
 
 
-def test_train_app_follows_until_idle_then_resumes_with_new_files(tmp_path, apps):
-    """The train app with data.follow and --steps trains on the files there, ends cleanly when no new file came for
-    idle_timeout_seconds (checkpoint and summary at that step) or at --steps while it waits, and restarts continue
-    with the new files, each record once."""
+def _clicks(tmp_path):
+    """A directory holding 3 Parquet files of 200 records each (part-0..2), and the schema of their columns."""
     data = tmp_path / "clicks"
     data.mkdir()
     for k in range(3):
         _tiny_part(data / f"part-{k}.parquet", 200 * k, 200)
     schema = {"label": "label", "dense": ["d0", "d1", "d2"],
               "features": {"A1": {}, "A2": {}, "B1": {}, "B2": {"shape": "list"}}}
+    return data, schema
+
+
+def test_train_app_follows_until_idle_then_resumes_with_new_files(tmp_path, apps):
+    """The train app with data.follow and --steps trains on the files there, ends cleanly when no new file came for
+    idle_timeout_seconds (checkpoint and summary at that step) or at --steps while it waits, and restarts continue
+    with the new files, each record once."""
+    data, schema = _clicks(tmp_path)
     config = apps.write_config(tmp_path / "follow.yaml", apps.tiny_config(data={
         "source": "parquet", "path": str(data), "schema": schema, "follow": True, "poll_seconds": 0.1,
         "idle_timeout_seconds": 1.0}))
@@ -70,12 +78,7 @@ def test_two_workers_train_on_files_landing_while_they_run(tmp_path, apps):
     import time
 
     apps.require_horovod()
-    data = tmp_path / "clicks"
-    data.mkdir()
-    for k in range(3):
-        _tiny_part(data / f"part-{k}.parquet", 200 * k, 200)
-    schema = {"label": "label", "dense": ["d0", "d1", "d2"],
-              "features": {"A1": {}, "A2": {}, "B1": {}, "B2": {"shape": "list"}}}
+    data, schema = _clicks(tmp_path)
     config = apps.write_config(tmp_path / "follow.yaml", apps.tiny_config(data={
         "source": "parquet", "path": str(data), "schema": schema, "follow": True, "poll_seconds": 0.1,
         "idle_timeout_seconds": 20.0}))  # the wait starts when the reader runs out, before step 1 was traced

@@ -116,6 +116,16 @@ def stage_one(publisher, version=1):
     publisher.stage(version, GROUP, spec["dim"], keys[:20], rows[:20] + 1, np.zeros(0, np.int64))
 
 
+def publish_one(table, tls, token=None):
+    """Publishes stage_one's rows as version 1 (staged, then committed) with these credentials."""
+    publisher = publish.Publisher(table, timeout_s=5, tls=tls, token=token)
+    try:
+        stage_one(publisher)
+        publisher.commit(1, step=1, full=False, keep_from=0)
+    finally:
+        publisher.close()
+
+
 @pytest.mark.parametrize("mutual", [False, True], ids=["tls", "mtls"])
 def test_a_publish_without_credentials_is_refused_before_staging(export, pki, caplog, mutual):
     server_tls = tls_of(pki, client_auth=mutual)
@@ -154,12 +164,7 @@ def test_a_publish_without_credentials_is_refused_before_staging(export, pki, ca
             _, ids, categories, _, rows = TABLES[GROUP]
             assert backend.rows(GROUP, ids, categories).tobytes() == rows.tobytes()
             # The right token publishes (under mutual TLS with the certificate too), and the version is served.
-            publisher = publish.Publisher(table, timeout_s=5, tls=good_tls, token=TOKEN)
-            try:
-                stage_one(publisher)
-                publisher.commit(1, step=1, full=False, keep_from=0)
-            finally:
-                publisher.close()
+            publish_one(table, good_tls, token=TOKEN)
             assert [v for v, _ in server.versions] == [0, 1]
             np.testing.assert_array_equal(backend.rows(GROUP, ids[:20], categories[:20], version=1), rows[:20] + 1)
         finally:
@@ -183,12 +188,7 @@ def test_under_mutual_tls_a_client_certificate_authenticates_a_publish(export, p
         finally:
             publisher.close()
         assert_unchanged(server, before)
-        publisher = publish.Publisher(table, timeout_s=5, tls=tls_of(pki, "client"))
-        try:
-            stage_one(publisher)
-            publisher.commit(1, step=1, full=False, keep_from=0)
-        finally:
-            publisher.close()
+        publish_one(table, tls_of(pki, "client"))
         assert [v for v, _ in server.versions] == [0, 1]
     finally:
         server.stop(grace=0)
