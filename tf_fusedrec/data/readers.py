@@ -679,7 +679,7 @@ class FileBatches:
                         if remaining <= 0:
                             return
                         if chunk.n > remaining:
-                            chunk = _head(chunk, remaining)
+                            chunk = _records(chunk, 0, remaining)
                         remaining -= chunk.n
                     _check_values(chunk, self.schema)
                     read += chunk.n
@@ -704,7 +704,7 @@ class FileBatches:
                     skip -= chunk.n
                     continue
                 if skip:
-                    chunk, skip = _tail(chunk, skip), 0
+                    chunk, skip = _records(chunk, skip, chunk.n), 0
                 _check_values(chunk, self.schema)
                 yield 0, chunk
             taken = follower.next_after(name)
@@ -839,20 +839,11 @@ class FileBatches:
         return self._positions[batches - 1]
 
 
-def _tail(chunk, k):
-    """The records of a chunk after its first k."""
+def _records(chunk, start, stop):
+    """Records start..stop-1 of a chunk, as a chunk."""
     ids = {}
     for name, (values, lengths) in chunk.ids.items():
-        ids[name] = (values[int(lengths[:k].sum()):], lengths[k:])
-    return _Chunk(chunk.file, chunk.first + k, chunk.n - k, ids, chunk.dense[k:], chunk.label[k:],
-                  {r - k: m for r, m in chunk.bad.items() if r >= k},
-                  None if chunk.weight is None else chunk.weight[k:])
-
-
-def _head(chunk, k):
-    """The first k records of a chunk."""
-    ids = {}
-    for name, (values, lengths) in chunk.ids.items():
-        ids[name] = (values[:int(lengths[:k].sum())], lengths[:k])
-    return _Chunk(chunk.file, chunk.first, k, ids, chunk.dense[:k], chunk.label[:k],
-                  {r: m for r, m in chunk.bad.items() if r < k}, None if chunk.weight is None else chunk.weight[:k])
+        ids[name] = (values[int(lengths[:start].sum()):int(lengths[:stop].sum())], lengths[start:stop])
+    return _Chunk(chunk.file, chunk.first + start, stop - start, ids, chunk.dense[start:stop], chunk.label[start:stop],
+                  {r - start: m for r, m in chunk.bad.items() if start <= r < stop},
+                  None if chunk.weight is None else chunk.weight[start:stop])
