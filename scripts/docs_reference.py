@@ -66,7 +66,8 @@ SECTIONS = (
      "Each entry of `features` (after `feature_defaults` filled in what it leaves out, and `repeat` expanded it)."),
     ("data", "tf_fusedrec.config", "DataConfig", "guide/your-data.md", "Where the batches come from."),
     ("data.sequences", "tf_fusedrec.sequence_config", "SequenceConfig", "guide/grm.md",
-     "The user sequences of the sequence sources (`data.source: grm_synthetic` or `movielens_seq`)."),
+     "The user sequences of the sequence sources (`data.source: grm_synthetic` or `movielens_seq`), or of a file "
+     "source's records (`tfrecord`, `parquet` or `csv`: their history, target and labels in `data.schema`)."),
     ("model", "tf_fusedrec.config", "ModelConfig", None, "The dense model over the embeddings."),
     ("train", "tf_fusedrec.config", "TrainConfig", "guide/pipelines.md",
      "The training loop; `python -m tf_fusedrec.train` overrides some of these with flags ([CLI](cli.md))."),

@@ -36,7 +36,7 @@ PAGES = ("README.md", "docs/**/*.md")
 # path under docs/assets/, where the pages show it from.
 RESULTS, ASSETS = "benchmarks/results", "docs/assets"
 PLOTS = ("bench.png", "cluster/model.png", "hot/hot_sweep.png", "serve/serve_curve.png", "serve/plain/serve_curve.png",
-         "serve/plain_1127/serve_curve.png", "serve/async_1127/serve_curve.png")
+         "serve/plain_1127/serve_curve.png", "serve/async_1127/serve_curve.png", "publish/online_loop.png")
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)<!-- table:(?P<name>[a-z0-9-]+)(?: from (?P<sources>[^>]*?))? -->[ \t]*$")
 END = re.compile(r"^[ \t]*<!-- /table -->[ \t]*$")
 
@@ -1187,6 +1187,26 @@ def publish_auc():
                   "l" + "r" * (len(intervals) + 1), rows)
 
 
+def publish_online_loop(path="benchmarks/results/publish/online_loop.json"):
+    """benchmarks/publishing/bench_online_loop.py: per hour of the followed stream, the served model's freshness (the
+    file landed -> the version that trained on it starts publishing -> first answered with it) and the AUC of the
+    served and the frozen model on the hour's samples before training on them (plot: online_loop.png beside it)."""
+    report = _json(path)
+    rows = []
+    for h in report["hours"]:
+        served_by = ", ".join(f"{v} (to hour {t})" for v, t in zip(h["scored_by_versions"],
+                                                                   h["scored_by_trained_through_hour"]))
+        rows.append([h["hour"], _num(h["freshness_s"], ".2f"), f"{h['landed_to_publish_s']:.2f}",
+                     _num(h["publish_to_served_s"], ".2f"), f"{h['version']} (step {h['version_step']})", served_by,
+                     f"{h['auc_fresh']:.4f}", f"{h['auc_frozen']:.4f}", f"{h['auc_fresh'] - h['auc_frozen']:+.4f}"])
+    f, auc = report["freshness_s"], report["auc"]
+    rows.append(["all", f"p50 {f['p50']:.2f}, p99 {f['p99']:.2f}, max {f['max']:.2f}", "", "", "", "",
+                 f"{auc['fresh_mean']:.4f} (mean)", f"{auc['frozen_mean']:.4f} (mean)",
+                 f"{auc['fresh_mean'] - auc['frozen_mean']:+.4f}"])
+    return _table(["hour", "freshness s", "landed -> publish s", "publish -> served s", "version trained on it",
+                   "scored by version (trained to)", "AUC served", "AUC frozen", "served - frozen"], "lrrrllrrr", rows)
+
+
 _CUDA_LINE = re.compile(r"^\s*(?P<case>\S+)\s+n=\s*(?P<n>\d+) unique=\s*(?P<unique>\d+)\s+segment_unique\s+(?P<ms>[\d.]+) ms.*?"
                         r"sort\+unique_by_key\s+(?P<sort_ms>[\d.]+) ms.*?speedup (?P<speedup>[\d.]+)x")
 
@@ -1355,6 +1375,7 @@ TABLES = {
     "publish-long": (("benchmarks/results/publish/long/publish_bench.json",), publish_long),
     "publish-auc": (("benchmarks/results/publish/freshness_auc.json",), publish_auc),
     "publish-tls-token-ab": (("benchmarks/results/publish/tls_token_ab/publish_bench.json",), publish_tls_token_ab),
+    "publish-online-loop": (("benchmarks/results/publish/online_loop.json",), publish_online_loop),
     "cluster-probe": (("benchmarks/results/cluster/*-n2/probe.json", "benchmarks/results/cluster/model.json"), cluster_probe),
     "cluster-bench": (("benchmarks/results/cluster/*-n2/bench.json", "benchmarks/results/cluster/model.json"), cluster_bench),
     "bench-per-feature-ceiling": (("benchmarks/results/bench/per_feature_ceiling/*/bench.json",), bench_per_feature_ceiling),

@@ -401,7 +401,9 @@ class DataConfig:
     # source movielens: shuffle each worker's training ratings (ratings.dat is sorted by user); false: file order, the
     # order `python -m tf_fusedrec.data.convert movielens` writes them in (without --shuffle)
     shuffle: bool = True
-    sequences: Any = None  # a SequenceConfig for the SEQUENCE_SOURCES (parsed from a mapping), else null
+    # a SequenceConfig (parsed from a mapping) for the SEQUENCE_SOURCES, and for a file source whose records are user
+    # sequences (data.schema's history, target and labels: docs/guide/your-data.md); else null
+    sequences: Any = None
     # FILE_SOURCES (docs/guide/your-data.md): the columns (a data.files.FileSchema parsed from a mapping), the held-out
     # files (else the first eval_batches x batch x workers records are held out), what a bad record does
     schema: Any = None  # required: the columns of the features, the label, the dense inputs and a weight, a mapping
@@ -415,6 +417,12 @@ class DataConfig:
     poll_seconds: float = 5.0  # seconds between looks for new files
     idle_timeout_seconds: Optional[float] = None  # the stream ends after this long without a new file; null: never
     follow_marker: Optional[str] = None  # a directory's files count once it holds this file; null: no marker
+
+    @property
+    def sequential(self):
+        """Whether the batches are user sequences, labels [B, 2] (the GRM's data): a SEQUENCE_SOURCES source, or a
+        file source with data.sequences."""
+        return self.source in SEQUENCE_SOURCES or (self.source in FILE_SOURCES and self.sequences is not None)
 
 
 @dataclasses.dataclass
@@ -568,28 +576,28 @@ def parse_config(raw, where="config"):
         raise ValueError(f"{where}.data.shuffle: only for source 'movielens', not {data.source!r}")
     if data.source not in ("synthetic", "grm_synthetic") and not data.path:
         raise ValueError(f"{where}.data.path: required for source {data.source!r}")
-    if data.source in SEQUENCE_SOURCES:
-        if data.source == "movielens_seq" and isinstance(data.sequences, dict):
+    if data.sequential:
+        if data.source != "grm_synthetic" and isinstance(data.sequences, dict):
             knobs = [k for k in SYNTHETIC_LENGTH_KEYS if k in data.sequences]
             if knobs:
                 raise ValueError(f"{where}.data.sequences.{knobs[0]}: a knob of the synthetic lengths; source "
-                                 f"'movielens_seq' takes its lengths from the data (remove it)")
+                                 f"{data.source!r} takes its lengths from the data (remove it)")
         data.sequences = _build(SequenceConfig, data.sequences, f"{where}.data.sequences")
-        if data.num_dense != 0:
+        if data.num_dense != 0 and data.source in SEQUENCE_SOURCES:  # a file source's follows its schema (none)
             raise ValueError(f"{where}.data.num_dense: source {data.source!r} has no dense features; set 0, got "
                              f"{data.num_dense!r}")
     elif data.sequences is not None:
-        raise ValueError(f"{where}.data.sequences: only for the sequence sources {SEQUENCE_SOURCES}, not "
-                         f"{data.source!r}")
+        raise ValueError(f"{where}.data.sequences: only for the sequence sources {SEQUENCE_SOURCES} and the file "
+                         f"sources {FILE_SOURCES}, not {data.source!r}")
     _check_file_source(data, raw, where)
     model = _build(ModelConfig, raw.get("model"), f"{where}.model")
     if model.name not in MODELS:
         raise ValueError(f"{where}.model.name: must be one of {MODELS}, got {model.name!r}")
-    if (model.name == "grm" and data.source not in SEQUENCE_SOURCES) or (
-            model.name == "dcn" and data.source in SEQUENCE_SOURCES):
+    if (model.name == "grm" and not data.sequential) or (model.name == "dcn" and data.sequential):
         raise ValueError(f"{where}.model.name: {model.name!r} does not fit data.source {data.source!r} (the grm "
-                         f"model takes the sequence sources {SEQUENCE_SOURCES} and their two labels, dcn the others, "
-                         f"dlrm both: on a sequence source with one logit per label, the history a pooled bag)")
+                         f"model takes the sequence sources {SEQUENCE_SOURCES}, or a file source with data.sequences, "
+                         f"and their two labels, dcn the others, dlrm both: on sequences with one logit per label, "
+                         f"the history a pooled bag)")
     if model.name == "grm":
         _check_grm_model(model, f"{where}.model")
     embedding = _build(EmbeddingConfig, raw.get("embedding"), f"{where}.embedding")
@@ -625,19 +633,19 @@ def parse_config(raw, where="config"):
                     default_initializer())
     except ValueError as e:
         raise ValueError(f"{where}.features: {e}") from None
+    config = ExperimentConfig(name=raw.get("name", where), features=features, data=data, model=model, train=train,
+                              embedding=embedding)
+    sequence = _check_sequences(config, where) if data.sequential else None
     if data.source in FILE_SOURCES:
         from tf_fusedrec.data import files  # noqa: PLC0415  (config imports the data modules, never the reverse)
 
-        data.schema = files.parse_schema(data.schema, data.source, [f.name for f in features], f"{where}.data.schema")
+        data.schema = files.parse_schema(data.schema, data.source, [f.name for f in features], f"{where}.data.schema",
+                                         sequence=sequence)
         if "num_dense" not in (raw.get("data") or {}):
             data.num_dense = len(data.schema.dense)
         elif data.num_dense != len(data.schema.dense):
             raise ValueError(f"{where}.data.num_dense: {data.num_dense}, but data.schema.dense names "
                              f"{len(data.schema.dense)} column(s); leave num_dense out (it follows the schema)")
-    config = ExperimentConfig(name=raw.get("name", where), features=features, data=data, model=model, train=train,
-                              embedding=embedding)
-    if data.source in SEQUENCE_SOURCES:
-        _check_sequences(config, where)
     return config
 
 
@@ -673,6 +681,9 @@ def _check_follow(data, raw, where):
         if given:
             raise ValueError(f"{where}.data.{given[0]}: only with data.follow: true")
         return
+    if data.sequences is not None:
+        raise ValueError(f"{where}.data.follow: not with data.sequences (a sequence run resumes by reading its stream "
+                         f"again from the start, which a followed directory need not still hold)")
     if not isinstance(data.path, str):
         raise ValueError(f"{where}.data.path: data.follow takes one directory or one glob pattern, got {data.path!r}")
     from tf_fusedrec.data.follow import FollowSettings  # noqa: PLC0415
@@ -707,8 +718,10 @@ def _check_grm_model(model, where):
 
 
 def _check_sequences(config, where):
-    """The sequence section against the features: a sequence feature with combiner null, valid length knobs."""
-    from tf_fusedrec.data.movielens_seq import MovieLensSeqSpec  # noqa: PLC0415  (op-free data modules only)
+    """The sequence section against the features: a sequence feature with combiner null, valid length knobs. -> The
+    source's spec (a file source's: the data.files.FileSequence its schema is parsed with)."""
+    from tf_fusedrec.data.files import FileSequence  # noqa: PLC0415  (op-free data modules only)
+    from tf_fusedrec.data.movielens_seq import MovieLensSeqSpec  # noqa: PLC0415
     from tf_fusedrec.data.sequences import SequenceSpec  # noqa: PLC0415
 
     seq = config.data.sequences
@@ -720,9 +733,9 @@ def _check_sequences(config, where):
         if f.name == seq.feature and config.model.name == "grm" and f.combiner is not None:
             raise ValueError(f"{where}.features ({f.name}): the sequence feature needs combiner null (one "
                              f"embedding per item), got {f.combiner!r}")
-    spec = MovieLensSeqSpec if config.data.source == "movielens_seq" else SequenceSpec
+    spec = {"movielens_seq": MovieLensSeqSpec, "grm_synthetic": SequenceSpec}.get(config.data.source, FileSequence)
     try:
-        spec.from_config(config)
+        return spec.from_config(config)
     except ValueError as e:
         raise ValueError(f"{where}.data.sequences: {e}") from None
 

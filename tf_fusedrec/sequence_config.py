@@ -11,12 +11,14 @@ from typing import Optional
 
 @dataclasses.dataclass
 class SequenceConfig:
-    """``data.sequences`` of a sequence source (the details: tf_fusedrec/data/sequences.py, movielens_seq.py).
+    """``data.sequences`` of a sequence source, or of a file source of sequences (the details:
+    tf_fusedrec/data/sequences.py, movielens_seq.py, files.py).
 
     feature: the sequence feature (ragged ids, embedded with combiner null); the other features are context
       features, one id per user. target: the context feature that is a candidate item, or null.
     median_length, length_sigma, longest_length, empty_fraction: the long-tailed length law (log-normal, bounded) of
-      grm_synthetic; movielens_seq rejects them (config.SYNTHETIC_LENGTH_KEYS: its lengths are the data's).
+      grm_synthetic; movielens_seq and the file sources reject them (config.SYNTHETIC_LENGTH_KEYS: their lengths are
+      the data's).
     max_length: the cap; a longer sequence is an error unless truncate: true (keeps the last max_length items).
     """
 

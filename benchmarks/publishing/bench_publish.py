@@ -145,8 +145,9 @@ class Poller:
         return min(times) if times else None
 
 
-def train(args, work, name, publish_to, publish_flags=()):
-    """One training run -> (summary, [(time the line was read, line)] of its output)."""
+def train(args, work, name, publish_to, publish_flags=(), extra=(), lines=None):
+    """One training run -> (summary, [(time the line was read, line)] of its output). `extra`: more flags of the train
+    app; `lines`: the list the lines go into as they are read (for a caller watching the run from another thread)."""
     summary = os.path.join(work, f"{name}.json")
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     cmd = [horovodrun, "-np", str(args.workers), "-H", f"localhost:{args.workers}", "--gloo", sys.executable,
@@ -154,10 +155,11 @@ def train(args, work, name, publish_to, publish_flags=()):
            "--summary-json", summary]
     if publish_to:
         cmd += ["--publish-to", publish_to, "--publish-every", str(args.every), *publish_flags]
+    cmd += [str(x) for x in extra]
     log(f"{name}: {shlex.join(cmd[cmd.index('-m'):])}")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=serve_bench.child_env(), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines = []
+    lines = [] if lines is None else lines
     timer = threading.Timer(args.timeout, proc.kill)
     timer.start()
     try:

@@ -1,7 +1,7 @@
 """The train app on the file sources (docs/guide/your-data.md): sample weights (data.schema.weight) train with the
 weighted mean loss over the global batch (all weights 1.0 train bit for bit as no weights; 2 workers as 1 on skewed
-weights), converted MovieLens trains as the built-in source, and the skipped bad records show in the progress lines
-and the short summary."""
+weights), converted MovieLens and MovieLens sequences (token-balanced, data.sequences) train as the built-in sources,
+and the skipped bad records show in the progress lines and the short summary."""
 
 from __future__ import annotations
 
@@ -156,3 +156,55 @@ def test_converted_movielens_trains_as_the_builtin_source(apps, tmp_path, moviel
     converted = _movielens_run(apps, tmp_path, fmt, data, workers)
     assert converted["final_loss"] == builtin["final_loss"] and converted["auc"] == builtin["auc"], \
         (converted, builtin)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MovieLens sequences converted (python -m tf_fusedrec.data.convert movielens_seq) train as the built-in source
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def movielens_seq(tmp_path_factory):
+    from tests.data.test_convert_movielens_seq import write_ml1m
+    from tf_fusedrec.data import convert
+
+    root = tmp_path_factory.mktemp("ml-seq-app")
+    out = {"dir": write_ml1m(root / "ml-1m")}
+    for fmt in ("parquet", "csv"):
+        assert convert.main(["movielens_seq", out["dir"], "--to", fmt, "--out", str(root / fmt), "--files", "2"]) == 0
+        out[fmt] = str(root / fmt / "schema.yaml")
+    return out
+
+
+def _movielens_seq_run(apps, tmp_path, name, data, workers):
+    import yaml
+
+    raw = yaml.safe_load((apps.ROOT / "configs" / "movielens1m_seq.yaml").read_text())
+    raw["data"] = {**data, "eval_batches": 2,
+                   "sequences": {"feature": "items", "target": "target", "max_length": 60, "truncate": True}}
+    raw["model"].update(num_blocks=1, hidden_dim=16, experts=2, expert_units=[16], tower_units=[8])
+    config = apps.write_config(tmp_path / f"{name}.yaml", raw)
+    run = apps.run_app("tf_fusedrec.train", ["--config", config, "--steps", STEPS, "--batch-size", 16,
+                                             "--balance", "tokens", "--no-progress"], workers=workers)
+    assert run.rc == 0, run.describe()
+    return apps.the_summary(run)
+
+
+@pytest.mark.parametrize("fmt, workers", [("parquet", 1), ("csv", 2)])
+def test_converted_movielens_seq_trains_as_the_builtin_source(apps, tmp_path, movielens_seq, fmt, workers):
+    import yaml
+
+    if workers > 1:
+        apps.require_horovod()
+    builtin = _movielens_seq_run(apps, tmp_path, "builtin", {"source": "movielens_seq", "path": movielens_seq["dir"],
+                                                             "num_dense": 0}, workers)
+    data = yaml.safe_load(open(movielens_seq[fmt]))["data"]
+    converted = _movielens_seq_run(apps, tmp_path, fmt, data, workers)
+    # Token-balanced: the same samples and tokens per worker and step as the built-in source, and so the same loss
+    # and AUC (to float tolerance: the GRM's reductions on several threads and workers may sum in another order).
+    assert converted["balance"] == "tokens" and converted["target_tokens_per_step"] > 0
+    for key in ("target_tokens_per_step", "samples_per_worker", "tokens_per_worker"):
+        assert converted[key] == builtin[key], (key, converted, builtin)
+    assert len(converted["samples_per_worker"]["total"]) == workers
+    np.testing.assert_allclose(converted["final_loss"], builtin["final_loss"], rtol=1e-6)
+    for task in ("click", "conversion"):
+        np.testing.assert_allclose(converted["auc"][task], builtin["auc"][task], atol=1e-6)

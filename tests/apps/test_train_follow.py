@@ -97,3 +97,21 @@ def test_two_workers_train_on_files_landing_while_they_run(tmp_path, apps):
     run = result["run"].expect_ok()
     summary = json.loads((model_dir / "summary.json").read_text())
     assert summary["workers"] == 2 and summary["stream_ended_at_step"] == 5, run.describe()
+
+
+def test_a_publish_carries_the_stream_position_after_its_step():
+    """The train app hands each publish the file stream's position after the published step (counted from the step
+    the run started at), which the summary keeps beside the version (tests/serve/test_publish_training.py); a
+    source without a file stream hands None."""
+    from types import SimpleNamespace
+
+    from tf_fusedrec.train import app
+
+    published = []
+    run = SimpleNamespace(start=3, watchdog=app.Watchdog(0, 0), file_batches=SimpleNamespace(
+        position_after=lambda batches: ("position after batches", batches)), publisher=SimpleNamespace(
+        publish=lambda step, stream_position: published.append((step, stream_position))))
+    app._TrainingRun._publish(run, 7)
+    run.file_batches = None
+    app._TrainingRun._publish(run, 9)
+    assert published == [(7, ("position after batches", 4)), (9, None)]

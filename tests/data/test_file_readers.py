@@ -343,15 +343,18 @@ def test_the_docs_example_and_the_config(criteo, tmp_path):
                              "genres": [[i, i + 1][: i % 3] for i in range(n)],
                              "last_items": [[i] * 5 for i in range(n)], "price": np.arange(n, dtype=np.float32),
                              "age_days": np.ones(n, np.float32), "clicked": np.arange(n) % 2,
-                             "importance": np.full(n, 0.5, np.float32)}),
+                             "importance": np.full(n, 0.5, np.float32), "recent": [[i, i + 1, i + 2] for i in range(n)],
+                             "recent_times": [[3, 1, 2]] * n}),
                    tmp_path / "part-0.parquet")
     data["path"] = str(tmp_path / "*.parquet")
     config = parse_config({"features": [{"name": f, "dim": 4, "combiner": "sum"}
-                                        for f in ("user_id", "city", "genres", "last_items")], "data": data})
+                                        for f in ("user_id", "city", "genres", "last_items", "recent")],
+                           "data": data})
     assert config.data.schema.weight == "importance"
     features, label = next(iter(experiment.make_dataset(config, 2, 0, 1)))  # (features, label): no weights there
     assert features["user_id"].numpy().tolist() == [8, 9] and features["last_items"].shape == (2, 5)
     assert features["dense"].numpy().tolist() == [[8.0, 1.0], [9.0, 1.0]] and label.dtype == tf.float32
+    assert features["recent"].to_list() == [[9, 10, 8], [10, 11, 9]]  # sorted by recent_times
     _, _, weight = next(iter(experiment.file_batches(config, 2, 0, 1).dataset()))
     assert weight.numpy().tolist() == [0.5, 0.5]
     config = load_config(os.path.join(root, "configs", "criteo_parquet.yaml"))

@@ -189,6 +189,36 @@ def test_the_ranker_serves_the_training_model_of_the_last_version(tmp_path, serv
         late.stop(grace=0)
 
 
+def test_each_version_keeps_the_stream_position_of_its_step(serving, monkeypatch):
+    """In this process (one worker): the stream position the train app hands each publish (a followed directory's
+    file and record after the step: which files the version learnt from) stays beside the version that reached the
+    rankers, in the summary; a publish the ranker refused keeps none, and a step without a position gives None."""
+    from tf_fusedrec.data.files import FilePosition  # noqa: PLC0415
+    from tf_fusedrec.distributed import comm as comm_lib  # noqa: PLC0415
+    from tf_fusedrec.train.publishing import TrainingPublisher  # noqa: PLC0415
+
+    _, address, _, _ = serving
+    install, calls = publish.install, []
+
+    def install_failing_second(model, version, step, body, timeout_s=10.0, tls=None):
+        calls.append(version)
+        return (503, {"error": "injected failure"}) if len(calls) == 2 else \
+            install(model, version, step, body, timeout_s, tls)
+
+    monkeypatch.setattr(publish, "install", install_failing_second)
+    model, *_ = build_model()
+    publisher = TrainingPublisher(model, comm_lib.get_comm("single"), [address])
+    try:
+        assert publisher.publish(2, stream_position=FilePosition(0, 1, 128, 0, 77))
+        assert not publisher.publish(4, stream_position=FilePosition(0, 2, 0, 0, 78))
+        assert publisher.publish(6)
+        summary = publisher.summary()
+    finally:
+        publisher.close()
+    assert summary["versions"] == [[1, 2, True], [3, 6, False]], summary
+    assert summary["stream_positions"] == [[0, 1, 128, 0, 77], None], summary
+
+
 def test_publish_to_a_ranker_that_is_not_there_fails_clearly(tmp_path):
     from tests.serve.serve_fixtures import reserved_port  # noqa: PLC0415
 

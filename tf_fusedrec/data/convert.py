@@ -1,10 +1,11 @@
-"""Writes the built-in data sets (the Criteo TSV, MovieLens-1M) as TFRecord, Parquet or CSV files with their schema,
-for the file sources.
+"""Writes the built-in data sets (the Criteo TSV, MovieLens-1M, MovieLens-1M sequences) as TFRecord, Parquet or CSV
+files with their schema, for the file sources.
 
     python -m tf_fusedrec.data.convert criteo train.txt --to parquet --out /data/criteo_parquet --files 8
     # -> /data/criteo_parquet/part-00000-of-00008.parquet ... and schema.yaml, the config's `data:` section
     python -m tf_fusedrec.data.convert movielens /data/ml-1m --to parquet --out /data/ml1m_parquet --shuffle 0
     # -> /data/ml1m_parquet/train/part-*.parquet, test/part-*.parquet (data.eval_path) and schema.yaml
+    python -m tf_fusedrec.data.convert movielens_seq /data/ml-1m --to parquet --out /data/ml1m_seq --max-length 200
 
 The records keep their order (file k holds the k-th run of them), and the values are those the built-in reader
 (data/criteo.py) makes: the label (float32), the dense features already as ``log(1 + max(x, 0))`` (float32 columns
@@ -21,6 +22,18 @@ go to ``test/``, the schema's ``eval_path``, the others to ``train/``, in the or
 ``data.shuffle: false`` the built-in source then gives the same batches. The built-in source shuffles each worker's
 training ratings by default (ratings.dat is sorted by user) and the file sources read in file order, so
 ``--shuffle SEED`` writes the training ratings in a seeded random order instead.
+
+**MovieLens sequences** (data/movielens_seq.py): one record a sample of the built-in ``movielens_seq`` source, the
+histories whole or, with ``--max-length N``, their last N movies (its ``truncate``): ``items`` the history's MovieIDs
+oldest first and ``items_time`` their Timestamps (a list each; in CSV joined by ``|``), ``target``, the user's
+``user_id``, ``gender``, ``age``, ``occupation`` (int64) and ``zip`` (its string), ``click`` and ``conversion``
+(float32, rating >= 4 and rating == 5). The schema reads the features of configs/movielens1m_seq.yaml (``items``
+ordered by ``items_time``, ``target``, the contexts gender, age, occupation: add ``user_id`` or ``zip`` for a config
+with those) and the labels ``[click, conversion]``; the data section adds ``data.sequences``. The built-in test split
+(``--test-fraction``) goes to ``test/``, the rest to ``train/``, each in the order of the built-in source's first
+pass over it with ``data.seed`` = ``--seed`` (its shuffled first training epoch, its shuffled held-out pass): the
+first pass over the files gives the built-in source's samples in its order (the built-in source shuffles every
+epoch anew; the files repeat theirs).
 """
 
 from __future__ import annotations
@@ -116,8 +129,7 @@ def movielens_tables(data_dir, test_fraction=0.1, seed=0, shuffle=None):
     # The reader's own parsing and checks of the three files (its private helpers: one home for them).
     users = movielens._load_users(os.path.join(data_dir, "users.dat"))  # noqa: SLF001
     movies = movielens._load_movies(os.path.join(data_dir, "movies.dat"))  # noqa: SLF001
-    zips = {int(uid): z for _, (uid, _g, _a, _o, z) in movielens._read_table(  # noqa: SLF001
-        os.path.join(data_dir, "users.dat"), 5, "UserID::Gender::Age::Occupation::Zip-code")}
+    zips = _zips(data_dir)
     path = os.path.join(data_dir, "ratings.dat")
     rows = []
     lines = movielens._fields(path, 4, "UserID::MovieID::Rating::Timestamp")  # noqa: SLF001
@@ -158,17 +170,75 @@ def movielens_tables(data_dir, test_fraction=0.1, seed=0, shuffle=None):
     return table(train), table(np.flatnonzero(test))
 
 
+def _zips(data_dir):
+    """{UserID: its Zip-code string} of users.dat (the built-in readers keep only its hash)."""
+    from tf_fusedrec.data import movielens  # noqa: PLC0415
+
+    return {int(uid): z for _, (uid, _g, _a, _o, z) in movielens._read_table(  # noqa: SLF001
+        os.path.join(data_dir, "users.dat"), 5, "UserID::Gender::Age::Occupation::Zip-code")}
+
+
+def movielens_seq_schema(to):
+    """The ``data.schema`` mapping of converted MovieLens sequences of format `to` (the module docstring)."""
+    separator = {"separator": "|"} if to == "csv" else {}
+    features = {"items": {"type": "int64", "shape": "list", "order": "items_time", **separator},
+                **{name: {"type": "int64"} for name in ("target", "gender", "age", "occupation")}}
+    return {"label": ["click", "conversion"], "features": features}
+
+
+def movielens_seq_tables(data_dir, test_fraction=0.1, seed=0, max_length=None):
+    """(train, test): pyarrow Tables of the samples of the built-in movielens_seq source of an ML-1M directory, in the
+    order of its first pass over each split with data.seed `seed`; `max_length`: keep the last max_length movies of a
+    longer history (None: whole histories). The module docstring has the columns.
+
+    Raises:
+      FileNotFoundError naming a missing directory or file; ValueError naming the file and line of a malformed line
+      (the built-in reader's checks).
+    """
+    import pyarrow as pa  # noqa: PLC0415
+
+    from tf_fusedrec.data import movielens_seq  # noqa: PLC0415
+
+    data = movielens_seq._load(data_dir)  # noqa: SLF001  (the reader's own parsing, checks and time order)
+    zips = _zips(data_dir)
+
+    def table(held_out):
+        split = movielens_seq._split(data, test_fraction, held_out)  # noqa: SLF001
+        order = np.random.default_rng([seed, 0]).permutation(split.row.size)  # the built-in's first pass, shuffled
+        row, first = split.row[order], data.offsets[:-1][split.row[order]]
+        ends = first + split.position[order]  # the target's rating, one past the history
+        starts = first if max_length is None else np.maximum(ends - max_length, first)
+        offsets = np.concatenate([[0], np.cumsum(ends - starts)])
+        flat = np.repeat(starts - offsets[:-1], ends - starts) + np.arange(offsets[-1])
+        rating = data.ratings[ends]
+        columns = {name: pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), pa.array(values[flat]))
+                   for name, values in (("items", data.movies), ("items_time", data.stamps))}
+        columns["target"] = data.movies[ends]
+        for name in ("user_id", "gender", "age", "occupation"):
+            columns[name] = data.contexts[name][row]
+        columns["zip"] = pa.array([zips[int(u)] for u in columns["user_id"]], pa.string())
+        columns["click"] = (rating >= 4).astype(np.float32)
+        columns["conversion"] = (rating == 5).astype(np.float32)
+        return pa.table(columns)
+
+    return table(False), table(True)
+
+
 def _null_empty(pa, column):
     import pyarrow.compute as pc  # noqa: PLC0415
 
     return pc.if_else(pc.equal(column, ""), pa.scalar(None, pa.string()), column)
 
 
-def _tfrecord_bytes(table, schema):
-    """The serialized tf.train.Example of each row (a null: no feature)."""
+def _tfrecord_bytes(table):
+    """The serialized tf.train.Example of each row (a null: no feature), each column's list by its Arrow type:
+    integers an int64_list, strings a bytes_list, floats a float_list."""
+    import pyarrow as pa  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
-    features = schema["features"]
+    from tf_fusedrec.data.readers import _arrow_kind  # noqa: PLC0415
+
+    kinds = {name: _arrow_kind(pa, table.schema.field(name).type).removeprefix("list:") for name in table.column_names}
     data = table.to_pydict()
     out = []
     for row in range(table.num_rows):
@@ -176,15 +246,14 @@ def _tfrecord_bytes(table, schema):
         for name, value in ((n, data[n][row]) for n in table.column_names):
             if value is None:
                 continue
-            if name in features:
-                values = value if isinstance(value, list) else [value]
-                if features[name].get("type") == "string":
-                    feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(
-                        value=[v.encode() if isinstance(v, str) else v for v in values]))
-                else:
-                    feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+            values = value if isinstance(value, list) else [value]
+            if kinds[name] == "string":
+                feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(
+                    value=[v.encode() if isinstance(v, str) else v for v in values]))
+            elif kinds[name] == "int":
+                feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=values))
             else:
-                feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
+                feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=values))
         out.append(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     return out
 
@@ -212,49 +281,64 @@ def write(table, schema, out_dir, to, files=1, row_group_size=65536):
             pacsv.write_csv(_joined_lists(part, schema), path)
         else:
             with tf.io.TFRecordWriter(path) as writer:
-                for record in _tfrecord_bytes(part, schema):
+                for record in _tfrecord_bytes(part):
                     writer.write(record)
         paths.append(path)
     return paths
 
 
 def _joined_lists(table, schema):
-    """The table with each list column as the string of its values joined by the schema's separator (CSV)."""
+    """The table with each list column (a feature's, or the order column of one) as the string of its values joined
+    by the feature's separator (CSV)."""
     import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.compute as pc  # noqa: PLC0415
 
     for name, spec in schema["features"].items():
         if spec.get("separator") is not None:
-            joined = [spec["separator"].join(map(str, values)) for values in table.column(name).to_pylist()]
-            table = table.set_column(table.column_names.index(name), name, pa.array(joined, pa.string()))
+            for column in (spec.get("column", name), spec.get("order")):
+                if column is not None:
+                    strings = table.column(column).cast(pa.large_list(pa.string()))
+                    table = table.set_column(table.column_names.index(column), column,
+                                             pc.binary_join(strings, spec["separator"]))
     return table
 
 
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m tf_fusedrec.data.convert", description=__doc__.split("\n\n")[0])
-    p.add_argument("dataset", choices=["criteo", "movielens"], help="the built-in format of the input")
-    p.add_argument("inputs", nargs="+", help="criteo: the input files (or globs), in order; movielens: the directory "
-                                             "holding ratings.dat, users.dat and movies.dat")
+    p.add_argument("dataset", choices=["criteo", "movielens", "movielens_seq"], help="the built-in format of the input")
+    p.add_argument("inputs", nargs="+", help="criteo: the input files (or globs), in order; movielens, movielens_seq: "
+                                             "the directory holding ratings.dat, users.dat and movies.dat")
     p.add_argument("--to", required=True, choices=sorted(FORMATS), help="the format to write")
     p.add_argument("--out", required=True, help="the output directory")
-    p.add_argument("--files", type=int, default=1, help="how many files to write (default 1; movielens: each split)")
+    p.add_argument("--files", type=int, default=1,
+                   help="how many files to write (default 1; movielens, movielens_seq: each split)")
     p.add_argument("--num-dense", type=int, default=13, help="criteo: dense columns")
     p.add_argument("--num-sparse", type=int, default=26, help="criteo: categorical columns")
     p.add_argument("--test-fraction", type=float, default=0.1,
-                   help="movielens: the share of ratings in the test split (default 0.1, the built-in reader's)")
-    p.add_argument("--seed", type=int, default=0, help="movielens: the split's seed (data.seed; default 0)")
+                   help="movielens, movielens_seq: the share of ratings in the test split (default 0.1, the built-in "
+                        "reader's)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="movielens: the split's seed; movielens_seq: the seed of the built-in source's shuffled order "
+                        "the splits are written in (data.seed of either; default 0)")
     p.add_argument("--shuffle", type=int, default=None, metavar="SEED",
                    help="movielens: write the training ratings in a random order of this seed (default: the order "
                         "of ratings.dat, sorted by user)")
+    p.add_argument("--max-length", type=int, default=None, metavar="N",
+                   help="movielens_seq: keep the last N movies of a longer history (as data.sequences.max_length with "
+                        "truncate: true; default: whole histories)")
     return p
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    import pyarrow.compute as pc  # noqa: PLC0415
     import yaml  # noqa: PLC0415
 
     files = f"part-*.{FORMATS[args.to]}"
     out = os.path.abspath(args.out)
     try:
+        if args.max_length is not None and args.dataset != "movielens_seq":
+            raise ValueError(f"--max-length: movielens_seq only, not {args.dataset}")
         if args.dataset == "criteo":
             table = criteo_table(args.inputs, args.num_dense, args.num_sparse)
             schema = criteo_schema(args.num_dense, args.num_sparse)
@@ -263,16 +347,29 @@ def main(argv=None):
             rows = table.num_rows
         else:
             if len(args.inputs) != 1:
-                raise ValueError(f"movielens: give one directory (holding ratings.dat, users.dat and movies.dat), "
-                                 f"got {len(args.inputs)} inputs")
+                raise ValueError(f"{args.dataset}: give one directory (holding ratings.dat, users.dat and "
+                                 f"movies.dat), got {len(args.inputs)} inputs")
             if not 0 <= args.test_fraction <= 1:
                 raise ValueError(f"--test-fraction must be in [0, 1], got {args.test_fraction}")
-            train, test = movielens_tables(args.inputs[0], args.test_fraction, args.seed, args.shuffle)
-            schema = movielens_schema(args.to)
+            sequences = {}
+            if args.dataset == "movielens":
+                train, test = movielens_tables(args.inputs[0], args.test_fraction, args.seed, args.shuffle)
+                schema = movielens_schema(args.to)
+            else:
+                if args.shuffle is not None:
+                    raise ValueError("--shuffle: movielens only (movielens_seq writes the built-in source's shuffled "
+                                     "order, of --seed)")
+                if args.max_length is not None and args.max_length < 1:
+                    raise ValueError(f"--max-length must be >= 1, got {args.max_length}")
+                train, test = movielens_seq_tables(args.inputs[0], args.test_fraction, args.seed, args.max_length)
+                schema = movielens_seq_schema(args.to)
+                longest = max(pc.max(pc.list_value_length(t.column("items"))).as_py() or 1 for t in (train, test))
+                sequences = {"sequences": {"feature": "items", "target": "target",
+                                           "max_length": args.max_length or longest}}
             paths = write(train, schema, os.path.join(args.out, "train"), args.to, args.files) + \
                 write(test, schema, os.path.join(args.out, "test"), args.to, args.files)
             data = {"source": args.to, "path": os.path.join(out, "train", files),
-                    "eval_path": os.path.join(out, "test", files), "schema": schema}
+                    "eval_path": os.path.join(out, "test", files), **sequences, "schema": schema}
             rows = train.num_rows + test.num_rows
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -169,6 +169,7 @@ class _Ratings:
     offsets: np.ndarray      # int64 [U + 1], user u's ratings are [offsets[u], offsets[u + 1])
     movies: np.ndarray       # int64 [R]
     ratings: np.ndarray      # int64 [R], 1-5
+    stamps: np.ndarray       # int64 [R], the Timestamps
     contexts: dict           # name in MOVIELENS_SEQ_CONTEXTS -> int64 [U]
     max_movie_id: int        # of movies.dat, -1 when it is empty
 
@@ -223,14 +224,14 @@ def _load_cached(data_dir, _stats):
     _check_known(path, lines, user, users["known"], "UserID", "users.dat")
     _check_known(path, lines, movie, movies["known"], "MovieID", "movies.dat")
     order = np.lexsort((rating, movie, stamp, user))
-    user, movie, rating = user[order], movie[order], rating[order]
+    user, movie, rating, stamp = user[order], movie[order], rating[order], stamp[order]
     user_ids, starts = np.unique(user, return_index=True)
     offsets = np.append(starts, user.size).astype(np.int64)
     contexts = {"user_id": user_ids}
     for name in ("gender", "age", "occupation", "zip"):
         contexts[name] = users[name][user_ids]
     known = np.flatnonzero(movies["known"])
-    return _Ratings(user_ids, offsets, movie, rating, contexts, int(known[-1]) if known.size else -1)
+    return _Ratings(user_ids, offsets, movie, rating, stamp, contexts, int(known[-1]) if known.size else -1)
 
 
 @dataclasses.dataclass

@@ -21,7 +21,8 @@ it, on any number of workers and any batch size, reads each record after it once
 
 **Bad records.** A record that does not fit the schema (a TFRecord that is truncated or does not parse, a CSV line
 with another number of fields or a value that is not a number, a null or missing value where one is needed, a list of
-the wrong length, a negative id, a label outside its range, a sample weight that is negative or not finite) raises
+the wrong length, a negative id, a label outside its range, a sample weight that is negative or not finite, an order
+column holding another number of values than its list holds ids, a history longer than the sequence's cap) raises
 BadRecordError naming the file, the record and the problem, on every worker while it makes the global batch that
 would hold the record (so at the same step everywhere; no batch holds a part of it). With ``on_bad_record="skip"``
 the record is left out and counted (``skipped``) and the error comes once more than ``max_bad_records`` were skipped.
@@ -34,6 +35,10 @@ complete, how the workers agree on each next one through ``comm``), waiting for 
 (the records after the last whole global batch are then left for a resumed run). Each file is checked when taken.
 The FilePosition names the current file (``name``), so a resumed run continues in it even after older files were
 deleted; ``skip_records`` (the held-out records) are the stream's first records.
+
+**Sequences** (a schema with ``sequence``, files.py): each list with an ``order`` column is sorted by it and the
+history capped as it is read; ``FileBatches.samples()`` gives this worker's records one at a time as the sequence
+sources' sample dicts, labels float32 ``[2]``, for the token batcher (train/batching.py).
 
 **At start** ``FileBatches`` checks every file against the schema (Parquet: the file's schema; TFRecord: its first
 record; CSV: its header and first block): a missing column, a column of the wrong type (an id column holding
@@ -74,8 +79,9 @@ def _pyarrow():
 
 class _Chunk:
     """Records first .. first + n - 1 of file `file`: ids[name] = (flat values, lengths int64 [n]) per feature,
-    dense float32 [n, d], label float32 [n], weight float32 [n] (None without a weight column); bad: {row: what is
-    wrong} (those rows' values are arbitrary)."""
+    (an order column's under "<feature>/order" until _check_values sorts by it), dense float32 [n, d], label float32
+    [n, labels], weight float32 [n] (None without a weight column); bad: {row: what is wrong} (those rows' values are
+    arbitrary)."""
 
     def __init__(self, file, first, n, ids, dense, label, bad, weight=None):
         self.file, self.first, self.n, self.ids, self.dense, self.label, self.bad, self.weight = \
@@ -84,8 +90,9 @@ class _Chunk:
     @classmethod
     def all_bad(cls, file, first, message, schema):
         ids = {f.name: (np.zeros(0, object if f.type == "string" else np.int64), np.zeros(1, np.int64))
-               for f in schema.features}
-        return cls(file, first, 1, ids, np.zeros((1, len(schema.dense)), np.float32), np.zeros(1, np.float32),
+               for f in schema.id_columns()}
+        return cls(file, first, 1, ids, np.zeros((1, len(schema.dense)), np.float32),
+                   np.zeros((1, len(schema.labels)), np.float32),
                    {0: message}, np.zeros(1, np.float32) if schema.weight is not None else None)
 
     def mark(self, rows, message_of):
@@ -108,31 +115,72 @@ def _take(values, lengths, rows):
 
 def _check_values(chunk, schema):
     """Marks the records whose values break the schema: a count of ids its shape refuses, a negative id, a label
-    outside its range, a sample weight that is negative or not finite."""
+    outside its range, a sample weight that is negative or not finite; then sorts the lists that have an order column
+    (_order) and caps a sequence's history (_cap)."""
     rows = np.arange(chunk.n)
-    for f in schema.features:
+    for f in schema.id_columns():
         values, lengths = chunk.ids[f.name]
-        where = f"column '{f.column}' of feature '{f.name}'"
+        where = f"column '{f.column}' of {f.owner}"
         want = 1 if f.shape == "one" else f.length if f.shape == "fixed" else None
         if want is not None:
             wrong = rows[lengths != want]
             chunk.mark(wrong, lambda r, w=where, n=want: f"{w} has no value" if lengths[r] == 0 else
                        f"{w} holds {int(lengths[r])} ids, its shape {f.shape!r} takes {n}")
-        if f.type == "int64" and len(values):
+        if f.type == "int64" and f.orders is None and len(values):  # an order column holds sort keys, not ids
             negative = np.flatnonzero(values < 0)
             if len(negative):
                 owner = np.repeat(rows, lengths)[negative]
                 first = dict(zip(owner[::-1].tolist(), values[negative][::-1].tolist()))
                 chunk.mark(owner, lambda r, w=where: f"{w} holds the negative id {first[r]} (int64 ids are >= 0)")
-    label, low, high = chunk.label, schema.label.low, schema.label.high
-    outside = rows[~((label >= low) & (label <= high))]
-    chunk.mark(outside, lambda r: f"the label (column '{schema.label.column}') is {label[r]!r}, outside its range "
-                                  f"[{low:g}, {high:g}]")
+    for j, spec in enumerate(schema.labels):
+        label = chunk.label[:, j]
+        outside = rows[~((label >= spec.low) & (label <= spec.high))]
+        chunk.mark(outside, lambda r, s=spec, y=label: f"the label (column '{s.column}') is {y[r]!r}, outside its "
+                                                       f"range [{s.low:g}, {s.high:g}]")
     if schema.weight is not None:
         weight = chunk.weight
         wrong = rows[~(np.isfinite(weight) & (weight >= 0))]
         chunk.mark(wrong, lambda r: f"the sample weight (column '{schema.weight}') is {float(weight[r])!r}; a "
                                     f"weight is a finite number >= 0")
+    for f in schema.features:
+        if f.order is not None:
+            _order(chunk, f)
+    if schema.sequence is not None:
+        _cap(chunk, schema.feature(schema.sequence.feature), schema.sequence)
+
+
+def _order(chunk, f):
+    """Sorts each record's ids of list feature `f` by its order column, stable (ties keep their order in the list); a
+    record whose order column holds another number of values than it holds ids is bad."""
+    values, lengths = chunk.ids[f.name]
+    keys, counts = chunk.ids.pop(f.name + "/order")
+    ok = counts == lengths
+    chunk.mark(np.flatnonzero(~ok), lambda r: f"column '{f.order}' (the order of feature '{f.name}') holds "
+                                              f"{int(counts[r])} values, column '{f.column}' {int(lengths[r])} ids")
+    if not ok.all():  # a bad record's ids keep their order
+        aligned = np.zeros(len(values), np.int64)
+        aligned[np.repeat(ok, lengths)] = _take(keys, counts, np.flatnonzero(ok))[0]
+        keys = aligned
+    row = np.repeat(np.arange(chunk.n), lengths)
+    if not np.all((np.diff(keys) >= 0) | (np.diff(row) != 0)):  # stored in order already: the usual case
+        chunk.ids[f.name] = (values[np.lexsort((keys, row))], lengths)
+
+
+def _cap(chunk, f, sequence):
+    """A history longer than the sequence's max_length: a bad record, or with truncate its last max_length ids."""
+    values, lengths = chunk.ids[f.name]
+    cap = sequence.max_length
+    if lengths.max(initial=0) <= cap:
+        return
+    if not sequence.truncate:
+        chunk.mark(np.flatnonzero(lengths > cap),
+                   lambda r: f"column '{f.column}' of feature '{f.name}' holds a history of {int(lengths[r])} ids, "
+                             f"more than data.sequences.max_length = {cap}; raise it, or set truncate: true to keep "
+                             f"the last {cap}")
+        return
+    row = np.repeat(np.arange(chunk.n), lengths)
+    position = np.arange(len(values)) - _offsets(lengths)[:-1][row]
+    chunk.ids[f.name] = (values[position >= (lengths - cap)[row]], np.minimum(lengths, cap))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -168,7 +216,9 @@ def _type_error(feature_or_what, kind, path, column):
             return f"file {path}: {feature_or_what} column '{column}' holds {found}, not numbers"
         return None
     f = feature_or_what
-    where = f"file {path}: column '{column}' of feature '{f.name}' (type {f.type}, shape {f.shape})"
+    where = f"file {path}: column '{column}' of {f.owner} (type {f.type}, shape {f.shape})"
+    if f.orders is not None and scalar != "int":
+        return f"{where} holds {found}, not integers"
     if f.type == "int64" and scalar != "int":
         hint = "; give it type: string to hash them to ids" if scalar == "string" else ""
         return f"{where} holds {found}, not integer ids{hint}"
@@ -197,9 +247,9 @@ class _ParquetFormat:
             raise ValueError(f"file {path}: not a readable Parquet file ({e})") from None
         names = arrow_schema.names
         s = self.schema
-        for what, column in [(f, f.column) for f in s.features] + s.number_columns():
+        for what, column in [(f, f.column) for f in s.id_columns()] + s.number_columns():
             if column not in names:
-                owner = f"feature '{what.name}'" if not isinstance(what, str) else f"the {what} values"
+                owner = what.owner if not isinstance(what, str) else f"the {what} values"
                 raise ValueError(f"file {path}: no column '{column}' (read for {owner}); the file has columns "
                                  f"{names}")
             error = _type_error(what, _arrow_kind(self.pa, arrow_schema.field(column).type), path, column)
@@ -236,7 +286,7 @@ class _ParquetFormat:
         pa, pc, s = self.pa, self.pc, self.schema
         n, bad = batch.num_rows, {}
         ids = {}
-        for f in s.features:
+        for f in s.id_columns():
             column = batch.column(f.column)
             if pa.types.is_list(column.type) or pa.types.is_large_list(column.type) or \
                     pa.types.is_fixed_size_list(column.type):
@@ -245,7 +295,7 @@ class _ParquetFormat:
                 if flat.null_count:
                     parents = pc.list_parent_indices(column).to_numpy(zero_copy_only=False)
                     for row in np.unique(parents[flat.is_null().to_numpy(zero_copy_only=False)]).tolist():
-                        bad.setdefault(row, f"column '{f.column}' of feature '{f.name}' holds a null in its list")
+                        bad.setdefault(row, f"column '{f.column}' of {f.owner} holds a null in its list")
                     flat = flat.fill_null(0 if f.type == "int64" else "")
             else:
                 valid = column.is_valid()
@@ -265,8 +315,9 @@ class _ParquetFormat:
             for row in np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False)).tolist():
                 bad.setdefault(row, f"the {'label' if what == 'label' else 'sample weight'} (column '{name}') has "
                                     f"no value")
-            numbers[what] = column.fill_null(0).to_numpy(zero_copy_only=False).astype(np.float32)
-        return _Chunk(index, first, n, ids, dense, numbers["label"], bad, numbers.get("weight"))
+            numbers[name] = column.fill_null(0).to_numpy(zero_copy_only=False).astype(np.float32)
+        label = np.stack([numbers[c.column] for c in s.labels], axis=1)
+        return _Chunk(index, first, n, ids, dense, label, bad, numbers.get(s.weight))
 
     def where(self, path, record):
         return f"Parquet file {path} row {record + 1}"
@@ -283,7 +334,7 @@ class _TFRecordFormat:
     def __init__(self, schema):
         self.schema = schema
         spec = {}
-        for f in schema.features:
+        for f in schema.id_columns():
             spec[f.column] = tf.io.RaggedFeature(tf.int64 if f.type == "int64" else tf.string,
                                                  row_splits_dtype=tf.int64)
         for _, column in schema.number_columns():
@@ -305,11 +356,11 @@ class _TFRecordFormat:
             raise ValueError(f"file {path}: its first record is not a tf.train.Example ({e})") from None
         features = example.features.feature
         s = self.schema
-        for what, column in [(f, f.column) for f in s.features] + s.number_columns():
+        for what, column in [(f, f.column) for f in s.id_columns()] + s.number_columns():
             if column not in features:
                 if not isinstance(what, str) and what.shape == "list":
                     continue  # an absent list is an empty one
-                owner = f"feature '{what.name}'" if not isinstance(what, str) else f"the {what} values"
+                owner = what.owner if not isinstance(what, str) else f"the {what} values"
                 raise ValueError(f"file {path}: its first record has no feature '{column}' (read for {owner}); it "
                                  f"has {sorted(features)}")
             kind = _TF_KINDS.get(features[column].WhichOneof("kind"), "nothing")
@@ -376,7 +427,7 @@ class _TFRecordFormat:
 
         s = self.schema
         ids = {}
-        for f in s.features:
+        for f in s.id_columns():
             values, lengths = column(f.column)
             ids[f.name] = (values.astype(object) if f.type == "string" else values, lengths)
         scalars = {}
@@ -391,7 +442,8 @@ class _TFRecordFormat:
             scalars[name] = full
         dense = np.stack([scalars[c] for c in s.dense], axis=1) if s.dense else np.zeros((n, 0), np.float32)
         weight = scalars[s.weight] if s.weight is not None else None
-        return _Chunk(index, first, n, ids, dense, scalars[s.label.column], bad, weight)
+        label = np.stack([scalars[c.column] for c in s.labels], axis=1)
+        return _Chunk(index, first, n, ids, dense, label, bad, weight)
 
     def where(self, path, record):
         return f"TFRecord file {path} record {record + 1}"
@@ -440,9 +492,9 @@ class _CsvFormat:
         if self.schema.columns is None:
             names = self._header(path)
         s = self.schema
-        for what, column in [(f, f.column) for f in s.features] + s.number_columns():
+        for what, column in [(f, f.column) for f in s.id_columns()] + s.number_columns():
             if column not in names:
-                owner = f"feature '{what.name}'" if not isinstance(what, str) else f"the {what} values"
+                owner = what.owner if not isinstance(what, str) else f"the {what} values"
                 raise ValueError(f"file {path}: no column '{column}' (read for {owner}) in its header {names}")
         try:
             batch = next(iter(self._open(path, invalid=[])), None)
@@ -451,7 +503,7 @@ class _CsvFormat:
         if batch is None:
             return
         pc = self.pc
-        for what, column in [(f, f.column) for f in s.features if f.type == "int64"] + s.number_columns():
+        for what, column in [(f, f.column) for f in s.id_columns() if f.type == "int64"] + s.number_columns():
             values = batch.column(column)
             if not isinstance(what, str) and what.separator is not None:
                 values = pc.list_flatten(pc.split_pattern(values, what.separator))
@@ -468,12 +520,12 @@ class _CsvFormat:
                                      f"number, in its first lines")
             elif pc.any(floats).as_py():
                 example = values.filter(floats)[0].as_py()
-                raise ValueError(f"file {path}: column '{column}' of feature '{what.name}' (type int64) holds floats, "
+                raise ValueError(f"file {path}: column '{column}' of {what.owner} (type int64) holds floats, "
                                  f"not integer ids (e.g. {example!r} in its first lines)")
             elif not pc.any(fits).as_py():
-                raise ValueError(f"file {path}: column '{column}' of feature '{what.name}' (type int64) holds "
-                                 f"strings ({values[0].as_py()!r} in its first lines); give it type: string to hash "
-                                 f"them to ids")
+                hint = "; give it type: string to hash them to ids" if what.orders is None else ", not integers"
+                raise ValueError(f"file {path}: column '{column}' of {what.owner} (type int64) holds "
+                                 f"strings ({values[0].as_py()!r} in its first lines){hint}")
 
     def _header(self, path):
         with open(path, "rb") as f:
@@ -482,7 +534,7 @@ class _CsvFormat:
 
     def count(self, path):
         invalid, rows = [], 0
-        for batch in self._open(path, invalid=invalid, columns=[self.schema.label.column]):
+        for batch in self._open(path, invalid=invalid, columns=[self.schema.labels[0].column]):
             rows += batch.num_rows
         return rows + len(invalid)
 
@@ -528,9 +580,9 @@ class _CsvFormat:
                 bad.setdefault(int(good[i]), message(i))
 
         ids = {}
-        for f in s.features:
+        for f in s.id_columns():
             strings = batch.column(f.column)
-            where = f"column '{f.column}' of feature '{f.name}'"
+            where = f"column '{f.column}' of {f.owner}"
             if f.separator is not None:
                 present = pc.not_equal(strings, "").to_numpy(zero_copy_only=False)
                 parts = pc.split_pattern(strings, f.separator)
@@ -577,7 +629,8 @@ class _CsvFormat:
             floats[column] = spread(pc.cast(cleaned, self.pa.float64()).to_numpy(zero_copy_only=False)
                                     .astype(np.float32))
         dense = np.stack([floats[c] for c in s.dense], axis=1) if s.dense else np.zeros((n, 0), np.float32)
-        return _Chunk(index, first, n, ids, dense, floats[s.label.column], bad,
+        label = np.stack([floats[c.column] for c in s.labels], axis=1)
+        return _Chunk(index, first, n, ids, dense, label, bad,
                       floats[s.weight] if s.weight is not None else None)
 
     def where(self, path, record):
@@ -710,8 +763,9 @@ class FileBatches:
             taken = follower.next_after(name)
             index, record = index + 1, 0
 
-    def _global_batches(self):
-        """(global batch pieces, FilePosition after the batch) of batch_size x num_ranks good records each."""
+    def _global_batches(self, remainder=False):
+        """(global batch pieces, FilePosition after the batch) of batch_size x num_ranks good records each; with
+        `remainder`, a finite stream's good records after its last whole global batch make a last, smaller one."""
         size = self.batch_size * self.num_ranks
         pieces, have, skipped = [], 0, self.start.skipped
         good_in_pass, last_epoch = 0, self.start.epoch
@@ -744,6 +798,10 @@ class FileBatches:
                 yield batch, position
             if stop is not None:
                 raise stop[1]
+        if remainder and have:
+            batch, _, position = self._cut(pieces, have)
+            self.skipped = position.skipped
+            yield batch, position
 
     def _bad(self, chunk, row):
         return BadRecordError(f"{self.format.where(self.files[chunk.file], chunk.first + row)}: {chunk.bad[row]}")
@@ -762,9 +820,10 @@ class FileBatches:
             mine = good[(self.rank - offset) % self.num_ranks::self.num_ranks]
             taken.append((chunk, mine))
             offset += len(good)
-            last = good[-1]
-            position = FilePosition(epoch, chunk.file, chunk.first + int(last) + 1,
-                                    skipped + int(skipped_before[last]), self._names.get(chunk.file, 0))
+            if len(good):  # a piece of bad records only (a damaged TFRecord's rest, say) moves no position
+                last = good[-1]
+                position = FilePosition(epoch, chunk.file, chunk.first + int(last) + 1,
+                                        skipped + int(skipped_before[last]), self._names.get(chunk.file, 0))
         return taken, pieces, position
 
     def _worker_batch(self, taken):
@@ -795,7 +854,7 @@ class FileBatches:
             if f.shape == "list":
                 spec[f.name + "/lengths"] = tf.TensorSpec([None], tf.int64)
         spec["dense"] = tf.TensorSpec([None, len(self.schema.dense)], tf.float32)
-        spec["label"] = tf.TensorSpec([None], tf.float32)
+        spec["label"] = tf.TensorSpec([None, len(self.schema.labels)], tf.float32)
         if self.schema.weight is not None:
             spec["weight"] = tf.TensorSpec([None], tf.float32)
         return spec
@@ -813,6 +872,7 @@ class FileBatches:
         features = self.schema.features
         has_dense = bool(self.schema.dense)
         weighted = self.schema.weight is not None
+        one_label = len(self.schema.labels) == 1
 
         def finish(batch):
             out = {}
@@ -825,10 +885,40 @@ class FileBatches:
                 out[f.name] = values
             if has_dense:
                 out["dense"] = batch["dense"]
-            return (out, batch["label"], batch["weight"]) if weighted else (out, batch["label"])
+            label = batch["label"][:, 0] if one_label else batch["label"]
+            return (out, label, batch["weight"]) if weighted else (out, label)
 
         ds = tf.data.Dataset.from_generator(self._generate, output_signature=self._signature())
         return ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).prefetch(tf.data.AUTOTUNE)
+
+    def samples(self, start=0):
+        """This worker's records one at a time, from the start position on, as the sequence sources' sample dicts
+        (data/sequences.py) of a schema with a sequence: the sequence feature int64 [L] (ordered and capped), every
+        other feature int64 [] (strings hashed), "labels" float32 [2] and "tokens" L. Its records are those
+        dataset() gives it (records rank, rank + num_ranks, ... of each global batch; batch_size: how many it reads
+        at once), and a finite stream's last records too. `start`: the stream from its start-th sample on (the
+        records before it are read again, not made into samples)."""
+        if self.schema.sequence is None:
+            raise ValueError("FileBatches.samples: the schema has no sequence (data.sequences)")
+        history = self.schema.sequence.feature
+        skip = start
+        for taken, _ in self._global_batches(remainder=self.epochs is not None):
+            n = sum(len(rows) for _, rows in taken)
+            if skip >= n:
+                skip -= n
+                continue
+            batch = self._worker_batch(taken)
+            ids = {f.name: (hash_string_ids(tf.constant(batch[f.name], tf.string)).numpy() if f.type == "string"
+                            else batch[f.name]) for f in self.schema.features}
+            splits = _offsets(batch[history + "/lengths"])
+            contexts = [(name, values) for name, values in ids.items() if name != history]
+            for i in range(skip, n):
+                sample = {"tokens": int(splits[i + 1] - splits[i]), history: ids[history][splits[i]:splits[i + 1]]}
+                for name, values in contexts:
+                    sample[name] = values[i]
+                sample["labels"] = batch["label"][i]
+                yield sample
+            skip = 0
 
     def position_after(self, batches):
         """The FilePosition after the first `batches` batches of the dataset (whatever tf.data made ahead)."""

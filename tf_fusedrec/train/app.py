@@ -97,9 +97,9 @@ def parse_args(argv=None):
     p.add_argument("--expiry-interval", type=int,
                    help="steps between expiry checks (default: the config's embedding.expiry_interval, 100)")
     p.add_argument("--balance", choices=("tokens", "none"),
-                   help="sequence configs (data.source: grm_synthetic): token-balanced batches whose token count is "
-                        "closest to batch size x the mean sequence length (MTGRBoost; the default), or a fixed "
-                        "sample count per worker (none)")
+                   help="sequence configs (data.source grm_synthetic or movielens_seq, or files with "
+                        "data.sequences): token-balanced batches whose token count is closest to batch size x the mean "
+                        "sequence length (MTGRBoost; the default), or a fixed sample count per worker (none)")
     p.add_argument("--steps", type=int, help="override train.steps")
     p.add_argument("--steps-per-call", type=int, default=STEPS_PER_CALL, metavar="K",
                    help="training steps run inside one call of the compiled step function, which reads its batches "
@@ -266,11 +266,11 @@ def plan_of(args, config):
     if args.steps_per_call < 1:
         raise ValueError(f"--steps-per-call must be >= 1, got {args.steps_per_call}")
     schedule, micro_batches, cluster = schedule_of(args, config, args.embedding)
-    sequences = config.data.source in cfg.SEQUENCE_SOURCES
+    sequences = config.data.sequential
     balance = args.balance or ("tokens" if sequences else "none")
     if balance == "tokens" and not sequences:
-        raise ValueError(f"--balance tokens needs a sequence config (data.source in {cfg.SEQUENCE_SOURCES}), "
-                         f"{args.config} has data.source: {config.data.source}")
+        raise ValueError(f"--balance tokens needs a sequence config (data.source in {cfg.SEQUENCE_SOURCES}, or a file "
+                         f"source with data.sequences), {args.config} has data.source: {config.data.source}")
     if sequences and schedule == "fwp":
         raise ValueError("--pipeline fwp weights micro-batches by their local size; with a sequence config (workers "
                          "holding different sample counts) use --pipeline sync or dbp")
@@ -517,8 +517,7 @@ class _TrainingRun:
             if self.checkpointer is not None and (step % config.train.checkpoint_every == 0 or step == steps):
                 self._checkpoint(step)
             if self.publisher is not None and (step % args.publish_every == 0 or step == steps):
-                with self.watchdog.guard(f"publishing step {step}"):
-                    self.publisher.publish(step)
+                self._publish(step)
         self.final_loss, self.end_step = loss_value, step
 
     def _stream_ended(self, step, loss_value):
@@ -534,8 +533,14 @@ class _TrainingRun:
         if self.checkpointer is not None and step % config.train.checkpoint_every:
             self._checkpoint(step)
         if self.publisher is not None and step % args.publish_every:
-            with self.watchdog.guard(f"publishing step {step}"):
-                self.publisher.publish(step)
+            self._publish(step)
+
+    def _publish(self, step):
+        """Publishes the model of step `step`, with a file source's stream position after it: the records (a followed
+        directory's files) the version has learnt from, in the summary's "published" section."""
+        position = self.file_batches.position_after(step - self.start) if self.file_batches is not None else None
+        with self.watchdog.guard(f"publishing step {step}"):
+            self.publisher.publish(step, stream_position=position)
 
     def _call(self, step, n):
         """Runs the `n` steps after `step` in one call: -> (each step's loss over all workers, the call's seconds)."""

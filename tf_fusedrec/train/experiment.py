@@ -74,9 +74,7 @@ def make_model(config, embedding):
                           attention_norm=m.attention_norm, pooling=m.pooling, experts=m.experts,
                           expert_units=m.expert_units, tower_units=m.tower_units)
     if m.name == "dlrm":
-        from tf_fusedrec.config import SEQUENCE_SOURCES  # noqa: PLC0415
-
-        tasks = 2 if config.data.source in SEQUENCE_SOURCES else 1  # click and conversion
+        tasks = 2 if config.data.sequential else 1  # click and conversion
         return models.DLRM(embedding, bottom_mlp=m.bottom_mlp, top_mlp=m.top_mlp, num_dense=config.data.num_dense,
                            tasks=tasks)
     return models.DCNv2(embedding, cross_layers=m.cross_layers, deep_mlp=m.deep_mlp, num_dense=config.data.num_dense)
@@ -88,6 +86,9 @@ def make_dataset(config, batch_size, rank, size, held_out=False, start_step=0, s
     from tf_fusedrec import data  # noqa: PLC0415
 
     d = config.data
+    if d.sequential and d.source != "grm_synthetic":  # movielens_seq, files of sequences: fixed counts of samples
+        ds = sequence_dataset(config, batch_size, rank, size, held_out=held_out).skip(start_step)
+        return ds if steps is None else ds.take(max(steps - start_step, 0))
     if d.source in ("tfrecord", "parquet", "csv"):  # config.FILE_SOURCES; the train app resumes by file_batches
         ds = file_batches(config, batch_size, rank, size, held_out=held_out).dataset()
         if d.schema.weight is not None:
@@ -96,9 +97,6 @@ def make_dataset(config, batch_size, rank, size, held_out=False, start_step=0, s
     if d.source == "grm_synthetic":  # labels float32 [B, 2] (click, conversion)
         return data.grm_dataset(config, batch_size, seed=d.seed, rank=rank, num_ranks=size, held_out=held_out,
                                 start_step=start_step, steps=steps)
-    if d.source == "movielens_seq":  # fixed sample counts of the sample dicts; held out: one pass, finite
-        ds = sequence_dataset(config, batch_size, rank, size, held_out=held_out).skip(start_step)
-        return ds if steps is None else ds.take(max(steps - start_step, 0))
     if d.source == "synthetic":
         inputs = [data.SparseInput(f.name, f.vocab, f.zipf, tuple(f.hotness) if isinstance(f.hotness, list)
                                    else f.hotness) for f in config.features]
@@ -116,17 +114,18 @@ def make_dataset(config, batch_size, rank, size, held_out=False, start_step=0, s
     return ds if held_out else ds.repeat().skip(start_step)
 
 
-def file_batches(config, batch_size, rank, size, held_out=False, position=None, comm=None, on_wait=None):
+def file_batches(config, batch_size, rank, size, held_out=False, position=None, comm=None, on_wait=None, reads=None):
     """This worker's data.readers.FileBatches of a file source (config.FILE_SOURCES). Held out: one pass over
     data.eval_path or, without it, over the first eval_batches x batch_size x size records of data.path, which
     training then skips (in every pass). Training: endless, from `position` (a FilePosition, what
     position_of_file_checkpoint returns) or the start. With data.follow, training follows data.path as files arrive,
     the workers agreeing on them through `comm` (None: each on its own, as for a sample of the first batches);
-    `on_wait`: see FileBatches. The held-out records are then those of the files complete when it is made."""
+    `on_wait`: see FileBatches. The held-out records are then those of the files complete when it is made. `reads`:
+    the records a worker reads at once, when they are not its batches (FileBatches.samples; None: batch_size)."""
     from tf_fusedrec.data.readers import FileBatches  # noqa: PLC0415
 
     d = config.data
-    common = {"schema": d.schema, "batch_size": batch_size, "rank": rank, "num_ranks": size,
+    common = {"schema": d.schema, "batch_size": reads or batch_size, "rank": rank, "num_ranks": size,
               "on_bad_record": d.on_bad_record, "max_bad_records": d.max_bad_records}
     holdout = 0 if d.eval_path else d.eval_batches * batch_size * size
     follow = None
@@ -163,17 +162,25 @@ def position_of_file_checkpoint(restored):
 
 
 BALANCE_MODES = ("tokens", "none")
+FILE_SAMPLE_READS = 256  # the records a worker reads at once from files of sequences (FileBatches.samples)
 
 
-def sequence_samples(config, rank, size, held_out=False, start=0):
-    """This worker's sample dicts of a sequence source (data.source in config.SEQUENCE_SOURCES; each dict: the
-    sequence feature int64 [L], the other features int64 [], "labels" float32 [2], "tokens" L): what SequenceBatches
-    cuts into batches. Training (held_out False) is endless; the held-out stream is endless for grm_synthetic and one
-    shuffled pass over the test split for movielens_seq. `start`: the stream from its start-th sample on (the
-    skipped samples are not made)."""
+def sequence_samples(config, rank, size, held_out=False, start=0, batch_size=None):
+    """This worker's sample dicts of a sequence config (config.data.sequential; each dict: the sequence feature int64
+    [L], the other features int64 [], "labels" float32 [2], "tokens" L): what SequenceBatches cuts into batches.
+    Training (held_out False) is endless; the held-out stream is endless for grm_synthetic, one shuffled pass over
+    the test split for movielens_seq, and for a file source one pass over data.eval_path or, without it, over the
+    first data.eval_batches x batch_size x size records (which training skips). `start`: the stream from its
+    start-th sample on (the skipped samples are not made)."""
     from tf_fusedrec import data  # noqa: PLC0415
 
     d = config.data
+    if d.sequential and d.source in ("tfrecord", "parquet", "csv"):  # config.FILE_SOURCES
+        if batch_size is None and not d.eval_path:
+            raise ValueError("sequence_samples: a file source without data.eval_path needs the batch_size (its first "
+                             "data.eval_batches x batch_size x workers records are held out)")
+        return file_batches(config, batch_size, rank, size, held_out=held_out,
+                            reads=FILE_SAMPLE_READS).samples(start)
     if d.source == "grm_synthetic":
         return data.grm_samples(config, seed=d.seed, rank=rank, num_ranks=size, held_out=held_out, start=start)
     if d.source == "movielens_seq":
@@ -184,7 +191,8 @@ def sequence_samples(config, rank, size, held_out=False, start=0):
             held_out=held_out, shuffle=True, seed=d.seed, epochs=1 if held_out else None, start=start)
     from tf_fusedrec.config import SEQUENCE_SOURCES  # noqa: PLC0415
 
-    raise ValueError(f"data.source {d.source!r} is not a sequence source {SEQUENCE_SOURCES}")
+    raise ValueError(f"data.source {d.source!r} is not a sequence source {SEQUENCE_SOURCES} (nor a file source with "
+                     f"data.sequences)")
 
 
 def sequence_signature(config):
@@ -202,13 +210,14 @@ def sequence_dataset(config, batch_size, rank, size, held_out=False):
     from tf_fusedrec.train import batching  # noqa: PLC0415
 
     def batches():
-        return batching.fixed_batches(sequence_samples(config, rank, size, held_out=held_out), batch_size)
+        return batching.fixed_batches(sequence_samples(config, rank, size, held_out=held_out,
+                                                       batch_size=batch_size), batch_size)
 
     return batching.to_dataset(batches, sequence_signature(config), label_key="labels")
 
 
 class SequenceBatches:
-    """This worker's batches of a sequence source (config.SEQUENCE_SOURCES) for the train app: token-balanced
+    """This worker's batches of a sequence config (config.data.sequential) for the train app: token-balanced
     (MTGRBoost's dynamic sequence batching: each batch's token count is the closest cut to batch_size x the mean
     sequence length, so workers get different sample counts and similar token counts) or of a fixed sample count.
     Records each batch's (samples, tokens) in `counts`, in the order the batches are made (tf.data prefetches, so it
@@ -233,7 +242,8 @@ class SequenceBatches:
         self.config, self.batch_size, self.rank, self.size, self.balance = config, batch_size, rank, size, balance
         # The target: batch_size x the mean length of this worker's first 4096 samples (deterministic; also when
         # resuming).
-        first = [s["tokens"] for _, s in zip(range(4096), sequence_samples(config, rank, size))]
+        first = [s["tokens"] for _, s in zip(range(4096), sequence_samples(config, rank, size,
+                                                                           batch_size=batch_size))]
         self.target_tokens = max(1, int(round(batch_size * float(np.mean(first)))))
         self.start = batching.StreamPosition(0, 0) if position is None else batching.StreamPosition(*position)
         self.counts = []
@@ -242,7 +252,8 @@ class SequenceBatches:
         self._batching = batching
 
     def _batches(self):
-        samples = sequence_samples(self.config, self.rank, self.size, start=self.start.samples)
+        samples = sequence_samples(self.config, self.rank, self.size, start=self.start.samples,
+                                   batch_size=self.batch_size)
         if self.balance == "tokens":
             batcher = self._batching.TokenBatcher(self.target_tokens, tokens_of=lambda s: s["tokens"])
             cuts = batcher.cuts(samples, buffered=self.start.buffered)

@@ -126,6 +126,7 @@ class TrainingPublisher:
         self.uncertain = {}
         self.versions, self.failures, self.bytes, self.rows, self.seconds = [], 0, [], [], []
         self.rows_held = []  # rank 0: the rows of each version on the servers (the model's rows at its step)
+        self.stream_positions = []  # per version: where the training data stood at its step (a list), or None
         self.last_error = None
 
     def _parts(self, tracked):
@@ -147,8 +148,13 @@ class TrainingPublisher:
         """int64 [size, len(values)]: every rank's values, in rank order."""
         return self.comm.allgather(tf.constant([values], tf.int64), name=name).numpy()
 
-    def publish(self, step):
-        """Publishes the model of training step `step` (every rank calls it) -> True when the rankers took it."""
+    def publish(self, step, stream_position=None):
+        """Publishes the model of training step `step` (every rank calls it) -> True when the rankers took it.
+
+        `stream_position`: where the training data stood after step `step` (a file source's data.files.FilePosition:
+        the version learnt from the records before it, so a followed stream's files it has read are known), kept
+        beside the version in summary()["stream_positions"]; None where the data has no such position.
+        """
         rank, start = self.comm.rank, time.perf_counter()
         version, publish_id = -1, 0
         if rank == 0:
@@ -244,6 +250,7 @@ class TrainingPublisher:
         agreed = self._agree([staged, rows_staged], f"FusedRec/publish/{step}/bytes").sum(0)
         sent, rows_sent = int(agreed[0]), int(agreed[1])
         self.versions.append((version, step, full))
+        self.stream_positions.append(None if stream_position is None else [int(x) for x in stream_position])
         self.bytes.append(sent)
         self.rows.append(rows_sent)
         self.seconds.append(time.perf_counter() - start)
@@ -260,9 +267,11 @@ class TrainingPublisher:
         return False
 
     def summary(self):
-        """{"versions": [[version, step, full]], "failures", "rows_per_publish", "rows_held_per_publish",
-        "bytes_per_publish", "seconds" (each publish's), "mean_seconds", ...}."""
-        return {"rankers": self.rankers, "versions": [list(v) for v in self.versions], "failures": self.failures,
+        """{"versions": [[version, step, full]], "stream_positions" (each version's, or None), "failures",
+        "rows_per_publish", "rows_held_per_publish", "bytes_per_publish", "seconds" (each publish's), "mean_seconds",
+        ...}."""
+        return {"rankers": self.rankers, "versions": [list(v) for v in self.versions],
+                "stream_positions": self.stream_positions, "failures": self.failures,
                 "rows_per_publish": self.rows, "rows_held_per_publish": self.rows_held,
                 "bytes_per_publish": self.bytes,
                 "seconds": [round(x, 4) for x in self.seconds],
