@@ -193,7 +193,8 @@ class TFBuildExt(build_ext):
             obj = os.path.join(build_dir, os.path.basename(src).replace(".cc", ".o"))
             commands.append(([cxx, "-c"] + flags + [src, "-o", obj], obj))
         objects = run_all(commands, f"tensorflow {tf.__version__}", None if self.force else newest)
-        cmd = [cxx, "-shared"] + objects + ["-o", out] + tf.sysconfig.get_link_flags() + cuda_libs
+        # -ldl: dlopen of RocksDB by tiered tables (cc/kernels/impl/disk_store.h); part of libc from glibc 2.34.
+        cmd = [cxx, "-shared"] + objects + ["-o", out] + tf.sysconfig.get_link_flags() + cuda_libs + ["-ldl"]
         print(" ".join(cmd), file=sys.stderr)
         subprocess.check_call(cmd)
 
@@ -206,6 +207,16 @@ class TFBuildExt(build_ext):
             super().copy_extensions_to_source()
         finally:
             self.force = force
+
+    def copy_file(self, infile, outfile, *args, **kwargs):
+        # Into the tree through a new file renamed over the old: a process that has the old library loaded (a test
+        # or a training run) keeps its mapping, where copying over it in place changes the pages under that process.
+        if not str(outfile).endswith("_fusedrec_ops.so"):
+            return super().copy_file(infile, outfile, *args, **kwargs)
+        tmp = f"{outfile}.tmp{os.getpid()}"
+        shutil.copy2(infile, tmp)
+        os.replace(tmp, outfile)
+        return outfile, 1
 
     def get_ext_filename(self, fullname):
         return os.path.join(*fullname.split(".")[:-1], "_fusedrec_ops.so")

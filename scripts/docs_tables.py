@@ -1207,6 +1207,35 @@ def publish_online_loop(path="benchmarks/results/publish/online_loop.json"):
                    "scored by version (trained to)", "AUC served", "AUC frozen", "served - frozen"], "lrrrllrrr", rows)
 
 
+def tier_bench(directory="benchmarks/results/tier"):
+    """benchmarks/tier/bench_tier.sh: per Zipf exponent, 2-worker samples/s with every row in DRAM and with tiered
+    tables (each run's, alternating, and their medians), the tiered runs' DRAM hit rate, the milliseconds per step the
+    store's reads and evictions took, and the workers' peak resident memory."""
+    import statistics  # noqa: PLC0415
+
+    rows = []
+    for zipf_dir in sorted(glob.glob(os.path.join(ROOT, directory, "zipf*")), key=lambda d: float(d.split("zipf")[-1])):
+        runs = {m: [_json(os.path.relpath(p, ROOT)) for p in sorted(glob.glob(os.path.join(zipf_dir, f"{m}-*",
+                                                                                            "result.json")))]
+                for m in ("dram", "tiered")}
+        if not runs["dram"] or not runs["tiered"]:
+            continue
+        d = statistics.median(r["samples_per_s"] for r in runs["dram"])
+        t = statistics.median(r["samples_per_s"] for r in runs["tiered"])
+        workers = [w for r in runs["tiered"] for w in r["per_worker"]]
+        first = runs["tiered"][0]
+        rows.append([first["zipf"], ", ".join(f"{r['samples_per_s']:,.0f}" for r in runs["dram"]) + f" ({d:,.0f})",
+                     ", ".join(f"{r['samples_per_s']:,.0f}" for r in runs["tiered"]) + f" ({t:,.0f})",
+                     f"{t / d:.2f}x", f"{100 * statistics.median(w['hit_rate'] for w in workers):.1f}%",
+                     f"{statistics.median(w['read_ms_per_step'] for w in workers):.1f} / "
+                     f"{statistics.median(w['evict_ms_per_step'] for w in workers):.1f}",
+                     f"{max(w['memory']['VmHWM'] for r in runs['dram'] for w in r['per_worker']) / 2**30:.2f} / "
+                     f"{max(w['memory']['VmHWM'] for w in workers) / 2**30:.2f}"])
+    return _table(["Zipf", "DRAM samples/s (median)", "tiered samples/s (median)", "tiered / DRAM",
+                   "DRAM hit rate (tiered)", "store read / evict ms per step", "peak RSS GiB per worker, DRAM / tiered"],
+                  "lrrrrrr", rows)
+
+
 _CUDA_LINE = re.compile(r"^\s*(?P<case>\S+)\s+n=\s*(?P<n>\d+) unique=\s*(?P<unique>\d+)\s+segment_unique\s+(?P<ms>[\d.]+) ms.*?"
                         r"sort\+unique_by_key\s+(?P<sort_ms>[\d.]+) ms.*?speedup (?P<speedup>[\d.]+)x")
 
@@ -1376,6 +1405,7 @@ TABLES = {
     "publish-auc": (("benchmarks/results/publish/freshness_auc.json",), publish_auc),
     "publish-tls-token-ab": (("benchmarks/results/publish/tls_token_ab/publish_bench.json",), publish_tls_token_ab),
     "publish-online-loop": (("benchmarks/results/publish/online_loop.json",), publish_online_loop),
+    "tier-bench": (("benchmarks/results/tier/zipf*/*/result.json",), tier_bench),
     "cluster-probe": (("benchmarks/results/cluster/*-n2/probe.json", "benchmarks/results/cluster/model.json"), cluster_probe),
     "cluster-bench": (("benchmarks/results/cluster/*-n2/bench.json", "benchmarks/results/cluster/model.json"), cluster_bench),
     "bench-per-feature-ceiling": (("benchmarks/results/bench/per_feature_ceiling/*/bench.json",), bench_per_feature_ceiling),

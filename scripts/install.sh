@@ -35,6 +35,9 @@ command -v patch >/dev/null || need_apt+=(patch)  # Horovod's patch for TensorFl
 { command -v ip && command -v tc; } >/dev/null || need_apt+=(iproute2)
 # openssl makes the test certificates of the TLS tests (tests/serve/test_tls.py) and the serving-security guide.
 command -v openssl >/dev/null || need_apt+=(openssl)
+# RocksDB's shared library: the store of tiered tables (tables larger than memory), loaded by the op library when one
+# is created (cc/kernels/impl/disk_store.h); tests/ops/test_native_table_tiered.py and the tiered tests need it.
+ldconfig -p | grep -q 'librocksdb\.so' || need_apt+=(librocksdb-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then
     echo "[install] missing system packages: ${need_apt[*]}; run as root or apt-get install them" >&2

@@ -33,6 +33,7 @@ _NAMES = {
     "PerFeatureEmbedding": "tf_fusedrec.layers",
     "Spec": "tf_fusedrec.config",
     "SpecGroup": "tf_fusedrec.config",
+    "Tiered": "tf_fusedrec.distributed.tier",
 }
 # Public subpackages that need TensorFlow (fr.export is light: its TensorFlow half loads with fr.export.export_model).
 _TF_SUBPACKAGES = ("distributed", "initializers", "ops", "train")

@@ -480,6 +480,10 @@ class EmbeddingConfig:
     admission_min_count: Any = None  # fr.Admission(min_count): an id gets a row once read this often; null: at once
     expiry_steps: Any = None  # fr.Expiry(steps, interval): rows not updated for this many steps go; null: they stay
     expiry_interval: int = 100  # updates between expiry checks
+    # Tables larger than memory (fr.Tiered, tf_fusedrec/distributed/tier.py): a mapping {dram_bytes: bytes or a size
+    # such as 2GiB, path: a local directory}: each table keeps at most dram_bytes per worker in DRAM, the rest in a
+    # RocksDB store under path; null: every row in DRAM. Native tables only.
+    tier: Any = None
 
 
 @dataclasses.dataclass
@@ -607,6 +611,12 @@ def parse_config(raw, where="config"):
     if embedding.table_rounding not in TABLE_ROUNDINGS:
         raise ValueError(f"{where}.embedding.table_rounding: must be one of {TABLE_ROUNDINGS}, got "
                          f"{embedding.table_rounding!r}")
+    if embedding.tier is not None:
+        from tf_fusedrec.distributed.tier import parse_tier  # noqa: PLC0415  (pure Python, no TensorFlow)
+
+        parse_tier(embedding.tier, f"{where}.embedding")
+        if embedding.table_backend != "native":
+            raise ValueError(f"{where}.embedding.tier: needs table_backend native, got {embedding.table_backend!r}")
     for key, optional in (("admission_min_count", True), ("expiry_steps", True), ("expiry_interval", False)):
         value = getattr(embedding, key)
         if not (optional and value is None) and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

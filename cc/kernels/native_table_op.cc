@@ -2,12 +2,15 @@
 #include "cc/kernels/native_table_op.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <unordered_set>
 #include <utility>
 
 #include "absl/strings/numbers.h"
+#include "cc/kernels/impl/disk_store.h"
 #include "cc/kernels/impl/pair_dedup.h"
 #include "cc/kernels/kernel_util.h"
 #include "tensorflow/core/framework/numeric_types.h"
@@ -54,6 +57,8 @@ Status NativeTableConfig::FromAttrs(OpKernelConstruction* ctx, NativeTableConfig
   TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "value", &c->value));
   TF_RETURN_IF_ERROR(ctx->GetAttr("salts", &c->salts));
   TF_RETURN_IF_ERROR(ctx->GetAttr("track_access", &c->track_access));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("tier_path", &c->tier_path));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("tier_dram_bytes", &c->tier_dram_bytes));
   TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "momentum", &c->momentum));
   TF_RETURN_IF_ERROR(ctx->GetAttr("nesterov", &c->nesterov));
   TF_RETURN_IF_ERROR(GetDoubleAttr(ctx, "rho", &c->rho));
@@ -123,6 +128,9 @@ Status NativeTableConfig::FromAttrs(OpKernelConstruction* ctx, NativeTableConfig
     return error("init must be hashed, constant, normal, uniform or truncated_normal, got '", c->init, "'");
   }
   if (c->salts.empty()) return error("salts must name at least one category");
+  if (c->tiered() && c->tier_dram_bytes <= 0) {
+    return error("a tiered table (tier_path '", c->tier_path, "') needs tier_dram_bytes > 0, got ", c->tier_dram_bytes);
+  }
   return OkStatus();
 }
 
@@ -227,7 +235,8 @@ std::string NativeTableConfig::DebugString() const {
       " weight_decay=", weight_decay, " learning_rate_power=", learning_rate_power, " l1=", l1, " l2=", l2,
       " l2_shrinkage=", l2_shrinkage, " beta=", beta, " slot_init=[", join(slot_init), "] storage=", storage,
       " rounding=", rounding, " init=", init, " seed=", seed, " mean=", mean, " stddev=", stddev, " minval=", minval,
-      " maxval=", maxval, " value=", value, " salts=[", join(salts), "] track_access=", track_access);
+      " maxval=", maxval, " value=", value, " salts=[", join(salts), "] track_access=", track_access,
+      " tier_path=", tier_path, " tier_dram_bytes=", tier_dram_bytes);
 }
 
 bool NativeTableConfig::operator==(const NativeTableConfig& o) const {
@@ -238,7 +247,7 @@ bool NativeTableConfig::operator==(const NativeTableConfig& o) const {
          beta == o.beta && slot_init == o.slot_init &&
          storage == o.storage && rounding == o.rounding && init == o.init && seed == o.seed && mean == o.mean &&
          stddev == o.stddev && minval == o.minval && maxval == o.maxval && value == o.value && salts == o.salts &&
-         track_access == o.track_access;
+         track_access == o.track_access && tier_path == o.tier_path && tier_dram_bytes == o.tier_dram_bytes;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -268,37 +277,73 @@ struct Float16Rows {
 
 class TableStore {
  public:
+  explicit TableStore(const NativeTableConfig& config) : config_(config) {}
   virtual ~TableStore() = default;
+  // Keys held (in DRAM and, tiered, on disk).
   virtual int64_t size() const = 0;
   virtual int64_t MemoryUsed() const = 0;
-  virtual TableStatus Reserve(int64_t n) = 0;
-  // Training lookup, after Reserve(size() + n): inserts missing keys; with access tracking, each key's count += 1
-  // and last = clock.
+  // Readies the table for a call that may insert or update these n keys (repeats allowed): room for all of them in
+  // DRAM without growth during the call, and, tiered, every one of them held on disk brought into DRAM. lookup: a
+  // training lookup's keys (what the tiers' hit counters count).
+  virtual Status Prepare(const int64_t* keys, int64_t n, bool lookup) = 0;
+  // Training lookup, after Prepare: inserts missing keys; with access tracking, each key's count += 1 and
+  // last = clock.
   virtual void LookupOrInsert(const int64_t* keys, const int32* categories, const int64_t* ids, int64_t n,
                               int64_t clock, float* rows) = 0;
   // Inference lookup: missing keys get their initial rows; the table is not changed.
-  virtual void LookupOrInitial(const int64_t* keys, const int32* categories, const int64_t* ids, int64_t n,
-                               float* rows) const = 0;
-  // Distinct keys only, after Reserve(size() + n).
+  virtual Status LookupOrInitial(const int64_t* keys, const int32* categories, const int64_t* ids, int64_t n,
+                                 float* rows) const = 0;
+  // Distinct keys only, after Prepare.
   virtual void ApplySparse(const int64_t* keys, const float* grads, const int32* categories, const int64_t* ids,
                            int64_t n, const impl::OptimizerHyper& hyper, int64_t update_count) = 0;
-  virtual void Find(const int64_t* keys, int64_t n, int part, float* values, bool* exists) const = 0;
-  // After Reserve(size() + n).
+  virtual Status Find(const int64_t* keys, int64_t n, int part, float* values, bool* exists) const = 0;
+  // After Prepare.
   virtual void Upsert(const int64_t* keys, const float* values, int64_t n, int part) = 0;
-  virtual void Remove(const int64_t* keys, int64_t n) = 0;
-  virtual void Export(int64_t* keys, float* rows, float* slots) const = 0;
+  virtual Status Remove(const int64_t* keys, int64_t n) = 0;
+  // Writes all size() entries.
+  virtual Status Export(int64_t* keys, float* rows, float* slots) const = 0;
   // Change tracking (impl::NativeHashMap::ClearChanges): entries inserted or written since the last ClearChanges.
   virtual int64_t NumChanged() const = 0;
   // The changed entries as Export writes them (num_changed of them).
-  virtual void ExportChanged(int64_t* keys, float* rows, float* slots) const = 0;
+  virtual Status ExportChanged(int64_t* keys, float* rows, float* slots) const = 0;
   // The distinct keys removed since the last ClearChanges and not held now, ascending.
-  virtual std::vector<int64_t> RemovedKeys() const = 0;
+  virtual Status RemovedKeys(std::vector<int64_t>* removed) const = 0;
   virtual bool TrackingChanges() const = 0;
   virtual void ClearChanges() = 0;
-  virtual void AccessStatus(int64_t* keys, int64_t* counts, int64_t* last) const = 0;
-  // Sets the access stats of n keys when every one is held and returns -1; otherwise changes nothing and returns
-  // the position of the first key not held.
-  virtual int64_t SetAccessStatus(const int64_t* keys, const int64_t* counts, const int64_t* last, int64_t n) = 0;
+  virtual Status AccessStatus(int64_t* keys, int64_t* counts, int64_t* last) const = 0;
+  // Sets the access stats of n keys when every one is held (*missing = -1); otherwise changes nothing and sets
+  // *missing to the position of the first key not held.
+  virtual Status SetAccessStatus(const int64_t* keys, const int64_t* counts, const int64_t* last, int64_t n,
+                                 int64_t* missing) = 0;
+  // The tiers' counters: rows in DRAM, rows on disk, the most rows DRAM holds (-1: unbounded), bytes the DRAM
+  // arrays take; then, since creation: keys of training calls found in DRAM, found on disk (read into DRAM), found in
+  // neither (new keys), rows evicted to disk, bytes read from disk, bytes written to it, and the microseconds the
+  // training calls spent evicting and reading from the store.
+  virtual void TierStats(int64_t* out) const {
+    std::fill(out, out + NativeTable::kTierStats, 0);
+    out[0] = size();
+    out[2] = -1;
+    out[3] = MemoryUsed();
+  }
+
+ protected:
+  // The error of a failed Reserve(wanted) of a table holding `held` keys in `bytes`, naming the table.
+  Status ReserveError(TableStatus status, int64_t wanted, int64_t held, int64_t bytes) const {
+    switch (status) {
+      case TableStatus::kOk:
+        return OkStatus();
+      case TableStatus::kTooLarge:
+        return errors::ResourceExhausted("native table '", config_.name, "': cannot hold ", wanted,
+                                         " keys (it has ", held, "): the capacity would exceed 2^",
+                                         impl::kMaxTableCapacityLog2, " slots");
+      case TableStatus::kNoMemory:
+        return errors::ResourceExhausted("native table '", config_.name, "': out of memory growing to hold ", wanted,
+                                         " keys (it has ", held, " keys in ", bytes, " bytes)");
+    }
+    return OkStatus();
+  }
+
+  const NativeTableConfig& config_;
 };
 
 namespace {
@@ -306,16 +351,19 @@ namespace {
 template <typename Rows>
 class TypedStore : public TableStore {
  public:
-  explicit TypedStore(const NativeTableConfig& config)
-      : config_(config),
+  // track_access: whether the map keeps access stats (the config's, or always for a tiered table's cache).
+  TypedStore(const NativeTableConfig& config, bool track_access)
+      : TableStore(config),
         dim_(config.dim),
         num_slots_(config.num_slots()),
-        map_(config.dim, config.num_slots(), config.track_access),
+        map_(config.dim, config.num_slots(), track_access),
         init_(config.MakeInitializer()) {}
 
   int64_t size() const override { return map_.size(); }
   int64_t MemoryUsed() const override { return map_.MemoryUsed(); }
-  TableStatus Reserve(int64_t n) override { return map_.Reserve(n); }
+  Status Prepare(const int64_t*, int64_t n, bool) override {
+    return ReserveError(map_.Reserve(map_.size() + n), map_.size() + n, map_.size(), map_.MemoryUsed());
+  }
 
   void LookupOrInsert(const int64_t* keys, const int32* categories, const int64_t* ids, int64_t n, int64_t clock,
                       float* rows) override {
@@ -338,8 +386,8 @@ class TypedStore : public TableStore {
         });
   }
 
-  void LookupOrInitial(const int64_t* keys, const int32* categories, const int64_t* ids, int64_t n,
-                       float* rows) const override {
+  Status LookupOrInitial(const int64_t* keys, const int32* categories, const int64_t* ids, int64_t n,
+                         float* rows) const override {
     impl::PipelinedProbe(
         map_, keys, n, [&](int64_t i) { return map_.Find(keys[i]); },
         [&](int64_t i, int64_t index) {
@@ -350,6 +398,7 @@ class TypedStore : public TableStore {
             init_->Fill(ids[i], config_.salts[categories[i]], dim_, out);  // an id never trained (export, serving)
           }
         });
+    return OkStatus();
   }
 
   void ApplySparse(const int64_t* keys, const float* grads, const int32* categories, const int64_t* ids, int64_t n,
@@ -379,7 +428,7 @@ class TypedStore : public TableStore {
     }
   }
 
-  void Find(const int64_t* keys, int64_t n, int part, float* values, bool* exists) const override {
+  Status Find(const int64_t* keys, int64_t n, int part, float* values, bool* exists) const override {
     impl::PipelinedProbe(
         map_, keys, n, [&](int64_t i) { return map_.Find(keys[i]); },
         [&](int64_t i, int64_t index) {
@@ -393,6 +442,7 @@ class TypedStore : public TableStore {
             std::memcpy(out, map_.slots(index) + (part - 1) * dim_, dim_ * sizeof(float));
           }
         });
+    return OkStatus();
   }
 
   void Upsert(const int64_t* keys, const float* values, int64_t n, int part) override {
@@ -419,35 +469,35 @@ class TypedStore : public TableStore {
         });
   }
 
-  void Remove(const int64_t* keys, int64_t n) override {
+  Status Remove(const int64_t* keys, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) map_.Remove(keys[i]);
+    return OkStatus();
   }
 
-  void Export(int64_t* keys, float* rows, float* slots) const override {
+  Status Export(int64_t* keys, float* rows, float* slots) const override {
     int64_t j = 0;
     map_.ForEach([&](int64_t index) { ExportEntry(index, j++, keys, rows, slots); });
+    return OkStatus();
   }
 
   int64_t NumChanged() const override { return map_.num_changed(); }
 
-  void ExportChanged(int64_t* keys, float* rows, float* slots) const override {
+  Status ExportChanged(int64_t* keys, float* rows, float* slots) const override {
     int64_t j = 0;
     map_.ForEachChanged([&](int64_t index) { ExportEntry(index, j++, keys, rows, slots); });
+    return OkStatus();
   }
 
-  std::vector<int64_t> RemovedKeys() const override {
-    std::vector<int64_t> removed = map_.removed();
-    std::sort(removed.begin(), removed.end());
-    removed.erase(std::unique(removed.begin(), removed.end()), removed.end());
-    removed.erase(std::remove_if(removed.begin(), removed.end(), [&](int64_t k) { return map_.Find(k) >= 0; }),
-                  removed.end());
-    return removed;
+  Status RemovedKeys(std::vector<int64_t>* removed) const override {
+    *removed = map_.removed();
+    SortedNotHeld(removed);
+    return OkStatus();
   }
 
   bool TrackingChanges() const override { return map_.tracking_changes(); }
   void ClearChanges() override { map_.ClearChanges(); }
 
-  void AccessStatus(int64_t* keys, int64_t* counts, int64_t* last) const override {
+  Status AccessStatus(int64_t* keys, int64_t* counts, int64_t* last) const override {
     int64_t j = 0;
     map_.ForEach([&](int64_t index) {
       keys[j] = map_.key(index);
@@ -455,19 +505,33 @@ class TypedStore : public TableStore {
       last[j] = map_.access(index).last;
       ++j;
     });
+    return OkStatus();
   }
 
-  int64_t SetAccessStatus(const int64_t* keys, const int64_t* counts, const int64_t* last, int64_t n) override {
+  Status SetAccessStatus(const int64_t* keys, const int64_t* counts, const int64_t* last, int64_t n,
+                         int64_t* missing) override {
     std::vector<int64_t> at(n);  // entry indices stay valid: nothing is inserted or removed in between
+    *missing = -1;
     for (int64_t i = 0; i < n; ++i) {
       at[i] = map_.Find(keys[i]);
-      if (at[i] < 0) return i;
+      if (at[i] < 0) {
+        *missing = i;
+        return OkStatus();
+      }
     }
     for (int64_t i = 0; i < n; ++i) map_.access(at[i]) = impl::AccessStats{counts[i], last[i]};
-    return -1;
+    return OkStatus();
   }
 
- private:
+ protected:
+  // Sorts the keys, drops repeats and the keys held in DRAM.
+  void SortedNotHeld(std::vector<int64_t>* keys) const {
+    std::sort(keys->begin(), keys->end());
+    keys->erase(std::unique(keys->begin(), keys->end()), keys->end());
+    keys->erase(std::remove_if(keys->begin(), keys->end(), [&](int64_t k) { return map_.Find(k) >= 0; }),
+                keys->end());
+  }
+
   // Entry `index` as the j-th of an export: its key, its row as float32 and its slots.
   void ExportEntry(int64_t index, int64_t j, int64_t* keys, float* rows, float* slots) const {
     const int64_t slot_stride = num_slots_ * dim_;
@@ -546,12 +610,468 @@ class TypedStore : public TableStore {
     return scratch_.data();
   }
 
-  const NativeTableConfig& config_;
   const int64_t dim_;
   const int num_slots_;
   impl::NativeHashMap<typename Rows::Stored> map_;
   const std::unique_ptr<impl::RowInitializer> init_;
   std::vector<float> scratch_;
+};
+
+// A tiered table (config.tier_path): the hash map above as a cache of at most config.tier_dram_bytes, sized once
+// (no growth), over a RocksDB store on disk (impl::DiskStore) holding the other keys, each in exactly one tier. Every
+// call that may insert or update (Prepare) first brings the call's keys held on disk into DRAM in one batched read,
+// after evicting, when the cache would overflow, the least frequently used eighth of the cache not used by the call,
+// written back in one batch. The update itself is the all-DRAM table's, in place, so a tiered table trains bit for bit
+// as an all-DRAM one. Reads that change nothing (inference lookups, Find, exports) read the disk tier in place.
+// Change marks follow an evicted key (cold_changed_, kept while changes are tracked), and so do removals of keys on
+// disk (cold_removed_). An entry on disk: its access stats, its stored row, its slots.
+template <typename Rows>
+class TieredStore : public TypedStore<Rows> {
+  using Base = TypedStore<Rows>;
+  using Stored = typename Rows::Stored;
+  using Base::config_;
+  using Base::dim_;
+  using Base::init_;
+  using Base::map_;
+  using Base::num_slots_;
+  static constexpr int64_t kPinned = std::numeric_limits<int64_t>::max();
+
+ public:
+  explicit TieredStore(const NativeTableConfig& config) : Base(config, /*track_access=*/true) {}
+
+  // Sizes the cache and opens the store; an error names the table.
+  Status Open() {
+    auto error = [&](auto... args) { return errors::FailedPrecondition("native table '", config_.name, "': ", args...); };
+    int log2 = impl::kMinTableCapacityLog2;
+    const auto fits = [&](int l) {
+      const size_t bytes = map_.BytesFor(int64_t{1} << l);
+      return bytes != 0 && bytes <= static_cast<size_t>(config_.tier_dram_bytes);
+    };
+    if (!fits(log2)) {
+      return error("tier dram_bytes ", config_.tier_dram_bytes, " holds no rows: the DRAM cache needs at least ",
+                   map_.BytesFor(int64_t{1} << log2), " bytes");
+    }
+    while (log2 < impl::kMaxTableCapacityLog2 && fits(log2 + 1)) ++log2;
+    max_cached_ = impl::NativeHashMap<Stored>::MaxLoad(int64_t{1} << log2);
+    // Allocated once: the cache never grows, so it never holds two copies of its arrays.
+    TF_RETURN_IF_ERROR(this->ReserveError(map_.Reserve(max_cached_), max_cached_, 0, 0));
+    const std::string identity =
+        strings::StrCat("table=", config_.name, " dim=", dim_, " optimizer=", config_.optimizer, " slots=", num_slots_,
+                        " storage=", config_.storage);
+    const std::string message = impl::DiskStore::Open(config_.tier_path, identity, &disk_);
+    if (!message.empty()) return error(message);
+    return OkStatus();
+  }
+
+  int64_t size() const override { return map_.size() + disk_rows_; }
+  // The DRAM arrays, and the keys of the change marks that followed rows to disk.
+  int64_t MemoryUsed() const override {
+    return map_.MemoryUsed() + static_cast<int64_t>(cold_changed_.size() * 32 + cold_removed_.capacity() * 8);
+  }
+
+  Status Prepare(const int64_t* keys, int64_t n, bool lookup) override {
+    std::vector<int64_t> cold;  // the call's keys not in DRAM, each once
+    int64_t hits = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (map_.Find(keys[i]) < 0) {
+        cold.push_back(keys[i]);
+      } else {
+        ++hits;
+      }
+    }
+    std::sort(cold.begin(), cold.end());
+    cold.erase(std::unique(cold.begin(), cold.end()), cold.end());
+    const int64_t cold_n = static_cast<int64_t>(cold.size());
+    const int64_t t0 = NowMicros();
+    if (map_.size() + cold_n > max_cached_) {
+      TF_RETURN_IF_ERROR(Evict(keys, n, map_.size() + cold_n - max_cached_, cold_n));
+    }
+    const int64_t t1 = NowMicros();
+    int64_t moved = 0;
+    TF_RETURN_IF_ERROR(FaultIn(cold, &moved));
+    evict_micros_ += t1 - t0;
+    read_micros_ += NowMicros() - t1;
+    if (lookup) {
+      hits_ += hits;
+      disk_hits_ += moved;
+      new_keys_ += cold_n - moved;
+    }
+    return OkStatus();
+  }
+
+  Status LookupOrInitial(const int64_t* keys, const int32* categories, const int64_t* ids, int64_t n,
+                         float* rows) const override {
+    return ReadThrough(keys, n, [&](int64_t i, const char* entry) {
+      float* out = rows + i * dim_;
+      if (entry != nullptr) {
+        DecodeRow(entry, out);
+      } else {
+        init_->Fill(ids[i], config_.salts[categories[i]], dim_, out);
+      }
+    });
+  }
+
+  Status Find(const int64_t* keys, int64_t n, int part, float* values, bool* exists) const override {
+    return ReadThrough(keys, n, [&](int64_t i, const char* entry) {
+      float* out = values + i * dim_;
+      exists[i] = entry != nullptr;
+      if (entry == nullptr) {
+        std::fill(out, out + dim_, 0.0f);
+      } else if (part == 0) {
+        DecodeRow(entry, out);
+      } else {
+        std::memcpy(out, entry + SlotsOffset() + (part - 1) * dim_ * sizeof(float), dim_ * sizeof(float));
+      }
+    });
+  }
+
+  Status Remove(const int64_t* keys, int64_t n) override {
+    std::vector<int64_t> cold, stale;  // keys not in DRAM; keys in DRAM whose old copy is in the store
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t index = map_.Find(keys[i]);
+      if (index < 0) {
+        cold.push_back(keys[i]);
+        continue;
+      }
+      if (map_.aux(index)) stale.push_back(keys[i]);
+      map_.Remove(keys[i]);
+    }
+    std::sort(cold.begin(), cold.end());
+    cold.erase(std::unique(cold.begin(), cold.end()), cold.end());
+    std::vector<int64_t> held;
+    TF_RETURN_IF_ERROR(Check(disk_->MultiGet(cold.data(), cold.size(), [&](int64_t i, const char*, size_t) {
+      held.push_back(cold[i]);
+      return std::string();
+    })));
+    if (held.empty() && stale.empty()) return OkStatus();
+    impl::DiskStore::Batch batch(*disk_);
+    for (int64_t k : held) batch.Delete(k);
+    for (int64_t k : stale) batch.Delete(k);
+    TF_RETURN_IF_ERROR(Check(batch.Commit()));
+    disk_rows_ -= static_cast<int64_t>(held.size());
+    for (int64_t k : held) {
+      cold_changed_.erase(k);
+      if (map_.tracking_changes()) cold_removed_.push_back(k);
+    }
+    return OkStatus();
+  }
+
+  Status Export(int64_t* keys, float* rows, float* slots) const override {
+    TF_RETURN_IF_ERROR(Base::Export(keys, rows, slots));
+    int64_t j = map_.size();
+    TF_RETURN_IF_ERROR(Check(disk_->ForEach([&](int64_t key, const char* entry, size_t length) {
+      std::string e = CheckEntry(key, length);
+      if (!e.empty()) return e;
+      if (map_.Find(key) >= 0) return e;  // an old copy of a row now in DRAM
+      if (j >= size()) return strings::StrCat("the store ", disk_->path(), " holds more rows than the table counts (",
+                                              disk_rows_, "): corrupted or shared");
+      ExportDiskEntry(key, entry, j++, keys, rows, slots);
+      return std::string();
+    })));
+    if (j != size()) {
+      return Check(strings::StrCat("the store ", disk_->path(), " holds ", j - map_.size(), " rows, the table counts ",
+                                   disk_rows_, ": corrupted"));
+    }
+    return OkStatus();
+  }
+
+  int64_t NumChanged() const override { return map_.num_changed() + static_cast<int64_t>(cold_changed_.size()); }
+
+  Status ExportChanged(int64_t* keys, float* rows, float* slots) const override {
+    TF_RETURN_IF_ERROR(Base::ExportChanged(keys, rows, slots));
+    std::vector<int64_t> cold(cold_changed_.begin(), cold_changed_.end());
+    std::sort(cold.begin(), cold.end());
+    const int64_t start = map_.num_changed();
+    int64_t found = 0;
+    TF_RETURN_IF_ERROR(Check(disk_->MultiGet(cold.data(), cold.size(), [&](int64_t i, const char* entry, size_t n) {
+      std::string e = CheckEntry(cold[i], n);
+      if (!e.empty()) return e;
+      ExportDiskEntry(cold[i], entry, start + found++, keys, rows, slots);
+      return std::string();
+    })));
+    if (found != static_cast<int64_t>(cold.size())) {
+      return Check(strings::StrCat("the store ", disk_->path(), " lost ", cold.size() - found, " changed rows"));
+    }
+    return OkStatus();
+  }
+
+  Status RemovedKeys(std::vector<int64_t>* removed) const override {
+    *removed = map_.removed();
+    removed->insert(removed->end(), cold_removed_.begin(), cold_removed_.end());
+    this->SortedNotHeld(removed);
+    std::vector<char> held(removed->size(), 0);
+    TF_RETURN_IF_ERROR(Check(disk_->MultiGet(removed->data(), removed->size(), [&](int64_t i, const char*, size_t) {
+      held[i] = 1;
+      return std::string();
+    })));
+    int64_t j = 0;
+    for (size_t i = 0; i < removed->size(); ++i) {
+      if (!held[i]) (*removed)[j++] = (*removed)[i];
+    }
+    removed->resize(j);
+    return OkStatus();
+  }
+
+  void ClearChanges() override {
+    Base::ClearChanges();
+    cold_changed_.clear();
+    cold_removed_.clear();
+    cold_removed_.shrink_to_fit();
+  }
+
+  Status AccessStatus(int64_t* keys, int64_t* counts, int64_t* last) const override {
+    TF_RETURN_IF_ERROR(Base::AccessStatus(keys, counts, last));
+    int64_t j = map_.size();
+    return Check(disk_->ForEach([&](int64_t key, const char* entry, size_t length) {
+      std::string e = CheckEntry(key, length);
+      if (!e.empty()) return e;
+      if (map_.Find(key) >= 0) return e;  // an old copy of a row now in DRAM
+      if (j >= size()) return strings::StrCat("the store ", disk_->path(), " holds more rows than the table counts");
+      impl::AccessStats a;
+      std::memcpy(&a, entry, sizeof(a));
+      keys[j] = key;
+      counts[j] = a.count;
+      last[j] = a.last;
+      ++j;
+      return std::string();
+    }));
+  }
+
+  Status SetAccessStatus(const int64_t* keys, const int64_t* counts, const int64_t* last, int64_t n,
+                         int64_t* missing) override {
+    std::vector<int64_t> cold_at;  // positions of the keys not in DRAM
+    for (int64_t i = 0; i < n; ++i) {
+      if (map_.Find(keys[i]) < 0) cold_at.push_back(i);
+    }
+    std::vector<int64_t> cold(cold_at.size());
+    for (size_t c = 0; c < cold_at.size(); ++c) cold[c] = keys[cold_at[c]];
+    std::vector<std::string> entries(cold.size());
+    TF_RETURN_IF_ERROR(Check(disk_->MultiGet(cold.data(), cold.size(), [&](int64_t c, const char* entry, size_t len) {
+      std::string e = CheckEntry(cold[c], len);
+      if (e.empty()) entries[c].assign(entry, len);
+      return e;
+    })));
+    *missing = -1;
+    for (size_t c = 0; c < cold.size(); ++c) {
+      if (entries[c].empty()) {
+        *missing = cold_at[c];
+        return OkStatus();
+      }
+    }
+    impl::DiskStore::Batch batch(*disk_);
+    for (size_t c = 0; c < cold.size(); ++c) {  // a repeated key takes its last entry, as in DRAM
+      const int64_t i = cold_at[c];
+      const impl::AccessStats a{counts[i], last[i]};
+      std::memcpy(&entries[c][0], &a, sizeof(a));
+    }
+    for (size_t c = 0; c < cold.size(); ++c) batch.Put(cold[c], entries[c].data(), entries[c].size());
+    TF_RETURN_IF_ERROR(Check(batch.Commit()));
+    bytes_written_ += batch.bytes();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t index = map_.Find(keys[i]);
+      if (index >= 0) map_.access(index) = impl::AccessStats{counts[i], last[i]};
+    }
+    return OkStatus();
+  }
+
+  void TierStats(int64_t* out) const override {
+    out[0] = map_.size();
+    out[1] = disk_rows_;
+    out[2] = max_cached_;
+    out[3] = map_.MemoryUsed();
+    out[4] = hits_;
+    out[5] = disk_hits_;
+    out[6] = new_keys_;
+    out[7] = evicted_;
+    out[8] = bytes_read_;
+    out[9] = bytes_written_;
+    out[10] = evict_micros_;
+    out[11] = read_micros_;
+  }
+
+ private:
+  size_t RowBytes() const { return dim_ * sizeof(Stored); }
+  size_t SlotsOffset() const { return sizeof(impl::AccessStats) + RowBytes(); }
+  size_t EntryBytes() const { return SlotsOffset() + num_slots_ * dim_ * sizeof(float); }
+
+  Status Check(const std::string& message) const {
+    if (message.empty()) return OkStatus();
+    return errors::DataLoss("native table '", config_.name, "': ", message);
+  }
+
+  std::string CheckEntry(int64_t key, size_t length) const {
+    if (length == EntryBytes()) return "";
+    return strings::StrCat("the store ", disk_->path(), " holds ", length, " bytes for key ", key, ", this table's ",
+                           "entries have ", EntryBytes(), ": a store of another table, or corrupted");
+  }
+
+  void EncodeEntry(int64_t index, char* out) const {
+    std::memcpy(out, &map_.access(index), sizeof(impl::AccessStats));
+    std::memcpy(out + sizeof(impl::AccessStats), map_.row(index), RowBytes());
+    if (num_slots_ > 0) std::memcpy(out + SlotsOffset(), map_.slots(index), num_slots_ * dim_ * sizeof(float));
+  }
+
+  void DecodeEntry(const char* in, int64_t index) {
+    std::memcpy(&map_.access(index), in, sizeof(impl::AccessStats));
+    std::memcpy(map_.row(index), in + sizeof(impl::AccessStats), RowBytes());
+    if (num_slots_ > 0) std::memcpy(map_.slots(index), in + SlotsOffset(), num_slots_ * dim_ * sizeof(float));
+  }
+
+  void DecodeRow(const char* entry, float* out) const {
+    for (int64_t d = 0; d < dim_; ++d) {
+      Stored v;
+      std::memcpy(&v, entry + sizeof(impl::AccessStats) + d * sizeof(Stored), sizeof(Stored));
+      out[d] = Rows::Load(v);
+    }
+  }
+
+  void ExportDiskEntry(int64_t key, const char* entry, int64_t j, int64_t* keys, float* rows, float* slots) const {
+    keys[j] = key;
+    DecodeRow(entry, rows + j * dim_);
+    const int64_t stride = num_slots_ * dim_;
+    if (stride > 0) std::memcpy(slots + j * stride, entry + SlotsOffset(), stride * sizeof(float));
+  }
+
+  // visit(i, entry) for each key: its entry's bytes (from DRAM, encoded, or from disk), or null when not held.
+  template <typename Visit>
+  Status ReadThrough(const int64_t* keys, int64_t n, Visit visit) const {
+    std::vector<char> buffer(EntryBytes());
+    std::vector<int64_t> cold_at, cold;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t index = map_.Find(keys[i]);
+      if (index >= 0) {
+        EncodeEntry(index, buffer.data());
+        visit(i, buffer.data());
+      } else {
+        cold_at.push_back(i);
+        cold.push_back(keys[i]);
+      }
+    }
+    std::vector<char> found(cold.size(), 0);
+    TF_RETURN_IF_ERROR(Check(disk_->MultiGet(cold.data(), cold.size(), [&](int64_t c, const char* entry, size_t len) {
+      std::string e = CheckEntry(cold[c], len);
+      if (!e.empty()) return e;
+      found[c] = 1;
+      visit(cold_at[c], entry);
+      return std::string();
+    })));
+    for (size_t c = 0; c < cold.size(); ++c) {
+      if (!found[c]) visit(cold_at[c], nullptr);
+    }
+    return OkStatus();
+  }
+
+  // Makes room for `needed` more keys: writes the least frequently used cached entries not among the call's keys (at
+  // least `needed`, an eighth of the cache when there are that many, so evictions come in batches) to disk in one
+  // batch, then drops them from DRAM.
+  // cold_n: the call's keys about to come into DRAM (for the error when they cannot).
+  Status Evict(const int64_t* keys, int64_t n, int64_t needed, int64_t cold_n) {
+    std::vector<std::pair<int64_t, int64_t>> pinned;  // (key, its last) for the call's keys in DRAM
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t index = map_.Find(keys[i]);
+      if (index >= 0 && map_.access(index).last != kPinned) {
+        pinned.emplace_back(keys[i], map_.access(index).last);
+        map_.access(index).last = kPinned;
+      }
+    }
+    auto unpin = [&] {
+      for (const auto& p : pinned) map_.access(map_.Find(p.first)).last = p.second;
+    };
+    const int64_t unpinned = map_.size() - static_cast<int64_t>(pinned.size());
+    if (needed > unpinned) {
+      unpin();
+      return errors::ResourceExhausted(
+          "native table '", config_.name, "': one call needs ", static_cast<int64_t>(pinned.size()) + cold_n,
+          " keys in DRAM, but tier dram_bytes ", config_.tier_dram_bytes, " holds at most ", max_cached_,
+          " rows: raise dram_bytes (or make the batch smaller)");
+    }
+    const int64_t count = std::min(unpinned, std::max(needed, max_cached_ / 8));
+    // Least frequently read first (training lookups so far), the least recently read among equals: under Zipf traffic
+    // the most read rows stay (benchmarks/tier: at Zipf 1.05 a cache of 11% of the rows served 62% of the reads by
+    // recency alone). A tuple per candidate: (count, last, key).
+    struct Candidate {
+      int64_t count, last, key;
+      bool operator<(const Candidate& o) const {
+        return count != o.count ? count < o.count : last != o.last ? last < o.last : key < o.key;
+      }
+    };
+    std::vector<Candidate> lru;
+    lru.reserve(unpinned);
+    map_.ForEach([&](int64_t index) {
+      const impl::AccessStats& a = map_.access(index);
+      if (a.last != kPinned) lru.push_back({a.count, a.last, map_.key(index)});
+    });
+    std::nth_element(lru.begin(), lru.begin() + (count - 1), lru.end());
+    lru.resize(count);
+    // In the store's key order: RocksDB's write buffer (a skip list) inserts a sorted batch far faster than a random
+    // one (perf: random-order inserts were 12% of a tiered step).
+    std::sort(lru.begin(), lru.end(), [](const Candidate& a, const Candidate& b) {
+      return static_cast<uint64_t>(a.key) < static_cast<uint64_t>(b.key);
+    });
+    impl::DiskStore::Batch batch(*disk_);
+    std::vector<char> buffer(EntryBytes());
+    for (const auto& v : lru) {
+      EncodeEntry(map_.Find(v.key), buffer.data());
+      batch.Put(v.key, buffer.data(), buffer.size());
+    }
+    const std::string message = batch.Commit();
+    if (!message.empty()) {
+      unpin();
+      return Check(message);  // nothing was dropped from DRAM
+    }
+    const bool tracking = map_.tracking_changes();
+    for (const auto& v : lru) {
+      if (tracking && map_.changed(map_.Find(v.key))) cold_changed_.insert(v.key);
+      map_.Remove(v.key, /*log=*/false);
+    }
+    unpin();
+    disk_rows_ += count;
+    evicted_ += count;
+    bytes_written_ += batch.bytes();
+    return OkStatus();
+  }
+
+  // Brings the keys (distinct, none in DRAM) held on disk into DRAM, with their change marks; each keeps its copy in
+  // the store (marked by the map's aux bit), which its eviction overwrites and its removal deletes.
+  Status FaultIn(const std::vector<int64_t>& cold, int64_t* moved_count) {
+    std::vector<int64_t> moved;
+    TF_RETURN_IF_ERROR(Check(disk_->MultiGet(cold.data(), cold.size(), [&](int64_t c, const char* entry, size_t len) {
+      std::string e = CheckEntry(cold[c], len);
+      if (!e.empty()) return e;
+      bool inserted;
+      const int64_t index = map_.FindOrInsert(cold[c], &inserted);
+      DecodeEntry(entry, index);
+      map_.SetAux(index, true);  // its copy stays in the store until eviction overwrites it
+      if (cold_changed_.erase(cold[c]) > 0) {
+        map_.MarkChanged(index);
+      } else {
+        map_.ClearChanged(index);
+      }
+      moved.push_back(cold[c]);
+      return std::string();
+    })));
+    const int64_t m = static_cast<int64_t>(moved.size());
+    *moved_count = m;
+    bytes_read_ += m * static_cast<int64_t>(8 + EntryBytes());
+    // Not deleted from the store: the eviction that takes the row out of DRAM again overwrites the copy (deleting it
+    // here cost a tombstone per row read, which the store's compactions then carried: 2x the writes).
+    disk_rows_ -= m;
+    return OkStatus();
+  }
+
+  std::unique_ptr<impl::DiskStore> disk_;
+  int64_t max_cached_ = 0;
+  int64_t disk_rows_ = 0;  // keys whose only copy is in the store (a key in DRAM may keep an older copy there)
+  std::unordered_set<int64_t> cold_changed_;  // keys on disk marked changed (while changes are tracked)
+  std::vector<int64_t> cold_removed_;         // keys removed from disk since the last ClearChanges
+  // Counters (TierStats).
+  int64_t hits_ = 0, disk_hits_ = 0, new_keys_ = 0, evicted_ = 0, bytes_read_ = 0;
+  mutable int64_t bytes_written_ = 0;
+  int64_t evict_micros_ = 0, read_micros_ = 0;  // in Prepare (training calls)
+  static int64_t NowMicros() {
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
 };
 
 }  // namespace
@@ -560,12 +1080,27 @@ class TypedStore : public TableStore {
 // NativeTable
 // ---------------------------------------------------------------------------------------------------------------
 
-NativeTable::NativeTable(const NativeTableConfig& config) : config_(config) {
-  if (config_.storage_kind == RowStorage::kFloat16) {
-    store_ = std::make_unique<TypedStore<Float16Rows>>(config_);
+NativeTable::NativeTable(const NativeTableConfig& config) : config_(config) {}
+
+Status NativeTable::Open() {
+  mutex_lock lock(mu_);
+  const bool f16 = config_.storage_kind == RowStorage::kFloat16;
+  if (config_.tiered()) {
+    if (f16) {
+      auto store = std::make_unique<TieredStore<Float16Rows>>(config_);
+      TF_RETURN_IF_ERROR(store->Open());
+      store_ = std::move(store);
+    } else {
+      auto store = std::make_unique<TieredStore<Float32Rows>>(config_);
+      TF_RETURN_IF_ERROR(store->Open());
+      store_ = std::move(store);
+    }
+  } else if (f16) {
+    store_ = std::make_unique<TypedStore<Float16Rows>>(config_, config_.track_access);
   } else {
-    store_ = std::make_unique<TypedStore<Float32Rows>>(config_);
+    store_ = std::make_unique<TypedStore<Float32Rows>>(config_, config_.track_access);
   }
+  return OkStatus();
 }
 
 NativeTable::~NativeTable() = default;
@@ -596,22 +1131,6 @@ Status NativeTable::CheckPart(int part) const {
   return OkStatus();
 }
 
-Status NativeTable::ReserveError(TableStatus status, int64_t wanted) const {
-  switch (status) {
-    case TableStatus::kOk:
-      return OkStatus();
-    case TableStatus::kTooLarge:
-      return errors::ResourceExhausted("native table '", config_.name, "': cannot hold ", wanted, " keys (it has ",
-                                       store_->size(), "): the capacity would exceed 2^",
-                                       impl::kMaxTableCapacityLog2, " slots");
-    case TableStatus::kNoMemory:
-      return errors::ResourceExhausted("native table '", config_.name, "': out of memory growing to hold ", wanted,
-                                       " keys (it has ", store_->size(), " keys in ", store_->MemoryUsed(),
-                                       " bytes)");
-  }
-  return OkStatus();
-}
-
 Status NativeTable::LookupOrInit(const Tensor& keys, const Tensor& categories, const Tensor& ids, bool insert,
                                  Tensor* rows) {
   TF_RETURN_IF_ERROR(CheckCategories(categories));
@@ -622,11 +1141,10 @@ Status NativeTable::LookupOrInit(const Tensor& keys, const Tensor& categories, c
   float* out = rows->flat<float>().data();
   if (!insert) {
     tf_shared_lock lock(mu_);
-    store_->LookupOrInitial(k, c, i, n, out);
-    return OkStatus();
+    return store_->LookupOrInitial(k, c, i, n, out);
   }
   mutex_lock lock(mu_);
-  TF_RETURN_IF_ERROR(ReserveError(store_->Reserve(store_->size() + n), store_->size() + n));
+  TF_RETURN_IF_ERROR(store_->Prepare(k, n, /*lookup=*/true));
   store_->LookupOrInsert(k, c, i, n, ++clock_, out);
   return OkStatus();
 }
@@ -686,7 +1204,7 @@ Status NativeTable::ApplySparse(const Tensor& keys, const Tensor& grads, const T
   hyper.lr = lr;
   hyper.adam_lr = adam_lr;
   mutex_lock lock(mu_);
-  TF_RETURN_IF_ERROR(ReserveError(store_->Reserve(store_->size() + u), store_->size() + u));
+  TF_RETURN_IF_ERROR(store_->Prepare(k, u, /*lookup=*/false));
   store_->ApplySparse(k, g, c, i, u, hyper, update_count);
   return OkStatus();
 }
@@ -694,23 +1212,27 @@ Status NativeTable::ApplySparse(const Tensor& keys, const Tensor& grads, const T
 Status NativeTable::Find(const Tensor& keys, int part, Tensor* values, Tensor* exists) {
   TF_RETURN_IF_ERROR(CheckPart(part));
   tf_shared_lock lock(mu_);
-  store_->Find(keys.flat<int64_t>().data(), keys.NumElements(), part, values->flat<float>().data(),
-               exists->flat<bool>().data());
-  return OkStatus();
+  return store_->Find(keys.flat<int64_t>().data(), keys.NumElements(), part, values->flat<float>().data(),
+                      exists->flat<bool>().data());
 }
 
 Status NativeTable::Upsert(const Tensor& keys, const Tensor& values, int part) {
   TF_RETURN_IF_ERROR(CheckPart(part));
   const int64_t n = keys.NumElements();
   mutex_lock lock(mu_);
-  TF_RETURN_IF_ERROR(ReserveError(store_->Reserve(store_->size() + n), store_->size() + n));
+  TF_RETURN_IF_ERROR(store_->Prepare(keys.flat<int64_t>().data(), n, /*lookup=*/false));
   store_->Upsert(keys.flat<int64_t>().data(), values.flat<float>().data(), n, part);
   return OkStatus();
 }
 
-void NativeTable::Remove(const Tensor& keys) {
+Status NativeTable::Remove(const Tensor& keys) {
   mutex_lock lock(mu_);
-  store_->Remove(keys.flat<int64_t>().data(), keys.NumElements());
+  return store_->Remove(keys.flat<int64_t>().data(), keys.NumElements());
+}
+
+void NativeTable::TierStats(int64_t* out) const {
+  tf_shared_lock lock(mu_);
+  store_->TierStats(out);
 }
 
 int64_t NativeTable::Size() const {
@@ -722,8 +1244,7 @@ Status NativeTable::Export(const AllocateOutputs& allocate) const {
   tf_shared_lock lock(mu_);
   std::vector<Tensor*> out;
   TF_RETURN_IF_ERROR(allocate(store_->size(), &out));
-  store_->Export(out[0]->flat<int64_t>().data(), out[1]->flat<float>().data(), out[2]->flat<float>().data());
-  return OkStatus();
+  return store_->Export(out[0]->flat<int64_t>().data(), out[1]->flat<float>().data(), out[2]->flat<float>().data());
 }
 
 Status NativeTable::Changes(const AllocateOutputs& allocate_changed, const AllocateOutputs& allocate_removed) const {
@@ -734,8 +1255,10 @@ Status NativeTable::Changes(const AllocateOutputs& allocate_changed, const Alloc
   }
   std::vector<Tensor*> out;
   TF_RETURN_IF_ERROR(allocate_changed(store_->NumChanged(), &out));
-  store_->ExportChanged(out[0]->flat<int64_t>().data(), out[1]->flat<float>().data(), out[2]->flat<float>().data());
-  const std::vector<int64_t> removed = store_->RemovedKeys();
+  TF_RETURN_IF_ERROR(store_->ExportChanged(out[0]->flat<int64_t>().data(), out[1]->flat<float>().data(),
+                                           out[2]->flat<float>().data()));
+  std::vector<int64_t> removed;
+  TF_RETURN_IF_ERROR(store_->RemovedKeys(&removed));
   TF_RETURN_IF_ERROR(allocate_removed(static_cast<int64_t>(removed.size()), &out));
   std::copy(removed.begin(), removed.end(), out[0]->flat<int64_t>().data());
   return OkStatus();
@@ -753,7 +1276,8 @@ Status NativeTable::AccessStatus(const AllocateOutputs& allocate) const {
   tf_shared_lock lock(mu_);
   std::vector<Tensor*> out;
   TF_RETURN_IF_ERROR(allocate(store_->size(), &out));
-  store_->AccessStatus(out[0]->flat<int64_t>().data(), out[1]->flat<int64_t>().data(), out[2]->flat<int64_t>().data());
+  TF_RETURN_IF_ERROR(store_->AccessStatus(out[0]->flat<int64_t>().data(), out[1]->flat<int64_t>().data(),
+                                          out[2]->flat<int64_t>().data()));
   out[3]->scalar<int64_t>()() = clock_;
   return OkStatus();
 }
@@ -775,7 +1299,8 @@ Status NativeTable::SetAccessStatus(const Tensor& keys, const Tensor& counts, co
     }
   }
   mutex_lock lock(mu_);
-  const int64_t missing = store_->SetAccessStatus(k, c, l, n);
+  int64_t missing = -1;
+  TF_RETURN_IF_ERROR(store_->SetAccessStatus(k, c, l, n, &missing));
   if (missing >= 0) {
     return Error("key ", k[missing], " at position ", missing, " is not in the table, so it has no access status to ",
                  "set (restore its row first); nothing was set");
@@ -848,7 +1373,13 @@ class NativeTableCreateOp : public OpKernel {
     const ResourceHandle handle = MakeResourceHandle<NativeTable>(ctx, container_, shared_name_);
     core::RefCountPtr<NativeTable> table;
     OP_REQUIRES_OK(ctx, LookupOrCreateResource<NativeTable>(ctx, handle, &table, [this](NativeTable** created) {
-                     *created = new NativeTable(config_);
+                     auto* table = new NativeTable(config_);
+                     const Status opened = table->Open();
+                     if (!opened.ok()) {
+                       table->Unref();
+                       return opened;
+                     }
+                     *created = table;
                      return OkStatus();
                    }));
     OP_REQUIRES(ctx, table->config() == config_,
@@ -975,7 +1506,7 @@ class NativeTableRemoveOp : public OpKernel {
     core::RefCountPtr<NativeTable> table;
     OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
     OP_REQUIRES_OK(ctx, CheckKeys(*table, ctx->input(1)));
-    table->Remove(ctx->input(1));
+    OP_REQUIRES_OK(ctx, table->Remove(ctx->input(1)));
   }
 };
 
@@ -989,6 +1520,19 @@ class NativeTableSizeOp : public OpKernel {
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
     out->scalar<int64_t>()() = table->Size();
+  }
+};
+
+class NativeTableTierStatsOp : public OpKernel {
+ public:
+  explicit NativeTableTierStatsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<NativeTable> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({NativeTable::kTierStats}), &out));
+    table->TierStats(out->flat<int64_t>().data());
   }
 };
 
@@ -1086,6 +1630,7 @@ REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableUpsert").Device(DEVICE_CPU), N
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableRemove").Device(DEVICE_CPU), NativeTableRemoveOp);
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableSize").Device(DEVICE_CPU), NativeTableSizeOp);
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableExport").Device(DEVICE_CPU), NativeTableExportOp);
+REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableTierStats").Device(DEVICE_CPU), NativeTableTierStatsOp);
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableChanges").Device(DEVICE_CPU), NativeTableChangesOp);
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableClearChanges").Device(DEVICE_CPU), NativeTableClearChangesOp);
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableAccessStatus").Device(DEVICE_CPU), NativeTableAccessStatusOp);

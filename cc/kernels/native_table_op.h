@@ -52,6 +52,11 @@ struct NativeTableConfig {
   double mean = 0, stddev = 0, minval = 0, maxval = 0, value = 0;
   std::vector<int64_t> salts;  // salt of each category (feature_salt(seed, feature))
   bool track_access = false;
+  // Tiered storage (impl/disk_store.h): with a tier_path, at most tier_dram_bytes of entries (keys, rows, slots,
+  // access stats) stay in DRAM and the rest go to a RocksDB store in that directory. "" and 0: all in DRAM.
+  std::string tier_path;
+  int64_t tier_dram_bytes = 0;
+  bool tiered() const { return !tier_path.empty(); }
 
   int num_slots() const { return static_cast<int>(slot_init.size()); }
   // The slots the optimizer keeps with these hyperparameters: sgd 1 with momentum > 0 (else 0), adagrad 1, adam and
@@ -81,6 +86,8 @@ class NativeTable : public ResourceBase {
  public:
   explicit NativeTable(const NativeTableConfig& config);
   ~NativeTable() override;
+  // Builds the storage (opens a tiered table's store); called once, right after construction.
+  Status Open();
 
   const NativeTableConfig& config() const { return config_; }
   std::string DebugString() const override;
@@ -109,8 +116,11 @@ class NativeTable : public ResourceBase {
   // part 0: rows, part p >= 1: slot p - 1. values: float32 [K, dim], exists: bool [K], allocated.
   Status Find(const Tensor& keys, int part, Tensor* values, Tensor* exists);
   Status Upsert(const Tensor& keys, const Tensor& values, int part);
-  void Remove(const Tensor& keys);
+  Status Remove(const Tensor& keys);
   int64_t Size() const;
+  // The tiers' counters, int64 [kTierStats] (see TableStore::TierStats for their order and meaning).
+  static constexpr int kTierStats = 12;
+  void TierStats(int64_t* out) const;
 
   // Outputs keys [K], rows [K, dim], slots [K, S, dim].
   Status Export(const AllocateOutputs& allocate) const;
@@ -131,8 +141,6 @@ class NativeTable : public ResourceBase {
 
  private:
   Status CheckPart(int part) const;
-  // The error of a failed Reserve(wanted), naming the table and its size.
-  Status ReserveError(impl::TableStatus status, int64_t wanted) const TF_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const NativeTableConfig config_;
   mutable mutex mu_;

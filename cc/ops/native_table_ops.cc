@@ -139,6 +139,8 @@ REGISTER_OP("FusedRec>NativeTableCreate")
     .Attr("value: string = '0.0'")
     .Attr("salts: list(int)")
     .Attr("track_access: bool = false")
+    .Attr("tier_path: string = ''")
+    .Attr("tier_dram_bytes: int = 0")
     .SetIsStateful()
     .SetShapeFn(shape_inference::ScalarShape)
     .Doc(R"doc(
@@ -156,6 +158,9 @@ constants such as 1 - rho in float64 before rounding them to float32.
 rounding: how an update's float32 row is rounded to float16 storage: nearest (even), or stochastic (float16 storage
 only) with random bits a function of (salts[0], key, update_count, column). Upserts and new keys' initial rows are
 rounded to nearest.
+tier_path, tier_dram_bytes: a tiered table: at most tier_dram_bytes of entries in DRAM, the others in a RocksDB store
+in directory tier_path (created empty; removed with the table). RocksDB's library is loaded when such a table is
+created. The table's contents and updates are those of the all-DRAM table.
 )doc");
 
 REGISTER_OP("FusedRec>NativeTableLookupOrInit")
@@ -231,6 +236,23 @@ REGISTER_OP("FusedRec>NativeTableSize")
     .SetIsStateful()
     .SetShapeFn(SizeShape)
     .Doc("Number of keys in the table.");
+
+REGISTER_OP("FusedRec>NativeTableTierStats")
+    .Input("table: resource")
+    .Output("stats: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(CheckHandle(c));
+      c->set_output(0, c->Vector(12));
+      return OkStatus();
+    })
+    .Doc(R"doc(
+The tiers' counters, int64 [12]: rows in DRAM, rows on disk, the most rows DRAM holds (-1: all-DRAM, unbounded), bytes
+of the DRAM arrays; then since the table was created: training lookups' keys found in DRAM, found on disk (read into
+DRAM), found in neither (new), rows evicted to disk, bytes read from disk, bytes written to it, and the
+microseconds training calls spent evicting to the store and reading from it. An all-DRAM table
+gives (size, 0, -1, bytes, 0, ...).
+)doc");
 
 REGISTER_OP("FusedRec>NativeTableExport")
     .Input("table: resource")

@@ -136,8 +136,15 @@ class NativeRows:
         return (values, exists) if return_exists else values
 
     def upsert(self, keys, values):
-        return self._table.ops.native_table_upsert(self._table.resource, tf.convert_to_tensor(keys, tf.int64),
-                                      tf.convert_to_tensor(values, tf.float32), part=self.part)
+        keys, values = tf.convert_to_tensor(keys, tf.int64), tf.convert_to_tensor(values, tf.float32)
+        chunk = self._table.upsert_chunk()
+        if chunk is None or not tf.executing_eagerly() or int(tf.size(keys)) <= chunk:
+            return self._table.ops.native_table_upsert(self._table.resource, keys, values, part=self.part)
+        # A tiered table holds at most its DRAM capacity of one call's keys: a restore's upserts go in chunks.
+        for start in range(0, int(tf.size(keys)), chunk):
+            self._table.ops.native_table_upsert(self._table.resource, keys[start:start + chunk],
+                                                values[start:start + chunk], part=self.part)
+        return None
 
     def remove(self, keys):
         """Removes whole keys (the row and every slot: they live together)."""
@@ -173,12 +180,14 @@ class NativeEmbeddingTable:
       track_access: count each training lookup's keys (count, last clock) in the table, for eviction and expiry.
       admission: None or an fr.Admission: keys get a row only once a training lookup has read them min_count times
         (tf_fusedrec/distributed/admission.py).
+      tier: None (all rows in DRAM) or (fr.Tiered, rank): at most dram_bytes of entries in DRAM, the others in a
+        store on disk (tf_fusedrec/distributed/tier.py); trains exactly as the all-DRAM table.
     """
 
     backend = "native"
 
     def __init__(self, name, dim, initializer, salts, optimizer, storage="float32", track_access=False,
-                 admission=None, rounding="nearest"):
+                 admission=None, rounding="nearest", tier=None):
         from tf_fusedrec.ops import native_table_ops  # noqa: PLC0415  (the op library loads lazily)
 
         self.ops = native_table_ops
@@ -187,9 +196,12 @@ class NativeEmbeddingTable:
         self.storage = check_storage(storage, f"table {name}")
         hyperparameters = table_hyperparameters(optimizer, f"table {name}")
         self.optimizer = optimizer
+        self.tier = None if tier is None else tier[0]
+        tier_attrs = {} if tier is None else {"tier_path": tier[0].table_path(name, tier[1]),
+                                              "tier_dram_bytes": tier[0].dram_bytes}
         self.resource = native_table_ops.NativeTableResource(
             name=name, dim=dim, optimizer=optimizer.name, hyperparameters=hyperparameters, storage=self.storage,
-            salts=[int(s) for s in salts], track_access=track_access, rounding=rounding,
+            salts=[int(s) for s in salts], track_access=track_access, rounding=rounding, **tier_attrs,
             **_initializer_attrs(initializer, f"table {name}"))
         self._slot_names = self.resource.slot_names
         prefix = name.replace("/", "_")
@@ -357,6 +369,20 @@ class NativeEmbeddingTable:
 
     def size(self):
         return self.rows.size()
+
+    def upsert_chunk(self):
+        """The most keys one upsert of a tiered table takes (half its DRAM capacity), or None (all-DRAM)."""
+        if self.tier is None:
+            return None
+        capacity = int(self.ops.native_table_tier_stats(self.resource)[2])
+        return max(1, capacity // 2)
+
+    def tier_stats(self):
+        """{name: int} of native_table_ops.TIER_STATS: rows in DRAM and on disk, DRAM capacity (-1: all-DRAM) and
+        bytes, and since creation the training lookups' keys found in DRAM (hits), on disk, in neither (new), rows
+        evicted, bytes read from and written to disk."""
+        values = self.ops.native_table_tier_stats(self.resource).numpy().tolist()
+        return dict(zip(self.ops.TIER_STATS, values))
 
     def row_bytes(self):
         """Bytes of this worker's keys and rows: 8 per key, 2 or 4 per value (slots are counted apart)."""

@@ -174,7 +174,7 @@ def check_table_backend(backend, owner):
 
 
 def make_table(backend, name, dim, initializer, salts, optimizer, storage="float32", track_access=False,
-               admission=None, rounding="nearest"):
+               admission=None, rounding="nearest", tier=None):
     """A group's table on this worker: an EmbeddingTable (TFRA) or a NativeEmbeddingTable, with the same interface
     (name, dim, storage, trainable, rows, lookup, commit, evict, expire, size, row_bytes, export, admission).
 
@@ -184,12 +184,17 @@ def make_table(backend, name, dim, initializer, salts, optimizer, storage="float
       track_access: count accesses for eviction and expiry (FusedEmbedding(eviction=..., expiry=...)).
       admission: None or an fr.Admission (tf_fusedrec/distributed/admission.py).
       rounding: "nearest" or "stochastic" (float16 storage only): how an updated row is rounded to float16.
+      tier: None, or (fr.Tiered, rank): the native table keeps at most dram_bytes in DRAM, the rest on disk
+        (tf_fusedrec/distributed/tier.py).
     """
+    if tier is not None and backend != "native":
+        raise ValueError(f"table {name}: tiered storage (tier=fr.Tiered(...)) needs table_backend='native', got "
+                         f"{backend!r}")
     if check_table_backend(backend, f"table {name}") == "native":
         from tf_fusedrec.distributed.native_table import NativeEmbeddingTable  # noqa: PLC0415
 
         return NativeEmbeddingTable(name, dim, initializer, salts, optimizer, storage, track_access=track_access,
-                                    admission=admission, rounding=rounding)
+                                    admission=admission, rounding=rounding, tier=tier)
     table = EmbeddingTable(name, dim, initializer, salts, storage, admission=admission, rounding=rounding)
     if track_access:
         table.track_access()

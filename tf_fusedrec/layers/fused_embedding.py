@@ -13,6 +13,7 @@ from tf_fusedrec.distributed import admission as admission_lib
 from tf_fusedrec.distributed import eviction as eviction_lib
 from tf_fusedrec.distributed import replication as replication_lib
 from tf_fusedrec.distributed import rounding as rounding_lib
+from tf_fusedrec.distributed import tier as tier_lib
 from tf_fusedrec.distributed.group_lookup import make_group_lookup
 from tf_fusedrec.distributed.table import (ReplicatedTable, ShardedTable, check_storage, check_table_backend,
                                            make_table, packed_ids)
@@ -74,6 +75,10 @@ class FusedEmbedding(EmbeddingLayer):
         keys in the same pass, and one to apply the group's optimizer in place, slots beside the row; see
         tf_fusedrec/distributed/native_table.py) or "tfra" (TFRA dynamic_embedding variables, TFRA's optimizers
         through ShadowVariables: the `[tfra]` extra, Keras 2 only). Both give the same training.
+      tier: None (every row in DRAM) or fr.Tiered(dram_bytes, path): each group's table keeps at most dram_bytes of
+        entries in DRAM on each worker and the rest in a RocksDB store on local disk under path, for tables larger
+        than memory; trains exactly as in DRAM (tf_fusedrec/distributed/tier.py; tier_statistics() reports the
+        tiers). Native tables only; the replicated hot rows stay in DRAM.
 
     Training: with fr.train.make_optimizer(model) (custom loops, model.fit, the train app), each group's optimizer
     updates its table when the GroupedOptimizer applies the step's gradients. With any other optimizer (a plain Keras
@@ -95,7 +100,8 @@ class FusedEmbedding(EmbeddingLayer):
 
     def __init__(self, features, optimizer=_common.DEFAULT_OPTIMIZER, initializer=None, comm=None,
                  dedup="segment", fusion="deferred", replication=None, storage="float32", eviction=None,
-                 table_backend="native", admission=None, expiry=None, rounding="nearest", name=None, **kwargs):
+                 table_backend="native", admission=None, expiry=None, rounding="nearest", tier=None, name=None,
+                 **kwargs):
         super().__init__(name=name, **kwargs)
         self.supports_jit = False  # Keras 3's fit would otherwise compile the step with XLA: the ops have no XLA kernels
         self.features = _common.parse_features(features, self.name)
@@ -111,6 +117,10 @@ class FusedEmbedding(EmbeddingLayer):
         self.admission = admission_lib.parse_admission(admission, self.name)
         self.expiry = admission_lib.parse_expiry(expiry, self.name)
         self.replication = replication_lib.parse_replication(replication, self.name)
+        self.tier = tier_lib.parse_tier(tier, self.name)
+        if self.tier is not None and self.table_backend != "native":
+            raise ValueError(f"{self.name}: tier (tables larger than memory) needs table_backend='native', got "
+                             f"{self.table_backend!r}")
         if self.replication is not None and fusion != "deferred":
             raise ValueError(f"{self.name}: replication needs fusion='deferred', got fusion={fusion!r}")
         self.default_optimizer = cfg.optimizer_spec(optimizer, f"{self.name}: optimizer")
@@ -133,7 +143,8 @@ class FusedEmbedding(EmbeddingLayer):
             table = make_table(self.table_backend, f"{self.name}/{group.name}", group.spec.dim, initializer, salts,
                                group.spec.optimizer, self.storage,
                                rounding=self.rounding if self.storage == "float16" else "nearest",
-                               track_access=capacity is not None or self.expiry is not None, admission=self.admission)
+                               track_access=capacity is not None or self.expiry is not None, admission=self.admission,
+                               tier=None if self.tier is None else (self.tier, self.comm.rank))
             self.tables.append(table)
             self._capacities.append(capacity)
             hot = None
@@ -382,6 +393,22 @@ class FusedEmbedding(EmbeddingLayer):
             name: {stat: values[i, j] for j, stat in enumerate(STATISTICS)} for i, name in enumerate(self._stat_order)
         }
 
+    def tier_statistics(self):
+        """Per group (its name), this worker's table tiers, from its counters (native tables only; {} for TFRA):
+        dram_rows, disk_rows, dram_capacity_rows (-1: all in DRAM), dram_bytes, and since the table was created the
+        training lookups' keys found in DRAM (hits), on disk (disk_hits), in neither (new_keys), evicted_rows,
+        bytes_read and bytes_written (disk), and hit_rate: hits / (hits + disk_hits), the share of the lookups of rows
+        that exist served from DRAM (1.0 before any). Python ints and floats (eager)."""
+        out = {}
+        for group, table in zip(self._groups, self.tables):
+            if getattr(table, "backend", None) != "native":
+                continue
+            stats = table.tier_stats()
+            found = stats["hits"] + stats["disk_hits"]
+            stats["hit_rate"] = stats["hits"] / found if found else 1.0
+            out[group.name] = stats
+        return out
+
     def get_config(self):
         config = super().get_config()
         config.update(_common.layer_config(self.features, self.default_optimizer, self.default_initializer))
@@ -395,6 +422,8 @@ class FusedEmbedding(EmbeddingLayer):
             config["expiry"] = self.expiry.get_config()
         if self.replication is not None:
             config["replication"] = self.replication.get_config()
+        if self.tier is not None:
+            config["tier"] = self.tier.get_config()
         return config
 
 

@@ -32,6 +32,11 @@ Semantics worth knowing:
   upsert wrote since the last ``native_table_clear_changes`` (with their rows and slots), and the keys removed since
   then that are not held now. Removals are logged only once clear_changes was called (so a table nobody publishes
   keeps no log); a publish to serving reads these instead of the whole table.
+* ``tier_path`` and ``tier_dram_bytes`` make a tiered table: at most tier_dram_bytes of entries (keys, rows, slots,
+  access stats) in DRAM, the others in a RocksDB store in the directory tier_path (created empty, removed with the
+  table; RocksDB's shared library is loaded then). Every op gives what the all-DRAM table gives: a training call
+  first reads its keys held on disk into DRAM (one batched read), evicting the least recently used rows (one batched
+  write), and updates in place. ``native_table_tier_stats`` reports the tiers' rows and traffic.
 """
 
 import collections
@@ -139,6 +144,8 @@ class NativeTableConfig:
       hyperparameters: the optimizer's hyperparameters other than the learning rate (a dict or (name, value) pairs,
         Keras 3's names: HYPERPARAMETERS); missing ones take Keras 3's defaults. Held as sorted (name, value) pairs of
         every one of the optimizer's hyperparameters.
+      tier_path: "" (all rows in DRAM) or the directory of a tiered table's on-disk store (one per table).
+      tier_dram_bytes: a tiered table's DRAM budget for its entries, > 0 (with tier_path only).
     """
 
     name: str
@@ -157,6 +164,8 @@ class NativeTableConfig:
     track_access: bool = False
     rounding: str = "nearest"
     hyperparameters: tuple = ()
+    tier_path: str = ""
+    tier_dram_bytes: int = 0
 
     def __post_init__(self):
         def fail(what):
@@ -196,6 +205,15 @@ class NativeTableConfig:
             fail(f"init {self.init} needs stddev > 0, got {self.stddev!r}")
         if self.init == "uniform" and not self.minval < self.maxval:
             fail(f"init uniform needs minval < maxval, got {self.minval!r} and {self.maxval!r}")
+        if not isinstance(self.tier_path, str):
+            fail(f"tier_path must be a string, got {self.tier_path!r}")
+        if isinstance(self.tier_dram_bytes, (bool, np.bool_)) or not isinstance(self.tier_dram_bytes, (int, np.integer)):
+            fail(f"tier_dram_bytes must be an int, got {self.tier_dram_bytes!r}")
+        if self.tier_path and self.tier_dram_bytes <= 0:
+            fail(f"a tiered table (tier_path {self.tier_path!r}) needs tier_dram_bytes > 0, got {self.tier_dram_bytes}")
+        if not self.tier_path and self.tier_dram_bytes:
+            fail(f"tier_dram_bytes ({self.tier_dram_bytes}) needs a tier_path")
+        object.__setattr__(self, "tier_dram_bytes", int(self.tier_dram_bytes))
         salts = tuple(int(s) for s in np.atleast_1d(np.asarray(self.salts, np.int64)))
         if not salts:
             fail("salts must name at least one category")
@@ -229,7 +247,8 @@ def _float64_attr(x):
 
 def create_native_table(name, dim, optimizer="sgd", slot_init=None, storage="float32", init="hashed", seed=0,
                         mean=0.0, stddev=0.05, minval=-0.05, maxval=0.05, value=0.0, salts=(0,),
-                        track_access=False, rounding="nearest", hyperparameters=None, shared_name="", container=""):
+                        track_access=False, rounding="nearest", hyperparameters=None, tier_path="", tier_dram_bytes=0,
+                        shared_name="", container=""):
     """The resource handle of a native table, created on first run. Prefer NativeTableResource, which also frees it.
 
     Args: as NativeTableConfig, plus
@@ -244,7 +263,7 @@ def create_native_table(name, dim, optimizer="sgd", slot_init=None, storage="flo
       InvalidArgumentError: shared_name already holds a table of another config.
     """
     config = NativeTableConfig(name, dim, optimizer, slot_init, storage, init, seed, mean, stddev, minval, maxval,
-                               value, salts, track_access, rounding, hyperparameters)
+                               value, salts, track_access, rounding, hyperparameters, tier_path, tier_dram_bytes)
     return _create(config, shared_name, container)
 
 
@@ -263,7 +282,8 @@ def _create(config, shared_name, container):
             storage=config.storage, rounding=config.rounding, init=config.init, seed=config.seed,
             mean=_float64_attr(config.mean), stddev=_float64_attr(config.stddev), minval=_float64_attr(config.minval),
             maxval=_float64_attr(config.maxval), value=_float64_attr(config.value), salts=list(config.salts),
-            track_access=config.track_access, shared_name=shared_name, container=container)
+            track_access=config.track_access, tier_path=config.tier_path, tier_dram_bytes=config.tier_dram_bytes,
+            shared_name=shared_name, container=container)
 
 
 tf.no_gradient("FusedRec>NativeTableCreate")
@@ -280,9 +300,10 @@ class NativeTableResource(tf.saved_model.experimental.TrackableResource):
 
     def __init__(self, name, dim, optimizer="sgd", slot_init=None, storage="float32", init="hashed", seed=0,
                  mean=0.0, stddev=0.05, minval=-0.05, maxval=0.05, value=0.0, salts=(0,), track_access=False,
-                 rounding="nearest", hyperparameters=None, shared_name=None):
+                 rounding="nearest", hyperparameters=None, tier_path="", tier_dram_bytes=0, shared_name=None):
         self._config = NativeTableConfig(name, dim, optimizer, slot_init, storage, init, seed, mean, stddev, minval,
-                                         maxval, value, salts, track_access, rounding, hyperparameters)
+                                         maxval, value, salts, track_access, rounding, hyperparameters, tier_path,
+                                         tier_dram_bytes)
         self._owns_table = shared_name is None
         self._shared_name = f"{name}_{uuid.uuid4().hex}" if shared_name is None else shared_name
         super().__init__()
@@ -336,6 +357,10 @@ class NativeTableResource(tf.saved_model.experimental.TrackableResource):
     @property
     def rounding(self):
         return self._config.rounding
+
+    @property
+    def tiered(self):
+        return bool(self._config.tier_path)
 
     @property
     def shared_name(self):
@@ -655,6 +680,25 @@ def native_table_size(table, name=None):
 
 
 tf.no_gradient("FusedRec>NativeTableSize")
+
+# The counters of native_table_tier_stats, in order.
+TIER_STATS = ("dram_rows", "disk_rows", "dram_capacity_rows", "dram_bytes", "hits", "disk_hits", "new_keys",
+              "evicted_rows", "bytes_read", "bytes_written", "evict_micros", "read_micros")
+
+
+def native_table_tier_stats(table, name=None):
+    """The tiers' counters as int64 [12], named by TIER_STATS: rows in DRAM, rows on disk, the most rows DRAM holds
+    (-1: an all-DRAM table), bytes of the DRAM arrays; then, since the table was created, the training lookups' keys
+    found in DRAM (hits), found on disk (read into DRAM), found in neither (new keys), the rows evicted to disk and
+    the bytes read from and written to disk, and the microseconds training calls spent evicting (the batched write)
+    and reading from disk (the batched read and the deletes of the rows read). An all-DRAM table gives (size, 0, -1,
+    bytes, 0, ...)."""
+    _check_table(table)
+    with tf.name_scope(name or "native_table_tier_stats"):
+        return load_ops().fused_rec_native_table_tier_stats(table.resource_handle)
+
+
+tf.no_gradient("FusedRec>NativeTableTierStats")
 
 
 @_not_autograph

@@ -94,6 +94,12 @@ def parse_args(argv=None):
     p.add_argument("--expiry-steps", type=int,
                    help="rows of the fused embedding not updated for this many steps are removed, checked every "
                         "--expiry-interval steps (default: the config's embedding.expiry_steps, else rows stay)")
+    p.add_argument("--tier-dram-bytes",
+                   help="tables larger than memory: each table keeps at most this much per worker in DRAM (bytes or a "
+                        "size such as 2GiB) and the rest in a RocksDB store under --tier-path (default: the config's "
+                        "embedding.tier, else every row in DRAM)")
+    p.add_argument("--tier-path", help="the local directory of the tiered tables' on-disk stores (with "
+                                       "--tier-dram-bytes)")
     p.add_argument("--expiry-interval", type=int,
                    help="steps between expiry checks (default: the config's embedding.expiry_interval, 100)")
     p.add_argument("--balance", choices=("tokens", "none"),
@@ -294,7 +300,29 @@ def plan_of(args, config):
     admission, expiry = table_policies_of(args, config)
     return types.SimpleNamespace(steps=steps, batch_size=batch_size, schedule=schedule, micro_batches=micro_batches,
                                  cluster=cluster, sequences=sequences, balance=balance, replication=replication,
-                                 eviction=eviction, admission=admission, expiry=expiry, weighted=weighted)
+                                 eviction=eviction, admission=admission, expiry=expiry, weighted=weighted,
+                                 tier=tier_of(args, config))
+
+
+def tier_of(args, config):
+    """The fused embedding's fr.Tiered, or None: --tier-dram-bytes and --tier-path (both), else the config's
+    embedding.tier."""
+    from tf_fusedrec.distributed.tier import Tiered, parse_bytes, parse_tier  # noqa: PLC0415
+
+    if (args.tier_dram_bytes is None) != (args.tier_path is None):
+        raise ValueError("--tier-dram-bytes and --tier-path go together (tables larger than memory)")
+    if args.tier_dram_bytes is not None:
+        tier = Tiered(parse_bytes(args.tier_dram_bytes, "--tier-dram-bytes"), args.tier_path)
+    else:
+        tier = parse_tier(config.embedding.tier, f"{args.config}: embedding")
+    if tier is None:
+        return None
+    if args.embedding == "per_feature":
+        raise ValueError("--tier-dram-bytes (tiered tables) needs a fused --embedding, got per_feature")
+    backend = args.table_backend or config.embedding.table_backend
+    if backend != "native":
+        raise ValueError(f"tiered tables need --table-backend native, got {backend}")
+    return tier
 
 
 def table_policies_of(args, config):
@@ -351,7 +379,7 @@ class _TrainingRun:
                                                    replication=plan.replication, storage=args.table_storage,
                                                    eviction=plan.eviction, table_backend=args.table_backend,
                                                    admission=plan.admission, expiry=plan.expiry,
-                                                   rounding=args.table_rounding)
+                                                   rounding=args.table_rounding, tier=plan.tier)
         if args.dense_precision != "float32":
             tf.keras.mixed_precision.set_global_policy(args.dense_precision)
         self.model = experiment.make_model(config, self.embedding)
@@ -607,6 +635,8 @@ class _TrainingRun:
         self._summarize_tables(result)
         if plan.eviction is not None:
             self._summarize_eviction(result)
+        if plan.tier is not None:
+            self._summarize_tier(result, plan.steps - self.start)
         if plan.admission is not None:
             self._summarize_admission(result)
         if plan.expiry is not None:
@@ -638,6 +668,22 @@ class _TrainingRun:
                                        name="FusedRec/summary/table_rows").numpy()
         result["table_rows_over_time"] = {"steps": [s for s, _ in self.table_rows],
                                           "rows_per_worker": everyone.tolist()}
+
+    def _summarize_tier(self, result, steps_run):
+        """Adds the tiers: each worker's rows in DRAM and on disk, DRAM hit rate of the lookups of existing rows, and
+        the disk bytes read and written per step (over this run's steps), summed over the groups' tables."""
+        names = ("dram_rows", "disk_rows", "hits", "disk_hits", "new_keys", "evicted_rows", "bytes_read",
+                 "bytes_written")
+        mine = [[sum(s[n] for s in self.embedding.tier_statistics().values()) for n in names]]
+        everyone = self.comm.allgather(tf.constant(mine, tf.int64), name="FusedRec/summary/tier").numpy()
+        per_worker = {n: everyone[:, i].tolist() for i, n in enumerate(names)}
+        hits, disk_hits = sum(per_worker["hits"]), sum(per_worker["disk_hits"])
+        steps_run = max(steps_run, 1)
+        result["tier"] = {"dram_bytes": self.plan.tier.dram_bytes, "path": self.plan.tier.path,
+                          "per_worker": per_worker,
+                          "hit_rate": hits / (hits + disk_hits) if hits + disk_hits else 1.0,
+                          "disk_bytes_read_per_step": sum(per_worker["bytes_read"]) / steps_run,
+                          "disk_bytes_written_per_step": sum(per_worker["bytes_written"]) / steps_run}
 
     def _summarize_eviction(self, result):
         """Adds the eviction's settings and the rows each worker evicted."""

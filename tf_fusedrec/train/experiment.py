@@ -13,11 +13,12 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", 
 
 
 def make_embedding(kind, features, config, comm=None, name="sparse", replication=None, storage="float32",
-                   eviction=None, table_backend=None, admission=None, expiry=None, rounding=None):
+                   eviction=None, table_backend=None, admission=None, expiry=None, rounding=None, tier=None):
     """The embedding layer of a kind in EMBEDDINGS, over `comm` (None: the process's default); `replication`,
     `storage`, `eviction`, `table_backend` (None: the config's embedding.table_backend), `admission`, `expiry` and
     `rounding` (None: the config's embedding.table_rounding): FusedEmbedding's hot-row replication, row storage,
-    eviction, tables, table policies and float16 rounding (fused kinds only; per_feature is the TFRA baseline)."""
+    eviction, tables, table policies and float16 rounding (fused kinds only; per_feature is the TFRA baseline);
+    `tier`: None or an fr.Tiered (tables larger than memory)."""
     import tf_fusedrec as fr  # noqa: PLC0415
 
     common = {"optimizer": config.train.sparse_optimizer, "name": name, "comm": comm}
@@ -31,7 +32,7 @@ def make_embedding(kind, features, config, comm=None, name="sparse", replication
     backend = config.embedding.table_backend if table_backend is None else table_backend
     rounding = config.embedding.table_rounding if rounding is None else rounding
     return fr.FusedEmbedding(features, **common, **modes[kind], storage=storage, eviction=eviction,
-                             table_backend=backend, admission=admission, expiry=expiry, rounding=rounding)
+                             table_backend=backend, admission=admission, expiry=expiry, rounding=rounding, tier=tier)
 
 
 def _tables(embedding):

@@ -226,6 +226,12 @@ def summary_lines(result, checkpoint=None, summary_json=None):
         f"  AUC          {auc} (held out)",
         f"  loss         {_number(result['final_loss'], '.4f')} (last step)",
     ]
+    tier = result.get("tier")
+    if tier:
+        workers = tier["per_worker"]
+        lines.append(f"  tiers        DRAM hit rate {100 * tier['hit_rate']:.1f}%, {sum(workers['dram_rows']):,} rows in "
+                     f"DRAM, {sum(workers['disk_rows']):,} on disk; disk {_bytes(tier['disk_bytes_read_per_step'])} "
+                     f"read, {_bytes(tier['disk_bytes_written_per_step'])} written per step (all workers)")
     skipped = result.get("bad_records_skipped")
     if skipped:
         lines.append(f"  bad records  {skipped:,} skipped (data.on_bad_record: skip)")

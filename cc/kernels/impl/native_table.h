@@ -90,6 +90,14 @@ class NativeHashMap {
   bool occupied(int64_t i) const { return (used_[i >> 6] >> (i & 63)) & 1; }
   bool changed(int64_t i) const { return (changed_[i >> 6] >> (i & 63)) & 1; }
   void MarkChanged(int64_t i) { changed_[i >> 6] |= uint64_t{1} << (i & 63); }
+  void ClearChanged(int64_t i) { changed_[i >> 6] &= ~(uint64_t{1} << (i & 63)); }
+  // A third bitmap, for the owner's use (a tiered table: the entry has a copy in the store), cleared on insertion and
+  // moving with its entry.
+  bool aux(int64_t i) const { return (aux_[i >> 6] >> (i & 63)) & 1; }
+  void SetAux(int64_t i, bool on) {
+    const uint64_t bit = uint64_t{1} << (i & 63);
+    aux_[i >> 6] = on ? (aux_[i >> 6] | bit) : (aux_[i >> 6] & ~bit);
+  }
 
   // Forgets the marks and the removed keys logged; from now on removals are logged.
   void ClearChanges() {
@@ -118,8 +126,8 @@ class NativeHashMap {
     const size_t per_entry = sizeof(int64_t) + dim_ * sizeof(V) + slot_stride() * sizeof(float) +
                              (track_access_ ? sizeof(AccessStats) : 0);
     const size_t cap = static_cast<size_t>(capacity);
-    if (cap > (std::numeric_limits<size_t>::max() - cap / 4) / per_entry) return 0;
-    return cap * per_entry + cap / 4;  // + the occupancy and change bitmaps
+    if (cap > (std::numeric_limits<size_t>::max() - cap / 8 * 3) / per_entry) return 0;
+    return cap * per_entry + cap / 8 * 3;  // + the occupancy, change and aux bitmaps
   }
 
   // Makes room for `n` entries at load <= 3/4, so that inserting up to n - size() keys neither grows the table nor
@@ -150,6 +158,7 @@ class NativeHashMap {
       if (!occupied(slot)) {
         used_[slot >> 6] |= uint64_t{1} << (slot & 63);
         changed_[slot >> 6] |= uint64_t{1} << (slot & 63);
+        aux_[slot >> 6] &= ~(uint64_t{1} << (slot & 63));
         keys_[slot] = key;
         if (track_access_) access_[slot] = AccessStats{0, 0};
         ++size_;
@@ -163,14 +172,15 @@ class NativeHashMap {
     }
   }
 
-  // Removes `key` with its row, slots, access stats and change mark (logging it: see ClearChanges); false if it was
-  // absent. Backward-shift deletion: each later
+  // Removes `key` with its row, slots, access stats and change mark (logging it unless `log` is false: see
+  // ClearChanges; a tiered table's eviction moves a key to disk, which is no removal); false if it was absent.
+  // Backward-shift deletion: each later
   // entry of the cluster whose home is not cyclically in (hole, entry] moves into the hole, so every remaining key
   // stays reachable from its home without tombstones.
-  bool Remove(int64_t key) {
+  bool Remove(int64_t key, bool log = true) {
     const int64_t found = Find(key);
     if (found < 0) return false;
-    if (log_removed_) removed_.push_back(key);
+    if (log && log_removed_) removed_.push_back(key);
     uint64_t hole = static_cast<uint64_t>(found);
     for (uint64_t j = (hole + 1) & mask_; occupied(j); j = (j + 1) & mask_) {
       const uint64_t home = Home(keys_[j]);
@@ -181,6 +191,7 @@ class NativeHashMap {
     }
     used_[hole >> 6] &= ~(uint64_t{1} << (hole & 63));
     changed_[hole >> 6] &= ~(uint64_t{1} << (hole & 63));
+    aux_[hole >> 6] &= ~(uint64_t{1} << (hole & 63));
     --size_;
     return true;
   }
@@ -218,8 +229,10 @@ class NativeHashMap {
     }
   }
 
- private:
+  // The most entries `capacity` slots hold (load 3/4).
   static int64_t MaxLoad(int64_t capacity) { return capacity - capacity / 4; }
+
+ private:
   int64_t slot_stride() const { return num_slots_ * dim_; }
   uint64_t Home(int64_t key) const { return TableSlotHash(key) >> shift_; }
 
@@ -245,15 +258,17 @@ class NativeHashMap {
     if (BytesFor(cap) == 0) return TableStatus::kNoMemory;
     auto used = Allocate<uint64_t>(cap >> 6);
     auto marks = Allocate<uint64_t>(cap >> 6);
+    auto aux = Allocate<uint64_t>(cap >> 6);
     auto keys = Allocate<int64_t>(cap);
     auto rows = Allocate<V>(cap * dim_);
     Array<float> slots = num_slots_ > 0 ? Allocate<float>(cap * slot_stride()) : nullptr;
     Array<AccessStats> access = track_access_ ? Allocate<AccessStats>(cap) : nullptr;
-    if (!used || !marks || !keys || !rows || (num_slots_ > 0 && !slots) || (track_access_ && !access)) {
+    if (!used || !marks || !aux || !keys || !rows || (num_slots_ > 0 && !slots) || (track_access_ && !access)) {
       return TableStatus::kNoMemory;
     }
     std::memset(used.get(), 0, (cap >> 6) * sizeof(uint64_t));
     std::memset(marks.get(), 0, (cap >> 6) * sizeof(uint64_t));
+    std::memset(aux.get(), 0, (cap >> 6) * sizeof(uint64_t));
     const int shift = 64 - log2;
     const uint64_t mask = static_cast<uint64_t>(cap) - 1;
     ForEach([&](int64_t from) {
@@ -261,6 +276,7 @@ class NativeHashMap {
       while ((used[to >> 6] >> (to & 63)) & 1) to = (to + 1) & mask;
       used[to >> 6] |= uint64_t{1} << (to & 63);
       if (changed(from)) marks[to >> 6] |= uint64_t{1} << (to & 63);
+      if (this->aux(from)) aux[to >> 6] |= uint64_t{1} << (to & 63);
       keys[to] = keys_[from];
       std::memcpy(rows.get() + to * dim_, row(from), dim_ * sizeof(V));
       if (num_slots_ > 0) {
@@ -270,6 +286,7 @@ class NativeHashMap {
     });
     used_ = std::move(used);
     changed_ = std::move(marks);
+    aux_ = std::move(aux);
     keys_ = std::move(keys);
     rows_ = std::move(rows);
     slots_ = std::move(slots);
@@ -284,6 +301,7 @@ class NativeHashMap {
   void MoveEntry(uint64_t from, uint64_t to) {
     const uint64_t bit = uint64_t{1} << (to & 63);
     changed_[to >> 6] = changed(from) ? (changed_[to >> 6] | bit) : (changed_[to >> 6] & ~bit);
+    aux_[to >> 6] = aux(from) ? (aux_[to >> 6] | bit) : (aux_[to >> 6] & ~bit);
     keys_[to] = keys_[from];
     std::memcpy(row(to), row(from), dim_ * sizeof(V));
     if (num_slots_ > 0) std::memcpy(slots(to), slots(from), slot_stride() * sizeof(float));
@@ -300,6 +318,7 @@ class NativeHashMap {
   uint64_t mask_ = 0;
   Array<uint64_t> used_;
   Array<uint64_t> changed_;  // change marks (ClearChanges)
+  Array<uint64_t> aux_;      // the owner's marks (SetAux)
   Array<int64_t> keys_;
   Array<V> rows_;
   Array<float> slots_;
