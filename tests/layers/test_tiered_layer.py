@@ -33,13 +33,21 @@ def batch(step):
         rng.random(BATCH).astype(np.float32)
 
 
+class Model(tf.keras.Model):
+    def __init__(self, layer):
+        super().__init__()
+        self.embedding = layer
+        self.dense = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=1))
+
+    def call(self, inputs, training=None):
+        out = self.embedding(inputs, training=training)
+        return self.dense(tf.concat([out[k] for k in ("user", "item", "clicked", "tag")], 1))
+
+
 def build(name, tier, **options):
     layer = fr.FusedEmbedding(features(), name=name, comm=SingleProcessComm(), tier=tier, **options)
-    dense = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=1))
-    inputs = {"user": tf.keras.Input([], dtype=tf.int64), "item": tf.keras.Input([], dtype=tf.int64),
-              "clicked": tf.keras.Input([3], dtype=tf.int64), "tag": tf.keras.Input([2], dtype=tf.int64)}
-    out = layer(inputs)
-    model = tf.keras.Model(inputs, dense(tf.concat([out[k] for k in ("user", "item", "clicked", "tag")], 1)))
+    model = Model(layer)
+    model(batch(0)[0], training=False)  # builds the dense layer (no row is inserted without training)
     return layer, model
 
 
