@@ -98,16 +98,6 @@ def criteo_tsv(path, n, seed=0):
 def _write(table, schema, directory, fmt):
     from tf_fusedrec.data import convert  # noqa: PLC0415
 
-    if fmt == "csv":  # lists as "|"-joined ids
-        import pyarrow as pa  # noqa: PLC0415
-
-        columns = {}
-        for name in table.column_names:
-            column = table.column(name)
-            if pa.types.is_list(column.type):
-                column = pa.array(["|".join(map(str, v)) if v else "" for v in column.to_pylist()], pa.string())
-            columns[name] = column
-        table = pa.table(columns)
     return convert.write(table, schema, directory, fmt, files=2)
 
 

@@ -491,3 +491,18 @@ def test_weight_schema_errors():
         parse_schema({**WEIGHTED, "weight": {"column": "w", "range": [0, 1]}}, "csv", ["user"])
     with pytest.raises(ValueError, match="data.schema.columns: column 'w' is read by the schema but not among"):
         parse_schema({**WEIGHTED, "columns": ["user", "y"]}, "csv", ["user"])
+
+
+def test_csv_writer_joins_list_columns_and_keeps_joined_ones(tmp_path):
+    """convert.write to CSV joins a list column by its feature's separator; a column already joined (strings, as a
+    caller may prepare it) is written as it is, not cast to a list."""
+    import pyarrow as pa  # noqa: PLC0415
+
+    from tf_fusedrec.data import convert  # noqa: PLC0415
+
+    table = pa.table({"a": pa.array([[1, 2], [], [3]]), "b": pa.array(["4|5", "", "6"]), "label": [1, 0, 1]})
+    schema = {"label": "label", "features": {"a": {"type": "int64", "shape": "list", "separator": "|"},
+                                             "b": {"type": "int64", "shape": "list", "separator": "|"}}}
+    (path,) = convert.write(table, schema, str(tmp_path), "csv")
+    lines = open(path).read().splitlines()
+    assert lines == ['"a","b","label"', '"1|2","4|5",1', '"","",0', '"3","6",1'], lines

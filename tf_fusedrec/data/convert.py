@@ -296,7 +296,8 @@ def _joined_lists(table, schema):
     for name, spec in schema["features"].items():
         if spec.get("separator") is not None:
             for column in (spec.get("column", name), spec.get("order")):
-                if column is not None:
+                kind = None if column is None else table.column(column).type
+                if kind is not None and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):  # else joined already
                     strings = table.column(column).cast(pa.large_list(pa.string()))
                     table = table.set_column(table.column_names.index(column), column,
                                              pc.binary_join(strings, spec["separator"]))
