@@ -64,6 +64,15 @@ def hash_string_ids(values):
     return tf.strings.to_hash_bucket_fast(values, STRING_ID_BUCKETS)
 
 
+def _hashed(values):
+    """int64 NumPy ids of a NumPy array of string ids. Every reader hashes a chunk's string ids as it reads them, so
+    the batches carry int64 arrays only (Python bytes objects carried to the batch were half of the TFRecord reader's
+    time, a sixth in the garbage collector: benchmarks/results/data/profile_criteo_tfrecord.txt)."""
+    if len(values) == 0:
+        return np.zeros(0, np.int64)
+    return hash_string_ids(tf.constant(values, tf.string)).numpy()
+
+
 def _pyarrow():
     try:
         import pyarrow  # noqa: PLC0415
@@ -89,8 +98,7 @@ class _Chunk:
 
     @classmethod
     def all_bad(cls, file, first, message, schema):
-        ids = {f.name: (np.zeros(0, object if f.type == "string" else np.int64), np.zeros(1, np.int64))
-               for f in schema.id_columns()}
+        ids = {f.name: (np.zeros(0, np.int64), np.zeros(1, np.int64)) for f in schema.id_columns()}
         return cls(file, first, 1, ids, np.zeros((1, len(schema.dense)), np.float32),
                    np.zeros((1, len(schema.labels)), np.float32),
                    {0: message}, np.zeros(1, np.float32) if schema.weight is not None else None)
@@ -302,7 +310,7 @@ class _ParquetFormat:
                 lengths = valid.to_numpy(zero_copy_only=False).astype(np.int64)
                 flat = column.filter(valid) if column.null_count else column
             values = flat.to_numpy(zero_copy_only=False)
-            ids[f.name] = (values.astype(np.int64) if f.type == "int64" else values.astype(object), lengths)
+            ids[f.name] = (values.astype(np.int64) if f.type == "int64" else _hashed(values.astype(object)), lengths)
         dense = np.zeros((n, len(s.dense)), np.float32)
         for j, name in enumerate(s.dense):
             column = batch.column(name)
@@ -401,7 +409,9 @@ class _TFRecordFormat:
 
     def _parse(self, serialized):
         parsed = tf.io.parse_example(tf.convert_to_tensor(serialized, tf.string), self.spec)
-        return {k: (v.flat_values.numpy(), np.diff(v.row_splits.numpy())) for k, v in parsed.items()}
+        # String ids hashed while still a tensor (_hashed: the batches carry int64 only).
+        return {k: ((hash_string_ids(v.flat_values) if v.dtype == tf.string else v.flat_values).numpy(),
+                    np.diff(v.row_splits.numpy())) for k, v in parsed.items()}
 
     def _chunk(self, index, first, serialized):
         n, bad = int(serialized.shape[0]), {}
@@ -416,7 +426,7 @@ class _TFRecordFormat:
                     bad[row] = f"not a tf.train.Example of the schema: {e.message.splitlines()[0]}"
             good = np.array([r for r in range(n) if r not in bad], np.int64)
             parsed = self._parse(tf.gather(serialized, good)) if len(good) else \
-                {k: (np.zeros(0, object if v.dtype == tf.string else v.dtype.as_numpy_dtype), np.zeros(0, np.int64))
+                {k: (np.zeros(0, np.int64 if v.dtype == tf.string else v.dtype.as_numpy_dtype), np.zeros(0, np.int64))
                  for k, v in self.spec.items()}
 
         def column(name):  # (values, lengths of every row): a bad row holds nothing
@@ -429,7 +439,7 @@ class _TFRecordFormat:
         ids = {}
         for f in s.id_columns():
             values, lengths = column(f.column)
-            ids[f.name] = (values.astype(object) if f.type == "string" else values, lengths)
+            ids[f.name] = (values, lengths)  # string ids hashed by _parse
         scalars = {}
         words = {"dense": "dense feature", "label": "the label", "weight": "the sample weight"}
         for kind, name in s.number_columns():
@@ -604,7 +614,7 @@ class _CsvFormat:
                     first_wrong[int(parents[i])] = texts[i]
                 mark(parents[wrong], lambda i, w=where, fw=first_wrong: f"{w} holds {fw[i]!r}, not an int64 id")
             else:
-                values = flat.to_numpy(zero_copy_only=False).astype(object)
+                values = _hashed(flat.to_numpy(zero_copy_only=False).astype(object))
                 empty = np.flatnonzero(pc.equal(flat, "").to_numpy(zero_copy_only=False))
                 mark(parents[empty], lambda i, w=where: f"{w} holds an empty id in its list")
             ids[f.name] = (values, spread(np.asarray(lengths, np.int64)))
@@ -849,8 +859,7 @@ class FileBatches:
     def _signature(self):
         spec = {}
         for f in self.schema.features:
-            dtype = tf.int64 if f.type == "int64" else tf.string
-            spec[f.name] = tf.TensorSpec([None, f.length] if f.shape == "fixed" else [None], dtype)
+            spec[f.name] = tf.TensorSpec([None, f.length] if f.shape == "fixed" else [None], tf.int64)  # ids, hashed
             if f.shape == "list":
                 spec[f.name + "/lengths"] = tf.TensorSpec([None], tf.int64)
         spec["dense"] = tf.TensorSpec([None, len(self.schema.dense)], tf.float32)
@@ -878,8 +887,6 @@ class FileBatches:
             out = {}
             for f in features:
                 values = batch[f.name]
-                if f.type == "string":
-                    values = hash_string_ids(values)
                 if f.shape == "list":
                     values = tf.RaggedTensor.from_row_lengths(values, batch[f.name + "/lengths"], validate=False)
                 out[f.name] = values
@@ -908,8 +915,7 @@ class FileBatches:
                 skip -= n
                 continue
             batch = self._worker_batch(taken)
-            ids = {f.name: (hash_string_ids(tf.constant(batch[f.name], tf.string)).numpy() if f.type == "string"
-                            else batch[f.name]) for f in self.schema.features}
+            ids = {f.name: batch[f.name] for f in self.schema.features}
             splits = _offsets(batch[history + "/lengths"])
             contexts = [(name, values) for name, values in ids.items() if name != history]
             for i in range(skip, n):
