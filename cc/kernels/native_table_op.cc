@@ -758,21 +758,9 @@ class TieredStore : public TypedStore<Rows> {
 
   Status Export(int64_t* keys, float* rows, float* slots) const override {
     TF_RETURN_IF_ERROR(Base::Export(keys, rows, slots));
-    int64_t j = map_.size();
-    TF_RETURN_IF_ERROR(Check(disk_->ForEach([&](int64_t key, const char* entry, size_t length) {
-      std::string e = CheckEntry(key, length);
-      if (!e.empty()) return e;
-      if (map_.Find(key) >= 0) return e;  // an old copy of a row now in DRAM
-      if (j >= size()) return strings::StrCat("the store ", disk_->path(), " holds more rows than the table counts (",
-                                              disk_rows_, "): corrupted or shared");
-      ExportDiskEntry(key, entry, j++, keys, rows, slots);
-      return std::string();
-    })));
-    if (j != size()) {
-      return Check(strings::StrCat("the store ", disk_->path(), " holds ", j - map_.size(), " rows, the table counts ",
-                                   disk_rows_, ": corrupted"));
-    }
-    return OkStatus();
+    return ForEachStored([&](int64_t j, int64_t key, const char* entry) {
+      ExportDiskEntry(key, entry, map_.size() + j, keys, rows, slots);
+    });
   }
 
   int64_t NumChanged() const override { return map_.num_changed() + static_cast<int64_t>(cold_changed_.size()); }
@@ -821,20 +809,13 @@ class TieredStore : public TypedStore<Rows> {
 
   Status AccessStatus(int64_t* keys, int64_t* counts, int64_t* last) const override {
     TF_RETURN_IF_ERROR(Base::AccessStatus(keys, counts, last));
-    int64_t j = map_.size();
-    return Check(disk_->ForEach([&](int64_t key, const char* entry, size_t length) {
-      std::string e = CheckEntry(key, length);
-      if (!e.empty()) return e;
-      if (map_.Find(key) >= 0) return e;  // an old copy of a row now in DRAM
-      if (j >= size()) return strings::StrCat("the store ", disk_->path(), " holds more rows than the table counts");
+    return ForEachStored([&](int64_t j, int64_t key, const char* entry) {
       impl::AccessStats a;
       std::memcpy(&a, entry, sizeof(a));
-      keys[j] = key;
-      counts[j] = a.count;
-      last[j] = a.last;
-      ++j;
-      return std::string();
-    }));
+      keys[map_.size() + j] = key;
+      counts[map_.size() + j] = a.count;
+      last[map_.size() + j] = a.last;
+    });
   }
 
   Status SetAccessStatus(const int64_t* keys, const int64_t* counts, const int64_t* last, int64_t n,
@@ -932,6 +913,26 @@ class TieredStore : public TypedStore<Rows> {
     if (stride > 0) std::memcpy(slots + j * stride, entry + SlotsOffset(), stride * sizeof(float));
   }
 
+  // visit(j, key, entry) for the j-th of the disk_rows_ keys whose only copy is in the store (an old copy of a row now
+  // in DRAM is skipped), in the store's order; an error when the store holds another count of them.
+  template <typename Visit>
+  Status ForEachStored(Visit visit) const {
+    int64_t j = 0;
+    TF_RETURN_IF_ERROR(Check(disk_->ForEach([&](int64_t key, const char* entry, size_t length) {
+      std::string e = CheckEntry(key, length);
+      if (!e.empty() || map_.Find(key) >= 0) return e;
+      if (j >= disk_rows_) return strings::StrCat("the store ", disk_->path(), " holds more rows than the table "
+                                                  "counts (", disk_rows_, "): corrupted or shared");
+      visit(j++, key, entry);
+      return std::string();
+    })));
+    if (j != disk_rows_) {
+      return Check(strings::StrCat("the store ", disk_->path(), " holds ", j, " rows, the table counts ", disk_rows_,
+                                   ": corrupted"));
+    }
+    return OkStatus();
+  }
+
   // visit(i, entry) for each key: its entry's bytes (from DRAM, encoded, or from disk), or null when not held.
   template <typename Visit>
   Status ReadThrough(const int64_t* keys, int64_t n, Visit visit) const {
@@ -987,10 +988,9 @@ class TieredStore : public TypedStore<Rows> {
     }
     const int64_t count = std::min(unpinned, std::max(needed, max_cached_ / 8));
     // Least frequently read first (training lookups so far), the least recently read among equals: under Zipf traffic
-    // the most read rows stay (benchmarks/tier: at Zipf 1.05 a cache of 11% of the rows served 62% of the reads by
-    // recency alone). A tuple per candidate: (count, last, key).
+    // the most read rows stay. A candidate: (count, last, key) and its entry (valid until the first removal below).
     struct Candidate {
-      int64_t count, last, key;
+      int64_t count, last, key, index;
       bool operator<(const Candidate& o) const {
         return count != o.count ? count < o.count : last != o.last ? last < o.last : key < o.key;
       }
@@ -999,7 +999,7 @@ class TieredStore : public TypedStore<Rows> {
     lru.reserve(unpinned);
     map_.ForEach([&](int64_t index) {
       const impl::AccessStats& a = map_.access(index);
-      if (a.last != kPinned) lru.push_back({a.count, a.last, map_.key(index)});
+      if (a.last != kPinned) lru.push_back({a.count, a.last, map_.key(index), index});
     });
     std::nth_element(lru.begin(), lru.begin() + (count - 1), lru.end());
     lru.resize(count);
@@ -1010,20 +1010,20 @@ class TieredStore : public TypedStore<Rows> {
     });
     impl::DiskStore::Batch batch(*disk_);
     std::vector<char> buffer(EntryBytes());
+    const bool tracking = map_.tracking_changes();
+    std::vector<int64_t> changed;  // victims marked changed: their marks follow them to disk
     for (const auto& v : lru) {
-      EncodeEntry(map_.Find(v.key), buffer.data());
+      EncodeEntry(v.index, buffer.data());
       batch.Put(v.key, buffer.data(), buffer.size());
+      if (tracking && map_.changed(v.index)) changed.push_back(v.key);
     }
     const std::string message = batch.Commit();
     if (!message.empty()) {
       unpin();
       return Check(message);  // nothing was dropped from DRAM
     }
-    const bool tracking = map_.tracking_changes();
-    for (const auto& v : lru) {
-      if (tracking && map_.changed(map_.Find(v.key))) cold_changed_.insert(v.key);
-      map_.Remove(v.key, /*log=*/false);
-    }
+    cold_changed_.insert(changed.begin(), changed.end());
+    for (const auto& v : lru) map_.Remove(v.key, /*log=*/false);
     unpin();
     disk_rows_ += count;
     evicted_ += count;
@@ -1066,7 +1066,7 @@ class TieredStore : public TypedStore<Rows> {
   std::vector<int64_t> cold_removed_;         // keys removed from disk since the last ClearChanges
   // Counters (TierStats).
   int64_t hits_ = 0, disk_hits_ = 0, new_keys_ = 0, evicted_ = 0, bytes_read_ = 0;
-  mutable int64_t bytes_written_ = 0;
+  int64_t bytes_written_ = 0;
   int64_t evict_micros_ = 0, read_micros_ = 0;  // in Prepare (training calls)
   static int64_t NowMicros() {
     return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())

@@ -310,7 +310,7 @@ class _ParquetFormat:
                 lengths = valid.to_numpy(zero_copy_only=False).astype(np.int64)
                 flat = column.filter(valid) if column.null_count else column
             values = flat.to_numpy(zero_copy_only=False)
-            ids[f.name] = (values.astype(np.int64) if f.type == "int64" else _hashed(values.astype(object)), lengths)
+            ids[f.name] = (values.astype(np.int64) if f.type == "int64" else _hashed(values), lengths)
         dense = np.zeros((n, len(s.dense)), np.float32)
         for j, name in enumerate(s.dense):
             column = batch.column(name)
@@ -614,7 +614,7 @@ class _CsvFormat:
                     first_wrong[int(parents[i])] = texts[i]
                 mark(parents[wrong], lambda i, w=where, fw=first_wrong: f"{w} holds {fw[i]!r}, not an int64 id")
             else:
-                values = _hashed(flat.to_numpy(zero_copy_only=False).astype(object))
+                values = _hashed(flat.to_numpy(zero_copy_only=False))
                 empty = np.flatnonzero(pc.equal(flat, "").to_numpy(zero_copy_only=False))
                 mark(parents[empty], lambda i, w=where: f"{w} holds an empty id in its list")
             ids[f.name] = (values, spread(np.asarray(lengths, np.int64)))

@@ -40,8 +40,6 @@ namespace impl {
 
 // RocksDB's C API, the part used here (rocksdb/c.h; stable since RocksDB 6), resolved once from the shared library.
 struct RocksApi {
-  using Db = void;
-  using Options = void;
   void* (*options_create)();
   void (*options_destroy)(void*);
   void (*options_set_create_if_missing)(void*, unsigned char);
