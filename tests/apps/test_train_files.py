@@ -37,10 +37,15 @@ def _train(apps, tmp_path, name, table, schema, workers=1, batch=BATCH, data=Non
 
     path = tmp_path / f"{name}.parquet"
     pq.write_table(table, path, row_group_size=100)
-    config = apps.write_config(tmp_path / f"{name}.yaml", apps.tiny_config(
-        data={"source": "parquet", "path": str(path), "schema": schema, **(data or {})}))
+    raw = apps.tiny_config(data={"source": "parquet", "path": str(path), "schema": schema, **(data or {})})
+    return _run(apps, tmp_path, name, raw, workers, batch)
+
+
+def _run(apps, tmp_path, name, raw, workers=1, batch=BATCH, flags=()):
+    """STEPS steps of `batch` per worker of the config `raw` (written as NAME.yaml) with `flags` -> (run, summary)."""
+    config = apps.write_config(tmp_path / f"{name}.yaml", raw)
     run = apps.run_app("tf_fusedrec.train", ["--config", config, "--steps", STEPS, "--batch-size", batch,
-                                             "--no-progress"], workers=workers)
+                                             "--no-progress", *flags], workers=workers)
     assert run.rc == 0, run.describe()
     return run, apps.the_summary(run)
 
@@ -137,11 +142,7 @@ def _movielens_run(apps, tmp_path, name, data, workers):
     raw = apps.tiny_config(features=ML_FEATURES, model={"name": "dlrm", "bottom_mlp": [8], "top_mlp": [8]})
     raw["data"] = {"eval_batches": 2, **data}
     raw["feature_defaults"] = {"optimizer": {"name": "adagrad", "learning_rate": 0.05}}  # zip: hashed, 62 bits
-    config = apps.write_config(tmp_path / f"{name}.yaml", raw)
-    run = apps.run_app("tf_fusedrec.train", ["--config", config, "--steps", STEPS, "--batch-size", 16,
-                                             "--no-progress"], workers=workers)
-    assert run.rc == 0, run.describe()
-    return apps.the_summary(run)
+    return _run(apps, tmp_path, name, raw, workers, batch=16)[1]
 
 
 @pytest.mark.parametrize("fmt, workers", [("parquet", 1), ("csv", 2)])
@@ -182,11 +183,7 @@ def _movielens_seq_run(apps, tmp_path, name, data, workers):
     raw["data"] = {**data, "eval_batches": 2,
                    "sequences": {"feature": "items", "target": "target", "max_length": 60, "truncate": True}}
     raw["model"].update(num_blocks=1, hidden_dim=16, experts=2, expert_units=[16], tower_units=[8])
-    config = apps.write_config(tmp_path / f"{name}.yaml", raw)
-    run = apps.run_app("tf_fusedrec.train", ["--config", config, "--steps", STEPS, "--batch-size", 16,
-                                             "--balance", "tokens", "--no-progress"], workers=workers)
-    assert run.rc == 0, run.describe()
-    return apps.the_summary(run)
+    return _run(apps, tmp_path, name, raw, workers, batch=16, flags=("--balance", "tokens"))[1]
 
 
 @pytest.mark.parametrize("fmt, workers", [("parquet", 1), ("csv", 2)])
