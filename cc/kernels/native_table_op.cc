@@ -302,6 +302,8 @@ class TableStore {
   virtual Status Remove(const int64_t* keys, int64_t n) = 0;
   // Writes all size() entries.
   virtual Status Export(int64_t* keys, float* rows, float* slots) const = 0;
+  // NativeTable::ExportChunk, the cursor's phase checked.
+  virtual Status ExportChunk(const int64_t cursor[2], int64_t max_rows, ExportedChunk* out, int64_t next[2]) const = 0;
   // Change tracking (impl::NativeHashMap::ClearChanges): entries inserted or written since the last ClearChanges.
   virtual int64_t NumChanged() const = 0;
   // The changed entries as Export writes them (num_changed of them).
@@ -480,6 +482,23 @@ class TypedStore : public TableStore {
     return OkStatus();
   }
 
+  // The DRAM entries from slot cursor[1] on (any other phase: none), then kExportDone.
+  Status ExportChunk(const int64_t cursor[2], int64_t max_rows, ExportedChunk* out, int64_t next[2]) const override {
+    next[0] = kExportDone;
+    next[1] = 0;
+    if (cursor[0] != kDramEntries) return OkStatus();
+    const int64_t capacity = map_.capacity();
+    int64_t i = std::max<int64_t>(cursor[1], 0);
+    for (; i < capacity && static_cast<int64_t>(out->keys.size()) < max_rows; ++i) {
+      if (map_.occupied(i)) AppendEntry(i, out);
+    }
+    if (i < capacity) {
+      next[0] = kDramEntries;
+      next[1] = i;
+    }
+    return OkStatus();
+  }
+
   int64_t NumChanged() const override { return map_.num_changed(); }
 
   Status ExportChanged(int64_t* keys, float* rows, float* slots) const override {
@@ -538,6 +557,19 @@ class TypedStore : public TableStore {
     keys[j] = map_.key(index);
     LoadRow(index, rows + j * dim_);
     if (slot_stride > 0) std::memcpy(slots + j * slot_stride, map_.slots(index), slot_stride * sizeof(float));
+  }
+
+  // Entry `index` appended to a chunk, with its access stats where the map keeps them.
+  void AppendEntry(int64_t index, ExportedChunk* out) const {
+    const int64_t j = static_cast<int64_t>(out->keys.size());
+    const int64_t slot_stride = num_slots_ * dim_;
+    out->keys.push_back(map_.key(index));
+    out->rows.resize((j + 1) * dim_);
+    LoadRow(index, out->rows.data() + j * dim_);
+    out->slots.insert(out->slots.end(), map_.slots(index), map_.slots(index) + slot_stride);
+    const bool tracked = map_.track_access();
+    out->counts.push_back(tracked ? map_.access(index).count : 0);
+    out->lasts.push_back(tracked ? map_.access(index).last : 0);
   }
 
   void LoadRow(int64_t index, float* out) const {
@@ -761,6 +793,46 @@ class TieredStore : public TypedStore<Rows> {
     return ForEachStored([&](int64_t j, int64_t key, const char* entry) {
       ExportDiskEntry(key, entry, map_.size() + j, keys, rows, slots);
     });
+  }
+
+  // The DRAM entries, then the rows held only in the store (an old copy of a row now in DRAM is skipped), in the
+  // store's key order from the key after cursor[1].
+  Status ExportChunk(const int64_t cursor[2], int64_t max_rows, ExportedChunk* out, int64_t next[2]) const override {
+    if (cursor[0] == kDramEntries) {
+      TF_RETURN_IF_ERROR(Base::ExportChunk(cursor, max_rows, out, next));
+      if (next[0] == kExportDone) next[0] = kStoreFirst;  // the store comes after DRAM
+      return OkStatus();
+    }
+    next[0] = kExportDone;
+    next[1] = 0;
+    if (cursor[0] != kStoreFirst && cursor[0] != kStoreAfter) return OkStatus();
+    const int64_t stride = num_slots_ * dim_;
+    bool full = static_cast<int64_t>(out->keys.size()) >= max_rows;
+    TF_RETURN_IF_ERROR(Check(disk_->ForEachAfter(
+        cursor[0] == kStoreAfter ? &cursor[1] : nullptr,
+        [&](int64_t key, const char* entry, size_t length) {
+          std::string e = CheckEntry(key, length);
+          if (!e.empty() || map_.Find(key) >= 0) return e;
+          const int64_t j = static_cast<int64_t>(out->keys.size());
+          out->keys.push_back(key);
+          out->rows.resize((j + 1) * dim_);
+          DecodeRow(entry, out->rows.data() + j * dim_);
+          const float* slots = reinterpret_cast<const float*>(entry + SlotsOffset());
+          out->slots.resize((j + 1) * stride);
+          if (stride > 0) std::memcpy(out->slots.data() + j * stride, slots, stride * sizeof(float));
+          impl::AccessStats a;
+          std::memcpy(&a, entry, sizeof(a));
+          out->counts.push_back(a.count);
+          out->lasts.push_back(a.last);
+          if (static_cast<int64_t>(out->keys.size()) >= max_rows) {
+            full = true;
+            next[0] = kStoreAfter;
+            next[1] = key;
+          }
+          return std::string();
+        },
+        &full)));
+    return OkStatus();
   }
 
   int64_t NumChanged() const override { return map_.num_changed() + static_cast<int64_t>(cold_changed_.size()); }
@@ -1247,6 +1319,16 @@ Status NativeTable::Export(const AllocateOutputs& allocate) const {
   return store_->Export(out[0]->flat<int64_t>().data(), out[1]->flat<float>().data(), out[2]->flat<float>().data());
 }
 
+Status NativeTable::ExportChunk(const int64_t cursor[2], int64_t max_rows, ExportedChunk* out, int64_t next[2]) const {
+  if (cursor[0] < kDramEntries || cursor[0] > kExportDone) {
+    return Error("an export chunk's cursor has the phase ", cursor[0], " (0 to 3: from an export chunk's next)");
+  }
+  if (max_rows < 1) return Error("an export chunk needs max_rows >= 1, got ", max_rows);
+  tf_shared_lock lock(mu_);
+  out->clock = clock_;
+  return store_->ExportChunk(cursor, max_rows, out, next);
+}
+
 Status NativeTable::Changes(const AllocateOutputs& allocate_changed, const AllocateOutputs& allocate_removed) const {
   tf_shared_lock lock(mu_);
   if (!store_->TrackingChanges()) {
@@ -1559,6 +1641,45 @@ class NativeTableExportOp : public OpKernel {
   }
 };
 
+class NativeTableExportChunkOp : public OpKernel {
+ public:
+  explicit NativeTableExportChunkOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<NativeTable> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    const Tensor& cursor = ctx->input(1);
+    const Tensor& max_rows = ctx->input(2);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(cursor.shape()) && cursor.NumElements() == 2,
+                table->Error("an export chunk's cursor must be int64 [2], got shape ", cursor.shape().DebugString()));
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(max_rows.shape()),
+                table->Error("an export chunk's max_rows must be a scalar, got shape ",
+                             max_rows.shape().DebugString()));
+    const int64_t at[2] = {cursor.flat<int64_t>()(0), cursor.flat<int64_t>()(1)};
+    ExportedChunk chunk;
+    int64_t next[2];
+    OP_REQUIRES_OK(ctx, table->ExportChunk(at, max_rows.scalar<int64_t>()(), &chunk, next));
+    const int64_t k = static_cast<int64_t>(chunk.keys.size());
+    const int64_t dim = table->config().dim, num_slots = table->config().num_slots();
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({k}), &out));
+    std::copy(chunk.keys.begin(), chunk.keys.end(), out->flat<int64_t>().data());
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({k, dim}), &out));
+    std::copy(chunk.rows.begin(), chunk.rows.end(), out->flat<float>().data());
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({k, num_slots, dim}), &out));
+    std::copy(chunk.slots.begin(), chunk.slots.end(), out->flat<float>().data());
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({k}), &out));
+    std::copy(chunk.counts.begin(), chunk.counts.end(), out->flat<int64_t>().data());
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({k}), &out));
+    std::copy(chunk.lasts.begin(), chunk.lasts.end(), out->flat<int64_t>().data());
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({2}), &out));
+    out->flat<int64_t>()(0) = next[0];
+    out->flat<int64_t>()(1) = next[1];
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(6, TensorShape({}), &out));
+    out->scalar<int64_t>()() = chunk.clock;
+  }
+};
+
 class NativeTableChangesOp : public OpKernel {
  public:
   explicit NativeTableChangesOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
@@ -1630,6 +1751,7 @@ REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableUpsert").Device(DEVICE_CPU), N
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableRemove").Device(DEVICE_CPU), NativeTableRemoveOp);
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableSize").Device(DEVICE_CPU), NativeTableSizeOp);
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableExport").Device(DEVICE_CPU), NativeTableExportOp);
+REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableExportChunk").Device(DEVICE_CPU), NativeTableExportChunkOp);
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableTierStats").Device(DEVICE_CPU), NativeTableTierStatsOp);
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableChanges").Device(DEVICE_CPU), NativeTableChangesOp);
 REGISTER_KERNEL_BUILDER(Name("FusedRec>NativeTableClearChanges").Device(DEVICE_CPU), NativeTableClearChangesOp);

@@ -77,6 +77,20 @@ struct NativeTableConfig {
 // Rows, slots and access stats of one storage type; defined in native_table_op.cc.
 class TableStore;
 
+// One chunk of an export (NativeTable::ExportChunk): keys [k], rows [k, dim], slots [k, S, dim], the keys' access
+// stats (count, last) [k] (zeros where the table keeps none) and the table's clock (its training lookups so far).
+struct ExportedChunk {
+  std::vector<int64_t> keys;
+  std::vector<float> rows, slots;
+  std::vector<int64_t> counts, lasts;
+  int64_t clock = 0;
+};
+
+// Where a chunked export goes on: (kDramEntries, slot index) the DRAM map's entries from that slot on,
+// (kStoreFirst, 0) a tiered table's store from its first key, (kStoreAfter, key) the store after that key,
+// (kExportDone, 0) nothing left.
+enum ExportPhase : int64_t { kDramEntries = 0, kStoreFirst = 1, kStoreAfter = 2, kExportDone = 3 };
+
 // Outputs sized from the table's contents, allocated by the kernel while the table is locked: (num_keys, outputs).
 using AllocateOutputs = std::function<Status(int64_t num_keys, std::vector<Tensor*>* outputs)>;
 
@@ -124,6 +138,10 @@ class NativeTable : public ResourceBase {
 
   // Outputs keys [K], rows [K, dim], slots [K, S, dim].
   Status Export(const AllocateOutputs& allocate) const;
+  // Up to max_rows entries from `cursor` (phase, position: ExportPhase) on, and where the next chunk starts (next):
+  // an export of a table larger than memory, chunk by chunk, every entry once while the table does not change in
+  // between (the caller checks the count against Size()). An unknown phase is an InvalidArgument error.
+  Status ExportChunk(const int64_t cursor[2], int64_t max_rows, ExportedChunk* out, int64_t next[2]) const;
   // Change tracking, for publishing only what changed: the entries inserted or written (lookup with insert, update,
   // upsert) since the last ClearChanges, output as Export does (keys [C], rows [C, dim], slots [C, S, dim]), then
   // the distinct keys removed since then and not held now (removed [R], ascending). FailedPrecondition before the

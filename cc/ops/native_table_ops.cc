@@ -263,6 +263,38 @@ REGISTER_OP("FusedRec>NativeTableExport")
     .SetShapeFn(ExportShape)
     .Doc("Every key with its row [dim] and slots [S, dim], in the table's slot order.");
 
+REGISTER_OP("FusedRec>NativeTableExportChunk")
+    .Input("table: resource")
+    .Input("cursor: int64")
+    .Input("max_rows: int64")
+    .Output("keys: int64")
+    .Output("rows: float")
+    .Output("slots: float")
+    .Output("counts: int64")
+    .Output("last: int64")
+    .Output("next: int64")
+    .Output("clock: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(ExportShape(c));
+      ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &unused));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 0, &unused));
+      const DimensionHandle k = c->Dim(c->output(0), 0);
+      c->set_output(3, c->Vector(k));
+      c->set_output(4, c->Vector(k));
+      c->set_output(5, c->Vector(2));
+      c->set_output(6, c->Scalar());
+      return OkStatus();
+    })
+    .Doc(R"doc(
+An export in chunks, for a table larger than memory: up to max_rows keys from `cursor` on, with their rows [dim], slots
+[S, dim] and access stats (count, last; zeros where the table keeps none), the cursor of the next chunk and the table's
+clock (training lookups so far). The first
+chunk's cursor is (0, 0); the export is over when next is (3, 0). Each entry comes once over the chunks while the table
+does not change between them: the DRAM entries in slot order, then a tiered table's stored rows in key order.
+)doc");
+
 namespace {
 
 // table -> keys [C], rows [C, dim], slots [C, S, dim], removed [R].

@@ -43,6 +43,8 @@ def main():
     p.add_argument("--save-every", type=int, default=3)
     p.add_argument("--out", required=True)
     p.add_argument("--kill", help="RANK:STEP:POINT, POINT one of step, mid-save, before-save")
+    p.add_argument("--part-bytes", type=int, default=checkpoint_lib.PART_BYTES,
+                   help="Checkpointer(part_bytes=...): small, the tables go to part files of a few rows")
     args = p.parse_args()
 
     comm = comm_lib.init_workers()
@@ -71,7 +73,7 @@ def main():
 
     model(sc.local_slice(sc.make_batch(0), rank, size), training=False)
     opt.create_slots(model.trainable_variables)  # before train_step's first call: see scenario.create_variables
-    checkpointer = Checkpointer(args.model_dir, model, opt, step_var, comm, keep=5)
+    checkpointer = Checkpointer(args.model_dir, model, opt, step_var, comm, keep=5, part_bytes=args.part_bytes)
     try:
         restored = checkpointer.restore() or {}
     except CheckpointError as e:

@@ -5,6 +5,8 @@
   continued on 2 workers, end with the reference's tables and dense weights (1e-6 relative): rows, Adagrad slots,
   dense Adam slots and iterations, and the data position all came back;
 * each new rank read only the shards that can hold its ids (2 -> 1: both, 1 -> 2: shard 0, 2 -> 3: both);
+* written in part files (Checkpointer(part_bytes=...), a few rows each), the same run ends at the same state and its
+  step-3 checkpoint restores onto 1 and 3 workers; a damaged or missing part stops both workers naming it;
 * a corrupt shard stops both workers with exit status 2 and an error naming the file; an unpublished staging
   directory (a kill between two ranks' saves) is ignored;
 * crashes: rank 1 SIGKILLs itself right before step 5 (rank 0 is then inside the step's collectives), halfway
@@ -31,10 +33,11 @@ CRASH_BOUND_S = 150  # the crashed job, start-up included, on a loaded 2-core ma
 RTOL, ATOL = 1e-6, 1e-7
 
 
-def run(workers, model_dir, out, steps=6, expect=0, kill=None):
+def run(workers, model_dir, out, steps=6, expect=0, kill=None, part_bytes=None):
     """-> per-rank dicts; with expect="error" (any non-zero status) or a non-zero int, the merged log."""
     cmd = worker_command([SCENARIO, "--model-dir", model_dir, "--steps", steps, "--out", out]
-                         + (["--kill", kill] if kill else []), workers)
+                         + (["--kill", kill] if kill else [])
+                         + (["--part-bytes", part_bytes] if part_bytes else []), workers)
     rc, log, _ = execute(cmd, TIMEOUT_S, merge_stderr=True)
     assert rc is not None, f"timed out after {TIMEOUT_S} s: {' '.join(cmd)}\n{tail(log)}"
     ok = rc != 0 if expect == "error" else rc == expect
@@ -142,3 +145,57 @@ def test_killed_worker_then_restart_equals_uninterrupted(reference, tmp_path, po
     assert json.loads(str(ranks[0]["restored"]))["step"] == 3
     assert not list(model_dir.glob(".tmp-ckpt-*")), sorted(model_dir.iterdir())
     assert_same_state(ranks, reference[1], f"killed at {point} {step}, restarted")
+
+
+# --- part files (a native table larger than Checkpointer(part_bytes): written and restored in pieces) -----------------
+
+PART_BYTES = 300  # a few rows per part file
+
+
+@pytest.fixture(scope="module")
+def parts_reference(tmp_path_factory):
+    """The reference run again, its checkpoints' tables in part files."""
+    where = tmp_path_factory.mktemp("ckpt-parts")
+    ranks = run(2, where / "model", where / "out", part_bytes=PART_BYTES)
+    return where / "model", ranks
+
+
+def test_part_files_hold_the_tables(reference, parts_reference):
+    """The same training with its checkpoints in parts ends where the reference does; the shards list their parts,
+    hold no rows of their own, and the manifest says format 3 (a reader of format 2 would miss the parts)."""
+    assert_same_state(parts_reference[1], reference[1], "checkpointed in parts")
+    directory = parts_reference[0] / "ckpt-3"
+    assert json.loads((directory / "manifest.json").read_text())["format"] == 3
+    for rank in range(2):
+        with np.load(directory / f"shard-{rank}-of-2.npz") as z:
+            listed = len(z["parts.bytes"])
+            assert listed >= 2 and not any(k.endswith(".keys") and k.count(".") == 1 for k in z.files), z.files
+        assert len(list(directory.glob(f"shard-{rank}-of-2.part-*.npz"))) == listed
+    assert json.loads((reference[0] / "ckpt-3" / "manifest.json").read_text())["format"] == 2
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_parts_restore_onto_another_worker_count(reference, parts_reference, tmp_path, workers):
+    ranks = run(workers, step3_copy(parts_reference, tmp_path), tmp_path / "out", part_bytes=PART_BYTES)
+    assert_same_state(ranks, reference[1], f"parts, 2 -> {workers} workers")
+    for data in ranks:
+        restored = json.loads(str(data["restored"]))
+        assert restored["step"] == 3 and restored["workers"] == 2
+
+
+@pytest.mark.parametrize("damage", ["flip", "remove"])
+def test_a_damaged_part_stops_every_worker_naming_it(parts_reference, tmp_path, damage):
+    model_dir = tmp_path / "model"
+    shutil.copytree(parts_reference[0], model_dir)
+    part = model_dir / "ckpt-6" / "shard-1-of-2.part-1.npz"
+    if damage == "remove":
+        part.unlink()
+    else:
+        data = bytearray(part.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        part.write_bytes(bytes(data))
+    log = run(2, model_dir, tmp_path / "out", steps=8, expect="error")
+    errors = [line for line in log.splitlines() if "error: checkpoint" in line]
+    assert {line.split("]")[0] for line in errors} == {"[0", "[1"}, tail(log)
+    what = "is missing" if damage == "remove" else "does not match the sha256"
+    assert all("shard-1-of-2.part-1.npz" in line and what in line for line in errors), tail(log)

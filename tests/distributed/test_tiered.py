@@ -1,7 +1,8 @@
 """Tiered tables (a DRAM cache of 1,536 rows over a RocksDB store, tests/distributed/tier_scenario.py) train exactly as
 all-DRAM ones: bit for bit on 1 worker and on 2 (SGD, Adagrad, Adam), 2 tiered workers equal 1 worker, and through
-checkpoints: restored onto 1 worker, and after a SIGKILL mid-run (rank 1 dies before step 6; its store is left on
-disk) the restarted job ends where the uninterrupted one does."""
+checkpoints written in part files (the table read in chunks, never whole): restored onto 1 worker, and after a
+SIGKILL mid-run (rank 1 dies before step 6; its store is left on disk) the restarted job ends where the
+uninterrupted one does."""
 
 import json
 import shutil
@@ -17,6 +18,9 @@ pytest.importorskip("horovod.tensorflow", reason="Horovod (horovod.tensorflow) i
 SCENARIO = Path(__file__).resolve().with_name("tier_scenario.py")
 TIMEOUT_S = 300
 OPTIMIZERS = ["sgd", "adagrad", "adam"]
+# The checkpointed runs: the table's rows (a few thousand, of 120 bytes with Adam's slots, most on disk) go to part
+# files of about 150 rows, read from the table in chunks as a table larger than memory is.
+CKPT_FLAGS = "--save-every 4 --name ckpt --part-bytes 18000"
 
 
 def launch(workers, root, runs, expect_ok=True):
@@ -44,7 +48,7 @@ def launch(workers, root, runs, expect_ok=True):
 def two(tmp_path_factory):
     root = tmp_path_factory.mktemp("tier_two")
     runs = {f"tier_{o}": f"--optimizer {o} --tier 1" for o in ("sgd", "adagrad")}
-    runs["tier_adam"] = f"--optimizer adam --tier 1 --model-dir {root / 'model'} --save-every 4 --name ckpt"  # reference
+    runs["tier_adam"] = f"--optimizer adam --tier 1 --model-dir {root / 'model'} {CKPT_FLAGS}"  # reference
     runs["dram_adam"] = "--optimizer adam --tier 0"
     return root, launch(2, root, runs)
 
@@ -57,7 +61,7 @@ def one(tmp_path_factory, two):
     shutil.rmtree(model / "ckpt-8")
     runs = {f"{kind}_{o}": f"--optimizer {o} --tier {int(kind == 'tier')}" for kind in ("tier", "dram")
             for o in OPTIMIZERS}
-    runs["restored"] = f"--optimizer adam --tier 1 --model-dir {model} --save-every 100 --name ckpt"
+    runs["restored"] = f"--optimizer adam --tier 1 --model-dir {model} --save-every 100 --name ckpt --part-bytes 18000"
     return launch(1, root, runs)
 
 
@@ -113,13 +117,18 @@ def test_two_tiered_workers_equal_one(one, two, optimizer):
 
 def test_tiered_checkpoint_restores_onto_one_worker(one, two):
     restored = one["restored"][0]
-    assert json.loads(str(restored["restored"]))["step"] == 4
+    info = json.loads(str(restored["restored"]))
+    assert info["step"] == 4
+    manifest = json.loads((two[0] / "model" / "ckpt-4" / "manifest.json").read_text())
+    parts = sorted((two[0] / "model" / "ckpt-4").glob("shard-*.part-*.npz"))
+    assert manifest["format"] == 3 and len(parts) >= 6, (manifest, parts)  # each rank's table in several parts
+    assert info["bytes_read"] > sum(p.stat().st_size for p in parts)
     assert_close_tables([restored], two[1]["tier_adam"], "2 -> 1 workers from the step-4 checkpoint")
     np.testing.assert_allclose(restored["kernel"], two[1]["tier_adam"][0]["kernel"], rtol=1e-5, atol=1e-6)
 
 
 def test_killed_tiered_run_restarts_to_the_uninterrupted_result(two, tmp_path):
-    flags = f"--optimizer adam --tier 1 --model-dir {tmp_path / 'model'} --save-every 4 --name ckpt"
+    flags = f"--optimizer adam --tier 1 --model-dir {tmp_path / 'model'} {CKPT_FLAGS}"
     launch(2, tmp_path, {"crashed": f"{flags} --kill 6"}, expect_ok=False)
     assert sorted(p.name for p in (tmp_path / "model").glob("ckpt-*")) == ["ckpt-4"]
     assert (tmp_path / "tier" / "ckpt").exists()  # the killed job's stores are left behind

@@ -7,7 +7,8 @@ Three features of one spec (one group, one table) with Zipf ids over 50,000, a g
 slice), a linear model, fr.train.make_optimizer with the group's optimizer and Adam on the dense weights, in a
 tf.function. --tier 1 gives the table a DRAM cache of 1,536 rows (the table grows to several thousand), 0 keeps it all
 in DRAM. With --model-dir, restores from it when it holds a checkpoint and saves every --save-every steps; --kill STEP
-makes rank 1 SIGKILL itself right before training step STEP. Writes OUT/rank{r}.npz: the losses, this worker's table
+makes rank 1 SIGKILL itself right before training step STEP; --part-bytes writes the table's checkpoint in part
+files of that size (Checkpointer(part_bytes=...)). Writes OUT/rank{r}.npz: the losses, this worker's table
 (keys, rows and slots sorted by key), the dense weights, the tier statistics and what the restore read.
 """
 
@@ -67,6 +68,7 @@ def run_parser():
     p.add_argument("--model-dir")
     p.add_argument("--save-every", type=int, default=4)
     p.add_argument("--kill", type=int)
+    p.add_argument("--part-bytes", type=int, help="Checkpointer(part_bytes=...): the table in part files this size")
     p.add_argument("--name", help="the layer's name (default sparse<index>): a checkpoint's runs share one")
     p.add_argument("--out", required=True)
     return p
@@ -110,7 +112,8 @@ def run_one(comm, run, name, tier_root):
     restored = {}
     checkpointer = None
     if run.model_dir:
-        checkpointer = Checkpointer(run.model_dir, model, opt, step_var, comm, keep=5)
+        parts = {} if run.part_bytes is None else {"part_bytes": run.part_bytes}
+        checkpointer = Checkpointer(run.model_dir, model, opt, step_var, comm, keep=5, **parts)
         restored = checkpointer.restore() or {}
     losses = []
     for s in range(int(step_var.numpy()), run.steps):

@@ -198,9 +198,11 @@ class Checkpointed:
         self.counter.assign_add(1)
         return float(loss)
 
-    def checkpointer(self, model_dir, full_every=0, comm=None):
+    def checkpointer(self, model_dir, full_every=0, comm=None, part_bytes=None):
+        """part_bytes: a native table over it is written in part files (a few rows each at 200)."""
+        parts = {} if part_bytes is None else {"part_bytes": part_bytes}
         return Checkpointer(str(model_dir), Holder(self.layer), self.optimizer, self.counter,
-                            comm or SingleProcessComm(), keep=5, full_every=full_every)
+                            comm or SingleProcessComm(), keep=5, full_every=full_every, **parts)
 
     def status(self):
         """(sorted [(key, count, last)], clock, evicted, expired) of the table."""
@@ -254,14 +256,32 @@ def strip_status(model_dir, step):
     (directory / "manifest.json").write_text(json.dumps(manifest))
 
 
-@pytest.mark.parametrize("backend", ["tfra", "native"])
+# The native table also written in part files of a few rows (Checkpointer(part_bytes=...)): each part carries its
+# rows' status, the shard the clock and counters.
+BACKENDS = [("tfra", None), ("native", None), ("native", 200)]
+
+
+def assert_parts(model_dir, step, part_bytes):
+    """The checkpoint has part files (format 3) when part_bytes was given, none (format 2) otherwise."""
+    directory = model_dir / f"ckpt-{step}"
+    manifest = json.loads((directory / "manifest.json").read_text())
+    parts = sorted(p.name for p in directory.glob("*.part-*.npz"))
+    assert (manifest["format"], bool(parts)) == ((3, True) if part_bytes else (2, False)), (manifest, parts)
+    if part_bytes:
+        with np.load(directory / "shard-0-of-1.npz") as z:
+            assert "t0.keys" not in z.files and "t0.status.clock" in z.files and len(z["parts.bytes"]) == len(parts)
+
+
+@pytest.mark.parametrize("backend, part_bytes", BACKENDS, ids=["tfra", "native", "native-parts"])
 @pytest.mark.parametrize("policy", ["lfu", "lru"])
-def test_restored_layer_evicts_like_the_uninterrupted_one(tmp_path, backend, policy):
+def test_restored_layer_evicts_like_the_uninterrupted_one(tmp_path, backend, part_bytes, policy):
     evict = fr.Eviction(capacity=14, policy=policy, interval=3)  # a restore without the status evicts other rows
     writer = Checkpointed(backend, evict)
     for s in range(7):
         writer.step(s)
-    writer.checkpointer(tmp_path).save()
+    writer.checkpointer(tmp_path, part_bytes=part_bytes).save()
+    if backend == "native":
+        assert_parts(tmp_path, 7, part_bytes)
     saved, rows = writer.status(), writer.rows()
     assert saved[2] > 0 and max(c for _, c, _ in saved[0]) > 1, "nothing evicted or read twice: the test tests little"
     losses, held = [], []
@@ -309,19 +329,23 @@ def test_full_plus_deltas_restore_the_status_of_a_full_restore(tmp_path, backend
     assert restored["delta"] == restored["full"] == live
 
 
-@pytest.mark.parametrize("backend", ["tfra", "native"])
-@pytest.mark.parametrize("kind", ["full", "delta"])
+@pytest.mark.parametrize("backend, kind", [(b, k) for b in ("tfra", "native") for k in ("full", "delta")]
+                         + [("native", "parts")])  # part files: native tables only
 def test_status_goes_with_its_row_onto_two_workers(tmp_path, backend, kind):
     """A 1-worker checkpoint restored by each rank of 2: each key's status lands where its row does (the rows' owner
-    filter, from the ids a delta's status carries too), every rank takes the clock, rank 0 the evicted counter."""
+    filter, from the ids a delta's status carries too, or a part file's), every rank takes the clock, rank 0 the
+    evicted counter."""
     evict = fr.Eviction(capacity=14, policy="lfu", interval=3)
     writer = Checkpointed(backend, evict)
-    checkpointer = writer.checkpointer(tmp_path, full_every=100 if kind == "delta" else 0)
+    checkpointer = writer.checkpointer(tmp_path, full_every=100 if kind == "delta" else 0,
+                                       part_bytes=200 if kind == "parts" else None)
     for s in range(7):
         writer.step(s)
         if s in (3, 6):
             checkpointer.save()
-    assert [w["kind"] for w in checkpointer.written] == ["full", kind]
+    assert [w["kind"] for w in checkpointer.written] == ["full", "delta" if kind == "delta" else "full"]
+    if kind == "parts":
+        assert_parts(tmp_path, 7, 200)
     entries, clock, evicted, _ = writer.status()
     assert evicted > 0
     union = []

@@ -312,3 +312,58 @@ def test_resident_memory_stays_within_the_budget(tmp_path):
     bound = budget + STORE_OVERHEAD_BYTES + (32 << 20)  # + slack for the step's tensors and allocator pages
     assert tiered["peak_growth"] <= bound, (tiered, bound)
     assert dram["peak_growth"] > bound, (dram, bound)
+
+
+def chunked_export(table, max_rows, graph=False):
+    """(keys, rows, slots, counts, lasts) of every chunk of native_table_export_chunk, concatenated, and the number of
+    calls it took."""
+    call = nt.native_table_export_chunk
+    if graph:
+        call = tf.function(lambda cursor: nt.native_table_export_chunk(table, cursor, max_rows))
+    parts, cursor, calls = [], nt.EXPORT_START, 0
+    while tuple(cursor) != nt.EXPORT_DONE:
+        out = call(tf.constant(cursor, tf.int64)) if graph else call(table, cursor, max_rows)
+        parts.append([x.numpy() for x in out[:5]])
+        cursor, calls = tuple(out.next.numpy().tolist()), calls + 1
+        assert calls < 10_000
+    return [np.concatenate([p[i] for p in parts]) for i in range(5)], calls
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("max_rows", [1, 97, 100_000])
+def test_a_chunked_export_gives_every_row_once(tmp_path, max_rows, graph):
+    """Chunks over a tiered table (most rows on disk) and an all-DRAM one give each key once, with the rows, slots and
+    access stats the whole export and native_table_access_status give; the tiered table's chunks hold its DRAM rows
+    then its stored rows."""
+    dram, tiered = make_pair(tmp_path, f"chunks{max_rows}{graph}", optimizer="adam")
+    train([dram, tiered], 12, seed=3)
+    assert stats(tiered)["disk_rows"] > 1000
+    for table in (dram, tiered):
+        (keys, rows, slots, counts, lasts), calls = chunked_export(table, max_rows, graph)
+        size = int(nt.native_table_size(table))
+        assert len(keys) == size and len(np.unique(keys)) == size
+        assert calls >= -(-size // max_rows)
+        order = np.argsort(keys)
+        for x, y, what in zip(sorted_export(table), (keys[order], rows[order], slots[order]), ("keys", "rows", "slots")):
+            np.testing.assert_array_equal(x, y, err_msg=what)
+        status_keys, status_counts, status_lasts, clock = (x.numpy() for x in nt.native_table_access_status(table))
+        assert int(nt.native_table_export_chunk(table, nt.EXPORT_START, 1).clock) == clock == 12
+        at = np.argsort(status_keys)
+        np.testing.assert_array_equal(status_counts[at], counts[order])
+        np.testing.assert_array_equal(status_lasts[at], lasts[order])
+
+
+def test_a_chunked_export_of_an_empty_table_and_bad_cursors(tmp_path):
+    """An empty table exports in one empty chunk (a tiered one in two: DRAM, then the store); an unknown phase or
+    max_rows < 1 is an error naming the table; a table not counting accesses gives zero stats."""
+    dram, tiered = make_pair(tmp_path, "chunks_empty", track_access=False)
+    for table, expected_calls in ((dram, 1), (tiered, 2)):
+        (keys, rows, slots, counts, lasts), calls = chunked_export(table, 10)
+        assert (len(keys), rows.shape, calls) == (0, (0, DIM), expected_calls)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="chunks_empty.*phase 7"):
+            nt.native_table_export_chunk(table, [7, 0], 10)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="chunks_empty.*max_rows >= 1"):
+            nt.native_table_export_chunk(table, nt.EXPORT_START, 0)
+    train([dram], 2)
+    (keys, _, _, counts, lasts), _ = chunked_export(dram, 50)
+    assert len(keys) and not counts.any() and not lasts.any()

@@ -158,6 +158,34 @@ class NativeRows:
     def size(self):
         return self._table.ops.native_table_size(self._table.resource)
 
+    def entry_bytes(self):
+        """Bytes an export gives per key: the key, the row and every slot as float32, and the access stats."""
+        return 8 + 4 * self.dim * (1 + len(self._table.slots())) + 16
+
+    def export_chunks(self, max_rows):
+        """Yields the whole table (rows and every slot, whichever part this is) as chunks of at most max_rows keys:
+        (keys int64 [k], rows float32 [k, dim], slots float32 [k, S, dim] in the table's slot order (NativeRows.part
+        - 1), counts int64 [k], lasts int64 [k] (access stats; zeros where the table keeps none), the table's clock),
+        as NumPy. What
+        checkpoints a table larger than memory with; the table must not change until the last chunk, and the chunks'
+        keys add up to size() (a ValueError naming the table otherwise)."""
+        ops, resource = self._table.ops, self._table.resource
+        size = int(self.size())
+        cursor, total = ops.EXPORT_START, 0
+        while tuple(cursor) != ops.EXPORT_DONE:
+            chunk = ops.native_table_export_chunk(resource, cursor, max_rows)
+            cursor = tuple(chunk.next.numpy().tolist())
+            keys = chunk.keys.numpy()
+            total += len(keys)
+            if total > size:
+                break
+            if len(keys):
+                yield (keys, chunk.rows.numpy(), chunk.slots.numpy(), chunk.counts.numpy(), chunk.last.numpy(),
+                       chunk.clock.numpy())
+        if total != size:
+            raise ValueError(f"native table {self._table.name}: its export in chunks gave {total} keys, the table "
+                             f"holds {size}: it changed during the export")
+
 
 class NativeEmbeddingTable:
     """A sharded table of `dim`-wide rows keyed by int64 with the group's optimizer slots beside each row.

@@ -121,6 +121,9 @@ def check_hyperparameters(optimizer, given, fail):
 NativeTableFindResult = collections.namedtuple("NativeTableFindResult", ["values", "exists"])
 NativeTableExportResult = collections.namedtuple("NativeTableExportResult", ["keys", "rows", "slots"])
 NativeTableAccessStatus = collections.namedtuple("NativeTableAccessStatus", ["keys", "counts", "last", "clock"])
+NativeTableExportChunk = collections.namedtuple("NativeTableExportChunk",
+                                                ["keys", "rows", "slots", "counts", "last", "next", "clock"])
+EXPORT_START, EXPORT_DONE = (0, 0), (3, 0)  # native_table_export_chunk's first cursor, and its next after the last
 
 
 @dataclasses.dataclass(frozen=True)
@@ -717,6 +720,30 @@ def native_table_export(table, name=None):
 
 
 tf.no_gradient("FusedRec>NativeTableExport")
+
+
+@_not_autograph
+def native_table_export_chunk(table, cursor, max_rows, name=None):
+    """Up to max_rows keys of the table from `cursor` on, with their rows, slots and access stats: an export of a
+    table larger than memory (a tiered one) in pieces. Start at EXPORT_START and pass each chunk's `next` to the next
+    call; the export is over when `next` is EXPORT_DONE. Each key comes once over the chunks provided the table does
+    not change between the calls (compare their total with native_table_size).
+
+    Returns:
+      NativeTableExportChunk(keys int64 [k], rows float32 [k, dim], slots float32 [k, S, dim], counts int64 [k] and
+      last int64 [k] (the keys' access stats; zeros where the table keeps none), next int64 [2], clock int64 scalar
+      (the table's training lookups so far, as native_table_access_status gives it)).
+    """
+    _check_table(table)
+    with tf.name_scope(name or "native_table_export_chunk"):
+        out = load_ops().fused_rec_native_table_export_chunk(
+            table.resource_handle, tf.convert_to_tensor(cursor, tf.int64), tf.convert_to_tensor(max_rows, tf.int64))
+        out[1].set_shape([None, table.dim])
+        out[2].set_shape([None, table.num_slots, table.dim])
+        return NativeTableExportChunk(*out)
+
+
+tf.no_gradient("FusedRec>NativeTableExportChunk")
 
 NativeTableChanges = collections.namedtuple("NativeTableChanges", ["keys", "rows", "slots", "removed"])
 

@@ -6,6 +6,9 @@ Layout of a model directory::
     DIR/ckpt-{step}/shard-{r}-of-{N}.npz  rank r's rows: every table's (keys, ids, rows) it owns + optimizer slot rows
                                           (+ with admission, the counts of the keys it has not admitted yet;
                                           with eviction or expiry, the access status of its rows)
+    DIR/ckpt-{step}/shard-{r}-of-{N}.part-{k}.npz  (a full checkpoint's native tables larger than PART_BYTES) rank r's
+                                          rows of those tables in pieces of about PART_BYTES, each with its slot rows,
+                                          ids and access status; the shard lists each part's sha256 and size
     DIR/ckpt-{step}/dense.npz             dense weights, optimizer iterations and dense slots, replicated hot rows
                                           with their slots and hot sets (equal on every rank;
                                           rank 0 writes them)
@@ -74,7 +77,12 @@ from tf_fusedrec.train.optimizer import embedding_layers
 
 de = _frameworks.de  # TFRA's dynamic_embedding, imported on first use (_frameworks.tfra: an error saying how to get it)
 
-FORMAT = 2  # 2: manifests name their kind and parent; format 1 (every checkpoint full) restores too
+# 2: manifests name their kind and parent; 3: a shard may list part files (tables larger than PART_BYTES); a
+# checkpoint without parts is written as format 2, which the releases before parts read too. Formats 1 (every
+# checkpoint full) and 2 restore.
+FORMAT = 3
+PART_BYTES = 256 << 20  # a native table whose shard exceeds this goes to part files of about this size each
+HASH_PIECE = 64 << 20  # bytes read at a time while hashing a part file
 MANIFEST = "manifest.json"
 DENSE = "dense.npz"
 FULL, DELTA = "full", "delta"
@@ -149,6 +157,21 @@ def _write_atomic(path, data):
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def part_name(rank, size, k):
+    """The k-th part file of rank's shard (a table larger than PART_BYTES, written in pieces)."""
+    return f"shard-{rank}-of-{size}.part-{k}.npz"
+
+
+def _file_digest(path):
+    """(sha256 hex, bytes) of a file, read HASH_PIECE bytes at a time (a part file is not held whole)."""
+    h, n = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while piece := f.read(HASH_PIECE):
+            h.update(piece)
+            n += len(piece)
+    return h.hexdigest(), n
 
 
 def _npz_bytes(arrays):
@@ -242,13 +265,18 @@ class Checkpointer:
         that are multiples of full_every, at the first save of a run that restored nothing, and whenever the full
         checkpoint the chain starts at is full_every steps old or more (so a restore reads at most full_every steps
         of deltas). Needs host memory for the previous checkpoint's rows (module docstring).
+      part_bytes: with full_every = 0, a native table whose rows, slots and status on this rank exceed it is read
+        from the table and written in part files of about this size, and restored part by part, so that a table
+        larger than memory (tiered) checkpoints without being held whole (module docstring).
     """
 
-    def __init__(self, model_dir, model, optimizer, step, comm, keep=2, config_name="", full_every=0):
+    def __init__(self, model_dir, model, optimizer, step, comm, keep=2, config_name="", full_every=0,
+                 part_bytes=PART_BYTES):
         self.model_dir, self.model, self.optimizer, self.step = model_dir, model, optimizer, step
         self.comm, self.config_name = comm, config_name
         self.keep = _check_count("keep", keep, 1)
         self.full_every = _check_count("full_every", full_every, 0)
+        self.part_bytes = _check_count("part_bytes", part_bytes, 1)
         layers = embedding_layers(model)
         self.tables = [t for layer in layers for t in layer.sharded_tables()]
         # Per table, what counts its accesses (eviction, expiry) or None: its status is saved beside the rows.
@@ -336,6 +364,52 @@ class Checkpointer:
             slots.append((values.numpy(), exists.numpy()))
         return TableState(keys, rows, tuple(slots))
 
+    def _add_rows(self, t, table, kind, arrays):
+        """Adds table t's rows and slot rows (a delta's: the changed ones, and the keys removed) to the shard's
+        arrays; -> its TableState now."""
+        state = self.table_state(table)
+        take = slice(None)
+        if kind == DELTA:
+            take, arrays[f"t{t}.removed"] = changes(self._previous[t], state)
+        keys = state.keys[take]
+        arrays[f"t{t}.keys"], arrays[f"t{t}.rows"] = keys, state.rows[take]
+        ids = table.ids_of_keys(keys)
+        if ids is not None:
+            arrays[f"t{t}.ids"] = ids
+        for (name, _), (values, exists) in zip(self._table_slots(table), state.slots):
+            arrays[f"t{t}.slot.{name}.rows"] = values[take]
+            arrays[f"t{t}.slot.{name}.exists"] = exists[take]
+        return state
+
+    def _in_parts(self, table):
+        """Whether a table's rows go to part files (a full checkpoint without deltas): a native table whose rows,
+        slots and status on this rank exceed part_bytes."""
+        rows = table.params
+        return hasattr(rows, "export_chunks") and int(rows.size()) * rows.entry_bytes() > self.part_bytes
+
+    def _write_parts(self, t, table, staging, parts):
+        """Writes table t's rows, slot rows, ids and (with eviction or expiry) access status in part files of at
+        most part_bytes, read from the table chunk by chunk (never whole), appending each file's (sha256, bytes) to
+        `parts`; -> the table's clock."""
+        rows_per_part = max(1, self.part_bytes // table.params.entry_bytes())
+        slots = self._table_slots(table)
+        clock = 0
+        for keys, rows, slot_rows, counts, lasts, clock in table.params.export_chunks(rows_per_part):
+            arrays = {f"t{t}.keys": keys, f"t{t}.rows": rows}
+            ids = table.ids_of_keys(keys)
+            if ids is not None:
+                arrays[f"t{t}.ids"] = ids
+            for name, slot in slots:  # a native table's slots live with its rows: every key has them
+                arrays[f"t{t}.slot.{name}.rows"] = slot_rows[:, slot.part - 1]
+                arrays[f"t{t}.slot.{name}.exists"] = np.ones(len(keys), bool)
+            if self.access[t] is not None:  # aligned with the rows, as in a full shard
+                arrays[f"t{t}.status.counts"], arrays[f"t{t}.status.lasts"] = counts, lasts
+            data = _npz_bytes(arrays)
+            del arrays
+            _write_atomic(os.path.join(staging, part_name(self.comm.rank, self.comm.size, len(parts))), data)
+            parts.append((_sha256(data), len(data)))
+        return clock
+
     # --- saving -------------------------------------------------------------------------------------------------
 
     def kind_of(self, step):
@@ -360,28 +434,26 @@ class Checkpointer:
         kind = self.kind_of(step)
         staging = os.path.join(self.model_dir, f".tmp-ckpt-{step}")
         os.makedirs(staging, exist_ok=True)
-        states = [self.table_state(table) for table in self.tables]
-        arrays = {}
-        for t, (table, state) in enumerate(zip(self.tables, states)):
-            take = slice(None)
-            if kind == DELTA:
-                take, arrays[f"t{t}.removed"] = changes(self._previous[t], state)
-            keys = state.keys[take]
-            arrays[f"t{t}.keys"], arrays[f"t{t}.rows"] = keys, state.rows[take]
-            ids = table.ids_of_keys(keys)
-            if ids is not None:
-                arrays[f"t{t}.ids"] = ids
-            for (name, _), (values, exists) in zip(self._table_slots(table), state.slots):
-                arrays[f"t{t}.slot.{name}.rows"] = values[take]
-                arrays[f"t{t}.slot.{name}.exists"] = exists[take]
+        arrays, states, parts = {}, [], []  # parts: (sha256, bytes) of this rank's part files, in order
+        for t, table in enumerate(self.tables):
+            if kind == FULL and not self.full_every and self._in_parts(table):
+                clock = self._write_parts(t, table, staging, parts)
+                states.append(None)  # nothing to remember (no deltas) and nothing held whole
+                if self.access[t] is not None:  # its status went with the rows, into the parts
+                    arrays.update(_access_counters(t, self.access[t], clock))
+            else:
+                states.append(self._add_rows(t, table, kind, arrays))
             if table.counts is not None:
                 keys, counts = (x.numpy() for x in table.counts.export())
                 arrays[f"t{t}.counts.keys"], arrays[f"t{t}.counts.values"] = keys, counts
                 ids = table.ids_of_keys(keys)
                 if ids is not None:
                     arrays[f"t{t}.counts.ids"] = ids
-            if self.access[t] is not None:
-                arrays.update(_access_arrays(t, table, self.access[t], state.keys, kind))
+            if self.access[t] is not None and states[t] is not None:
+                arrays.update(_access_arrays(t, table, self.access[t], states[t].keys, kind))
+        if parts:
+            arrays["parts.sha256"] = np.array([list(bytes.fromhex(digest)) for digest, _ in parts], np.uint8)
+            arrays["parts.bytes"] = np.array([nbytes for _, nbytes in parts], np.int64)
         shard = _npz_bytes(arrays)
         del arrays
         _write_atomic(os.path.join(staging, shard_name(rank, size)), shard)
@@ -396,20 +468,22 @@ class Checkpointer:
         # Every rank's shard digest reaches every rank; the collective is also the barrier before publishing.
         digest = np.frombuffer(bytes.fromhex(files[shard_name(rank, size)][0]), np.uint8).astype(np.int64)
         position = [] if stream_position is None else [int(x) for x in stream_position]
-        row = np.concatenate([digest, np.array([len(shard), dense_bytes] + position, np.int64)])[None, :]
+        sizes = [len(shard), dense_bytes, sum(nbytes for _, nbytes in parts), len(parts)]
+        row = np.concatenate([digest, np.array(sizes + position, np.int64)])[None, :]
         gathered = self.comm.allgather(tf.constant(row), name=f"FusedRec/checkpoint/save/{step}").numpy()
         final = step_dir(self.model_dir, step)
         if rank == 0:
             for r in range(size):
                 files[shard_name(r, size)] = (bytes(gathered[r, :32].astype(np.uint8)).hex(), int(gathered[r, 32]))
             manifest = {
-                "format": FORMAT, "step": step, "kind": kind, "parent": self._parent if kind == DELTA else None,
+                "format": FORMAT if gathered[:, 35].any() else 2,  # 3 only where a rank wrote part files
+                "step": step, "kind": kind, "parent": self._parent if kind == DELTA else None,
                 "workers": size, "config": self.config_name,
                 "tables": [t.name for t in self.tables], "replicated": [t.name for t in self.replicated],
                 "files": {name: {"sha256": digest, "bytes": nbytes} for name, (digest, nbytes) in sorted(files.items())},
             }
             if stream_position is not None:
-                manifest["stream_positions"] = gathered[:, digest.size + 2:].tolist()
+                manifest["stream_positions"] = gathered[:, digest.size + len(sizes):].tolist()
             _write_atomic(os.path.join(staging, MANIFEST), json.dumps(manifest, indent=1).encode())
             if os.path.exists(final):
                 shutil.rmtree(final)
@@ -421,7 +495,7 @@ class Checkpointer:
         # Nobody starts the next step's collectives believing a checkpoint exists that rank 0 has not published.
         self.comm.allreduce([tf.zeros([1])], name=f"FusedRec/checkpoint/published/{step}", op="sum")
         self._remember(step, step if kind == FULL else self._base, lambda: states)
-        self.written.append({"step": step, "kind": kind, "bytes": int(gathered[:, 32:34].sum())})
+        self.written.append({"step": step, "kind": kind, "bytes": int(gathered[:, 32:35].sum())})
         self.seconds.append(time.perf_counter() - began)  # this rank's (`written` is every rank's, equal)
         return final
 
@@ -469,8 +543,10 @@ class Checkpointer:
         return ([DENSE] if newest else []) + shards
 
     def _read_chain(self, step):
-        """-> ([Link] from the full checkpoint to `step`, {(step, name): bytes} checked against the manifests, this
-        rank's first problem as an error message naming the file, or "")."""
+        """-> ([Link] from the full checkpoint to `step`, {(step, name): bytes} checked against the manifests,
+        {(step, name): [(path, sha256, bytes)]} the part files a shard lists, each checked against its listing (read,
+        hashed and let go: they are read again when applied), this rank's first problem as an error message naming
+        the file, or "")."""
         links, at = [], step  # newest first while following the parents
         while True:
             path = os.path.join(step_dir(self.model_dir, at), MANIFEST)
@@ -480,33 +556,43 @@ class Checkpointer:
                 what = f"cannot be read ({getattr(e, 'strerror', None) or e})"
                 if links:
                     what += f"; it is the parent of the delta checkpoint {links[-1].directory}"
-                return links, {}, self._problem(step, f"{path} {what}", [at] + [link.step for link in links])
+                return links, {}, {}, self._problem(step, f"{path} {what}", [at] + [link.step for link in links])
             links.append(Link(at, step_dir(self.model_dir, at), manifest, None))
             if manifest.get("format", 1) > FORMAT:
-                return links, {}, self._problem(step, f"{path} has format {manifest['format']}; this tf_fusedrec "
+                return links, {}, {}, self._problem(step, f"{path} has format {manifest['format']}; this tf_fusedrec "
                                                       f"reads formats up to {FORMAT}", [link.step for link in links])
             if manifest.get("kind", FULL) == FULL:
                 break
             parent = parent_of(manifest)
             if isinstance(parent, bool) or not isinstance(parent, int) or parent >= at:
-                return links, {}, self._problem(step, f"{path} is a delta checkpoint whose parent {parent!r} is not "
+                return links, {}, {}, self._problem(step, f"{path} is a delta checkpoint whose parent {parent!r} is not "
                                                       f"an earlier step", [link.step for link in links])
             at = parent
         links = [link._replace(names=self._names_for(link.manifest, i == 0)) for i, link in enumerate(links)][::-1]
-        contents = {}
+        contents, parts = {}, {}
         for i, link in enumerate(links):
             for name in link.names:
                 entry = link.manifest["files"].get(name)
                 path = os.path.join(link.directory, name)
                 if entry is None or not os.path.exists(path):
-                    return links, {}, self._problem(step, f"{path} is missing", [x.step for x in links[i:]])
+                    return links, {}, {}, self._problem(step, f"{path} is missing", [x.step for x in links[i:]])
                 with open(path, "rb") as f:
                     data = f.read()
                 if len(data) != entry["bytes"] or _sha256(data) != entry["sha256"]:
-                    return links, {}, self._problem(step, f"{path} does not match its sha256 and size in "
+                    return links, {}, {}, self._problem(step, f"{path} does not match its sha256 and size in "
                                                           f"manifest.json", [x.step for x in links[i:]])
                 contents[link.step, name] = data
-        return links, contents, ""
+                if name == DENSE:
+                    continue
+                parts[link.step, name] = _listed_parts(data, link, name)
+                for part, digest, nbytes in parts[link.step, name]:
+                    if not os.path.exists(part):
+                        return links, {}, {}, self._problem(step, f"{part} (a part of {path}) is missing",
+                                                            [x.step for x in links[i:]])
+                    if _file_digest(part) != (digest, nbytes):
+                        return links, {}, {}, self._problem(step, f"{part} does not match the sha256 and size {path} "
+                                                                  f"lists for it", [x.step for x in links[i:]])
+        return links, contents, parts, ""
 
     def _problem(self, step, what, unusable):
         """The error message of a chain that cannot be read: `what` (naming the file) and the checkpoints that depend
@@ -544,7 +630,7 @@ class Checkpointer:
         if step is None:
             return None
         self._build_slots()
-        links, contents, problem = self._read_chain(step)
+        links, contents, parts, problem = self._read_chain(step)
         self._agree(problem)
         for link in links:
             self._check_tables(link)
@@ -568,13 +654,18 @@ class Checkpointer:
                         self._restore_table(t, table, z, rank, size, link.manifest["workers"], link.directory)
                         if link is newest:
                             self._restore_counts(t, table, z, rank, size, link.manifest["workers"], link.directory)
-        self._restore_access(newest, contents)
+                for part in parts[link.step, name]:  # the rows of tables written in pieces, one piece at a time
+                    with np.load(io.BytesIO(_read_part(*part)), allow_pickle=False) as z:
+                        for t, table in enumerate(self.tables):
+                            self._restore_table(t, table, z, rank, size, link.manifest["workers"], link.directory)
+        self._restore_access(newest, contents, parts)
         self._remember(step, links[0].step, lambda: [self.table_state(table) for table in self.tables])
         return {"step": step, "directory": newest.directory, "workers": newest.manifest["workers"],
                 "files": newest.names,
                 "chain": [{"step": link.step, "kind": link.manifest.get("kind", FULL),
                            "workers": link.manifest["workers"], "files": link.names} for link in links],
-                "bytes_read": sum(len(c) for c in contents.values()),
+                "bytes_read": (sum(len(c) for c in contents.values())
+                               + sum(nbytes for listed in parts.values() for _, _, nbytes in listed)),
                 "stream_positions": newest.manifest.get("stream_positions")}
 
     def _check_tables(self, link):
@@ -595,7 +686,7 @@ class Checkpointer:
         mine = _owned(z, f"t{t}.counts", len(keys), table, rank, size, old_size, directory)
         table.counts.upsert(tf.constant(keys[mine], tf.int64), tf.constant(z[f"t{t}.counts.values"][mine], tf.int64))
 
-    def _restore_access(self, link, contents):
+    def _restore_access(self, link, contents, parts):
         """Sets the access status of the tracking tables from the newest checkpoint of the chain (after every row is
         restored: the native table sets the status of held keys only): each key's (count, last) on the rank that
         now owns its row, the clock, and the evicted and expired counters of old rank s added up on new rank
@@ -604,28 +695,43 @@ class Checkpointer:
             return
         rank, size, old_size = self.comm.rank, self.comm.size, link.manifest["workers"]
         counters = {}  # t -> int64 [evicted, expired]
+
+        def apply(z, t, table, tracked, clock):
+            # A delta's status names its keys; a full checkpoint's (or part's) is aligned with its rows.
+            prefix = f"t{t}.status" if f"t{t}.status.keys" in z.files else f"t{t}"
+            keys, counts, lasts = z[f"{prefix}.keys"], z[f"t{t}.status.counts"], z[f"t{t}.status.lasts"]
+            # A row never read ((0, 0)) reads as never read without a status entry.
+            mine = _owned(z, prefix, len(keys), table, rank, size, old_size, link.directory)
+            mine &= (counts != 0) | (lasts != 0)
+            tracked.set_access_status(keys[mine], counts[mine], lasts[mine], clock)
+
         for s in shards_to_read(rank, size, old_size):
-            with np.load(io.BytesIO(contents[link.step, shard_name(s, old_size)]), allow_pickle=False) as z:
+            name = shard_name(s, old_size)
+            clocks = {}  # t -> clock, of the tables this shard holds a status of
+            with np.load(io.BytesIO(contents[link.step, name]), allow_pickle=False) as z:
                 for t, (table, tracked) in enumerate(zip(self.tables, self.access)):
-                    if tracked is None or f"t{t}.status.counts" not in z.files:
+                    if tracked is None or f"t{t}.status.clock" not in z.files:
                         continue
-                    # A delta's status names its keys; a full checkpoint's is aligned with its rows.
-                    prefix = f"t{t}.status" if f"t{t}.status.keys" in z.files else f"t{t}"
-                    keys, counts, lasts = z[f"{prefix}.keys"], z[f"t{t}.status.counts"], z[f"t{t}.status.lasts"]
-                    # A row never read ((0, 0)) reads as never read without a status entry.
-                    mine = _owned(z, prefix, len(keys), table, rank, size, old_size, link.directory)
-                    mine &= (counts != 0) | (lasts != 0)
-                    tracked.set_access_status(keys[mine], counts[mine], lasts[mine], z[f"t{t}.status.clock"])
+                    clocks[t] = z[f"t{t}.status.clock"]
+                    if f"t{t}.status.counts" in z.files:  # else in the parts, with the rows
+                        apply(z, t, table, tracked, clocks[t])
                     total = counters.setdefault(t, np.zeros(2, np.int64))
                     if s % size == rank:
                         total += [z[f"t{t}.evicted"], z[f"t{t}.expired"]]
+            for part in parts[link.step, name] if clocks else ():
+                with np.load(io.BytesIO(_read_part(*part)), allow_pickle=False) as z:
+                    for t, clock in clocks.items():
+                        if f"t{t}.status.counts" in z.files:
+                            apply(z, t, self.tables[t], self.access[t], clock)
         for t, (evicted, expired) in counters.items():
             self.access[t].evicted.assign(evicted)
             self.access[t].expired.assign(expired)
 
     def _restore_table(self, t, table, z, rank, size, old_size, directory):
-        """Applies table t of one shard: removes its removed keys (a delta's), then upserts the rows and slot rows
-        this rank owns."""
+        """Applies table t of one shard or part file: removes its removed keys (a delta's), then upserts the rows
+        and slot rows this rank owns (none in the file: nothing; a table written in parts has none in its shard)."""
+        if f"t{t}.keys" not in z.files:
+            return
         removed = z[f"t{t}.removed"] if f"t{t}.removed" in z.files else ()
         if len(removed):  # a key removed on its old owner is absent from every other rank: no filter needed
             table.params.remove(tf.constant(removed, tf.int64))
@@ -666,6 +772,35 @@ def _access_arrays(t, table, tracked, keys, kind):
         if ids is not None:
             arrays[f"t{t}.status.ids"] = ids
     return arrays
+
+
+def _listed_parts(shard, link, name):
+    """[(path, sha256, bytes)] of the part files a shard's bytes list (none: [])."""
+    with np.load(io.BytesIO(shard), allow_pickle=False) as z:
+        if "parts.bytes" not in z.files:
+            return []
+        digests, sizes = z["parts.sha256"], z["parts.bytes"]
+    rank, size = (int(x) for x in name[len("shard-"):-len(".npz")].split("-of-"))
+    return [(os.path.join(link.directory, part_name(rank, size, k)), bytes(digests[k]).hex(), int(sizes[k]))
+            for k in range(len(sizes))]
+
+
+def _read_part(path, digest, nbytes):
+    """A part file's bytes, checked again against its shard's listing (it was checked before the ranks agreed to
+    restore; a file changed since then is a CheckpointError on this rank)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) != nbytes or _sha256(data) != digest:
+        raise CheckpointError(f"{path} changed while the checkpoint was being restored: it no longer matches the "
+                              f"sha256 and size its shard lists")
+    return data
+
+
+def _access_counters(t, tracked, clock):
+    """The main shard's arrays of table t's access status when its rows and their status went to part files: the
+    clock, and this rank's evicted and expired counters."""
+    return {f"t{t}.status.clock": np.int64(clock), f"t{t}.evicted": np.int64(tracked.evicted.numpy()),
+            f"t{t}.expired": np.int64(tracked.expired.numpy())}
 
 
 def _owned(z, prefix, count, table, rank, size, old_size, directory):

@@ -82,6 +82,7 @@ struct RocksApi {
   void* (*create_iterator)(void*, const void*);
   void (*iter_destroy)(void*);
   void (*iter_seek_to_first)(void*);
+  void (*iter_seek)(void*, const char*, size_t);
   unsigned char (*iter_valid)(const void*);
   void (*iter_next)(void*);
   const char* (*iter_key)(const void*, size_t*);
@@ -165,6 +166,7 @@ struct RocksApi {
     sym(&a->create_iterator, "rocksdb_create_iterator");
     sym(&a->iter_destroy, "rocksdb_iter_destroy");
     sym(&a->iter_seek_to_first, "rocksdb_iter_seek_to_first");
+    sym(&a->iter_seek, "rocksdb_iter_seek");
     sym(&a->iter_valid, "rocksdb_iter_valid");
     sym(&a->iter_next, "rocksdb_iter_next");
     sym(&a->iter_key, "rocksdb_iter_key");
@@ -339,9 +341,31 @@ class DiskStore {
   // walk. Returns "" or the error.
   template <typename F>
   std::string ForEach(F f) const {
+    bool stop = false;
+    return ForEachAfter(nullptr, [&](int64_t key, const char* value, size_t length) { return f(key, value, length); },
+                        &stop);
+  }
+
+  // As ForEach, from the first key after *after in the store's order (from the first key when after is null), until
+  // f sets *stop (after its call) or returns an error: a walk resumed call after call (a chunked export) from the
+  // last key it visited, each call seeking once.
+  template <typename F>
+  std::string ForEachAfter(const int64_t* after, F f, bool* stop) const {
     void* it = api_->create_iterator(db_, read_options_);
     std::string error;
-    for (api_->iter_seek_to_first(it); error.empty() && api_->iter_valid(it); api_->iter_next(it)) {
+    char from[8];
+    if (after == nullptr) {
+      api_->iter_seek_to_first(it);
+    } else {
+      EncodeDiskKey(*after, from);
+      api_->iter_seek(it, from, 8);
+      size_t klen = 0;
+      if (api_->iter_valid(it)) {
+        const char* k = api_->iter_key(it, &klen);
+        if (klen == 8 && std::memcmp(k, from, 8) == 0) api_->iter_next(it);
+      }
+    }
+    for (; error.empty() && !*stop && api_->iter_valid(it); api_->iter_next(it)) {
       size_t klen = 0, vlen = 0;
       const char* k = api_->iter_key(it, &klen);
       const char* v = api_->iter_value(it, &vlen);
