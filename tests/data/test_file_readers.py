@@ -171,6 +171,53 @@ def test_small_schema_batch(tmp_path, fmt):
     assert label.numpy().tolist() == [1.0, 0.0, 1.0]
 
 
+# Every shape, a weight and two dense columns through dataset(): FileBatches hands from_generator a few packed arrays
+# and its map unpacks them; each worker's batches hold its records' own values, dtypes and static shapes.
+EVERY_SHAPE = {"label": "y", "weight": "w", "dense": ["x", "x2"],
+               "features": {"user": {"type": "int64"}, "city": {"type": "string"},
+                            "last": {"type": "int64", "shape": "fixed", "length": 2},
+                            "tags": {"type": "int64", "shape": "list", "order": "tag_times"}}}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("num_ranks", [1, 2])
+def test_every_shape_through_the_dataset(tmp_path, fmt, num_ranks):
+    n = 24
+    tags = [[(7 * i + j) % 5 for j in range(i % 4)] for i in range(n)]
+    times = [[len(t) - j for j in range(len(t))] for t in tags]  # stored newest first: read in reverse
+    ints = pa.list_(pa.int64())
+    table = pa.table({"user": pa.array(range(n), pa.int64()), "city": [f"c{i % 3}" for i in range(n)],
+                      "last": pa.array([[i, 100 + i] for i in range(n)], ints), "tags": pa.array(tags, ints),
+                      "tag_times": pa.array(times, ints), "x": pa.array([i / 2 for i in range(n)], pa.float32()),
+                      "x2": pa.array([-i for i in range(n)], pa.float32()),
+                      "y": pa.array([i % 2 for i in range(n)], pa.float32()),
+                      "w": pa.array([(i % 4) / 4 for i in range(n)], pa.float32())})
+    raw = {**EVERY_SHAPE, "features": {k: {**v, **({"separator": "|"} if fmt == "csv" and k in ("last", "tags")
+                                                  else {})} for k, v in EVERY_SHAPE["features"].items()}}
+    convert.write(table, raw, str(tmp_path / fmt), fmt, files=2)
+    schema = parse_schema(raw, fmt, list(EVERY_SHAPE["features"]))
+    ids = tf.TensorSpec([None], tf.int64)
+    spec = ({"user": ids, "city": ids, "last": tf.TensorSpec([None, 2], tf.int64), "dense": tf.TensorSpec([None, 2]),
+             "tags": tf.RaggedTensorSpec([None, None], tf.int64, 1, tf.int64)},
+            tf.TensorSpec([None], tf.float32), tf.TensorSpec([None], tf.float32))
+    for rank in range(num_ranks):
+        ds = FileBatches(fmt, str(tmp_path / fmt / "part-*"), schema, 3, rank=rank, num_ranks=num_ranks,
+                         epochs=1).dataset()
+        assert ds.element_spec == spec
+        batches = list(ds)
+        assert len(batches) == n // (3 * num_ranks)
+        for b, (features, label, weight) in enumerate(batches):
+            mine = [3 * num_ranks * b + rank + num_ranks * k for k in range(3)]
+            assert features["user"].numpy().tolist() == mine
+            np.testing.assert_array_equal(features["city"], tf.strings.to_hash_bucket_fast(
+                [f"c{i % 3}" for i in mine], 2 ** 62))
+            assert features["last"].numpy().tolist() == [[i, 100 + i] for i in mine]
+            assert features["tags"].to_list() == [tags[i][::-1] for i in mine]
+            assert features["dense"].numpy().tolist() == [[i / 2, -i] for i in mine]
+            assert label.numpy().tolist() == [i % 2 for i in mine]
+            assert weight.numpy().tolist() == [(i % 4) / 4 for i in mine]
+
+
 @pytest.mark.parametrize("fmt, change, match", [
     ("parquet", {"user": pa.float64()}, "column 'user' of feature 'user' .* holds floats, not integer ids"),
     ("parquet", {"city": pa.int64()}, "column 'city' of feature 'city' .* holds integers, not strings"),
