@@ -112,6 +112,12 @@ def test_skipped_bad_records_show_in_the_progress(apps, tmp_path):
     assert "  bad records  4 skipped (data.on_bad_record: skip)" in run.stdout.splitlines(), run.describe()
     clean, _ = _train(apps, tmp_path, "clean", _tiny_table(1000), SCHEMA, data={"on_bad_record": "skip"})
     assert "bad record" not in clean.stdout, clean.describe()
+    # Without on_bad_record: skip, the first bad record (index 130: row 131, counted from 1) stops the run with the
+    # reader's error alone (exit status 2).
+    config = apps.write_config(tmp_path / "stop.yaml", apps.tiny_config(
+        data={"source": "parquet", "path": str(tmp_path / "bad.parquet"), "schema": SCHEMA}))
+    apps.run_app("tf_fusedrec.train", ["--config", config, "--steps", STEPS, "--batch-size", BATCH, "--no-progress"]) \
+        .expect_error("bad.parquet row 131", "column 'A1' of feature 'A1' holds the negative id -1")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -176,14 +182,19 @@ def movielens_seq(tmp_path_factory):
     return out
 
 
-def _movielens_seq_run(apps, tmp_path, name, data, workers):
+def _seq_config(apps, data):
+    """The MovieLens sequence config, small, on `data`."""
     import yaml
 
     raw = yaml.safe_load((apps.ROOT / "configs" / "movielens1m_seq.yaml").read_text())
     raw["data"] = {**data, "eval_batches": 2,
                    "sequences": {"feature": "items", "target": "target", "max_length": 60, "truncate": True}}
     raw["model"].update(num_blocks=1, hidden_dim=16, experts=2, expert_units=[16], tower_units=[8])
-    return _run(apps, tmp_path, name, raw, workers, batch=16, flags=("--balance", "tokens"))[1]
+    return raw
+
+
+def _movielens_seq_run(apps, tmp_path, name, data, workers):
+    return _run(apps, tmp_path, name, _seq_config(apps, data), workers, batch=16, flags=("--balance", "tokens"))[1]
 
 
 @pytest.mark.parametrize("fmt, workers", [("parquet", 1), ("csv", 2)])
@@ -205,3 +216,35 @@ def test_converted_movielens_seq_trains_as_the_builtin_source(apps, tmp_path, mo
     np.testing.assert_allclose(converted["final_loss"], builtin["final_loss"], rtol=1e-6)
     for task in ("click", "conversion"):
         np.testing.assert_allclose(converted["auc"][task], builtin["auc"][task], atol=1e-6)
+
+
+def test_skipped_bad_records_of_sequences_show_in_the_progress(apps, tmp_path, movielens_seq):
+    """Sequences from files (token-balanced) count the bad records they skip, in the progress lines and the summary;
+    without data.on_bad_record: skip the run stops naming the file and the record."""
+    import glob
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+
+    data = yaml.safe_load(open(movielens_seq["parquet"]))["data"]
+    first = sorted(glob.glob(data["path"]))[0]
+    table = pq.read_table(first)
+    age = table.column("age").to_numpy().copy()
+    age[5:9] = -1  # 4 bad records among the first that training reads
+    damaged = tmp_path / "train"
+    damaged.mkdir()
+    for path in sorted(glob.glob(data["path"])):
+        out = table.set_column(table.schema.get_field_index("age"), "age", pa.array(age)) if path == first \
+            else pq.read_table(path)
+        pq.write_table(out, damaged / path.rsplit("/", 1)[1])
+    data["path"] = str(damaged / "part-*.parquet")
+    run, summary = _run(apps, tmp_path, "seq_bad", _seq_config(apps, {**data, "on_bad_record": "skip"}), batch=16,
+                        flags=("--balance", "tokens"))
+    assert summary["bad_records_skipped"] == 4, run.describe()
+    lines = [line for line in run.stdout.splitlines() if line.startswith("step ")]
+    assert lines and all(line.endswith(", 4 bad records skipped") for line in lines), run.describe()
+    assert "  bad records  4 skipped (data.on_bad_record: skip)" in run.stdout.splitlines(), run.describe()
+    config = apps.write_config(tmp_path / "seq_error.yaml", _seq_config(apps, data))
+    apps.run_app("tf_fusedrec.train", ["--config", config, "--steps", STEPS, "--batch-size", 16, "--no-progress",
+                                       "--balance", "tokens"]).expect_error(first.rsplit("/", 1)[1], "age")

@@ -537,7 +537,7 @@ class _TrainingRun:
                 self.timed_seconds += elapsed
             for loss_value in losses.tolist():
                 step += 1
-                skipped = self.file_batches.position_after(step - start).skipped if self.file_batches else 0
+                skipped = self._skipped_after(step - start)
                 progress.update(step, loss_value, self.plan.batch_size * self.size * len(losses) / max(elapsed, 1e-9),
                                 skipped=skipped)
             if step % config.train.log_every == 0 or step == steps:
@@ -547,6 +547,13 @@ class _TrainingRun:
             if self.publisher is not None and (step % args.publish_every == 0 or step == steps):
                 self._publish(step)
         self.final_loss, self.end_step = loss_value, step
+
+    def _skipped_after(self, batches):
+        """The bad records skipped (data.on_bad_record: skip) by the end of the run's first `batches` batches, in
+        all (the count since the stream's start); 0 for the built-in sources."""
+        if self.file_batches is not None:
+            return self.file_batches.position_after(batches).skipped
+        return self.sequence_batches.skipped_after(batches) if self.sequence_batches is not None else 0
 
     def _stream_ended(self, step, loss_value):
         """Ends training at step `step`, where the followed stream ended: logs, checkpoints and publishes it."""
@@ -652,8 +659,8 @@ class _TrainingRun:
         if self.publisher is not None:
             result["published"] = self.publisher.summary()
             self.publisher.close()
-        if self.file_batches is not None:  # the bad records training skipped (data.on_bad_record: skip), in all
-            result["bad_records_skipped"] = self.file_batches.position_after(self.end_step - self.start).skipped
+        if self.config.data.source in cfg.FILE_SOURCES:  # the bad records skipped (data.on_bad_record: skip)
+            result["bad_records_skipped"] = self._skipped_after(self.end_step - self.start)
         if self.stream_ended is not None:  # data.follow: the stream ended before --steps
             result["stream_ended_at_step"] = self.stream_ended
         result["auc"] = experiment.evaluate(self.model, self.config, plan.batch_size, self.rank, size, comm)
@@ -796,5 +803,15 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except tf.errors.OpError as e:  # bad data (the same error on every worker) or a failed collective
-        print(f"error: {e.message}", file=sys.stderr)
-        sys.exit(1)
+        bad = _bad_record(e.message)
+        print(f"error: {bad or e.message}", file=sys.stderr)
+        sys.exit(2 if bad else 1)
+
+
+def _bad_record(message):
+    """The reader's BadRecordError (naming the file, the record and what is wrong) in the message of the error tf.data
+    raised for it (which wraps it in the function's name and the Python traceback), or None."""
+    marker = "BadRecordError: "
+    if marker not in message:
+        return None
+    return message.split(marker, 1)[1].split("\n", 1)[0].strip()

@@ -249,12 +249,24 @@ class SequenceBatches:
         self.start = batching.StreamPosition(0, 0) if position is None else batching.StreamPosition(*position)
         self.counts = []
         self._positions = []  # the StreamPosition after each batch made
+        self._skipped = []  # a file source's bad records skipped (data.on_bad_record: skip) by each batch made
+        self._reader = None  # a file source's FileBatches
         self.signature = sequence_signature(config)
         self._batching = batching
 
+    def _samples(self):
+        """sequence_samples from the start position, keeping a file source's reader (its count of skipped bad
+        records)."""
+        from tf_fusedrec.config import FILE_SOURCES  # noqa: PLC0415
+
+        if self.config.data.source in FILE_SOURCES:
+            self._reader = file_batches(self.config, self.batch_size, self.rank, self.size, reads=FILE_SAMPLE_READS)
+            return self._reader.samples(self.start.samples)
+        return sequence_samples(self.config, self.rank, self.size, start=self.start.samples,
+                                batch_size=self.batch_size)
+
     def _batches(self):
-        samples = sequence_samples(self.config, self.rank, self.size, start=self.start.samples,
-                                   batch_size=self.batch_size)
+        samples = self._samples()
         if self.balance == "tokens":
             batcher = self._batching.TokenBatcher(self.target_tokens, tokens_of=lambda s: s["tokens"])
             cuts = batcher.cuts(samples, buffered=self.start.buffered)
@@ -265,6 +277,8 @@ class SequenceBatches:
             consumed += len(batch)
             self.counts.append((len(batch), sum(s["tokens"] for s in batch)))
             self._positions.append(self._batching.StreamPosition(consumed, buffered))
+            # The reader reads ahead by at most a global batch of records: its count is of the records read so far.
+            self._skipped.append(self._reader.skipped if self._reader is not None else 0)
             yield batch
 
     def dataset(self):
@@ -279,6 +293,12 @@ class SequenceBatches:
         if not 0 < batches <= len(self._positions):
             raise ValueError(f"position_after({batches}): {len(self._positions)} batches were made")
         return self._positions[batches - 1]
+
+    def skipped_after(self, batches):
+        """A file source's bad records skipped (data.on_bad_record: skip) in the records read by the time the first
+        `batches` batches were cut, counted from the stream's start (a resumed run reads the records before its
+        position again, and counts them again); 0 for the other sources."""
+        return self._skipped[batches - 1] if batches else 0
 
 
 def position_of_checkpoint(restored, rank, size):
