@@ -183,6 +183,7 @@ def test_one_worker_run_and_summary(cache, model_name):
     assert r["json"] == summary, f"--summary-json {r['json']} differs from the summary the run named {summary}"
     check_common_summary(summary, run, workers=1, steps=STEPS)
     assert summary["alltoall_ops_in_step_graph"] == 0, run.describe()
+    assert summary["cpu_allocator"] == "bfc", summary  # the app's default (tf_fusedrec/train/__main__.py)
     assert not METER_KEYS & set(summary), f"all-to-all traffic reported for one worker: {summary}"
     assert "resumed from" not in run.stdout, run.describe()
     check_person_output(run, STEPS, r["dir"])

@@ -627,6 +627,10 @@ class _TrainingRun:
             "cluster_samples": plan.cluster,
             "steps_per_call": args.steps_per_call,
             "workers": size,
+            # TensorFlow's allocator for host tensors: "bfc" where TF_CPU_ALLOCATOR_USE_BFC is on (the app's default,
+            # tf_fusedrec/train/__main__.py), else "default".
+            "cpu_allocator": "bfc" if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in ("1", "true")
+                             else "default",
             "batch_size_per_worker": plan.batch_size,
             "steps": plan.steps,
             "final_loss": self.final_loss,
