@@ -559,14 +559,21 @@ class TypedStore : public TableStore {
     if (slot_stride > 0) std::memcpy(slots + j * slot_stride, map_.slots(index), slot_stride * sizeof(float));
   }
 
+  // Room for one more entry's key, row and slots in a chunk (its counts and lasts are pushed by the caller); -> the
+  // entry's position, where ExportEntry / ExportDiskEntry write it. Call it before taking the arrays' data(): it may
+  // reallocate them.
+  int64_t AddToChunk(ExportedChunk* out) const {
+    const int64_t j = static_cast<int64_t>(out->keys.size());
+    out->keys.resize(j + 1);
+    out->rows.resize((j + 1) * dim_);
+    out->slots.resize((j + 1) * num_slots_ * dim_);
+    return j;
+  }
+
   // Entry `index` appended to a chunk, with its access stats where the map keeps them.
   void AppendEntry(int64_t index, ExportedChunk* out) const {
-    const int64_t j = static_cast<int64_t>(out->keys.size());
-    const int64_t slot_stride = num_slots_ * dim_;
-    out->keys.push_back(map_.key(index));
-    out->rows.resize((j + 1) * dim_);
-    LoadRow(index, out->rows.data() + j * dim_);
-    out->slots.insert(out->slots.end(), map_.slots(index), map_.slots(index) + slot_stride);
+    const int64_t j = AddToChunk(out);
+    ExportEntry(index, j, out->keys.data(), out->rows.data(), out->slots.data());
     const bool tracked = map_.track_access();
     out->counts.push_back(tracked ? map_.access(index).count : 0);
     out->lasts.push_back(tracked ? map_.access(index).last : 0);
@@ -806,20 +813,14 @@ class TieredStore : public TypedStore<Rows> {
     next[0] = kExportDone;
     next[1] = 0;
     if (cursor[0] != kStoreFirst && cursor[0] != kStoreAfter) return OkStatus();
-    const int64_t stride = num_slots_ * dim_;
     bool full = static_cast<int64_t>(out->keys.size()) >= max_rows;
     TF_RETURN_IF_ERROR(Check(disk_->ForEachAfter(
         cursor[0] == kStoreAfter ? &cursor[1] : nullptr,
         [&](int64_t key, const char* entry, size_t length) {
           std::string e = CheckEntry(key, length);
           if (!e.empty() || map_.Find(key) >= 0) return e;
-          const int64_t j = static_cast<int64_t>(out->keys.size());
-          out->keys.push_back(key);
-          out->rows.resize((j + 1) * dim_);
-          DecodeRow(entry, out->rows.data() + j * dim_);
-          const float* slots = reinterpret_cast<const float*>(entry + SlotsOffset());
-          out->slots.resize((j + 1) * stride);
-          if (stride > 0) std::memcpy(out->slots.data() + j * stride, slots, stride * sizeof(float));
+          const int64_t j = this->AddToChunk(out);  // before taking the arrays' pointers: it may reallocate them
+          ExportDiskEntry(key, entry, j, out->keys.data(), out->rows.data(), out->slots.data());
           impl::AccessStats a;
           std::memcpy(&a, entry, sizeof(a));
           out->counts.push_back(a.count);
