@@ -27,6 +27,7 @@ from tf_fusedrec import initializers
 from tf_fusedrec.distributed import eviction
 from tf_fusedrec.distributed.comm import SingleProcessComm
 from tf_fusedrec.ops import reference as ops_reference
+from tf_fusedrec.train import checkpoint as checkpoint_lib
 from tf_fusedrec.train.checkpoint import Checkpointer
 
 VOCAB = 16
@@ -299,6 +300,50 @@ def test_restored_layer_evicts_like_the_uninterrupted_one(tmp_path, backend, par
         assert (sorted({k for k, _ in reader.rows()}), reader.status()[2]) == (keys, evicted), f"after step {s}"
     assert reader.status() == writer.status()
     assert_same_rows(reader.rows(), writer.rows(), "rows and slots after training on")
+
+
+def test_a_restore_from_parts_reads_each_part_once(tmp_path, monkeypatch):
+    """The rows' status is in their part file: set from the same read as the rows (it was read a second time, after
+    every row), and equal to what the uninterrupted table holds."""
+    writer = Checkpointed("native", fr.Eviction(capacity=14, policy="lfu", interval=3))
+    for s in range(7):
+        writer.step(s)
+    writer.checkpointer(tmp_path, part_bytes=200).save()
+    saved, rows = writer.status(), writer.rows()
+    tf.keras.backend.clear_session()
+    reads = []
+    read_part = checkpoint_lib._read_part
+    monkeypatch.setattr(checkpoint_lib, "_read_part", lambda path, *a: reads.append(path) or read_part(path, *a))
+    reader = Checkpointed("native", fr.Eviction(capacity=14, policy="lfu", interval=3))
+    assert reader.checkpointer(tmp_path).restore()["step"] == 7
+    parts = sorted(str(p) for p in (tmp_path / "ckpt-7").glob("*.part-*.npz"))
+    assert len(parts) > 2 and sorted(reads) == parts, (reads, parts)
+    assert reader.status() == saved
+    assert_same_rows(reader.rows(), rows, "restored rows and slots")
+
+
+def test_deltas_after_a_full_checkpoint_in_parts_restore_the_newest_status(tmp_path):
+    """A run that checkpointed in parts, resumed with delta checkpoints (full_every > 0): the chain is the full
+    checkpoint in parts and the deltas, and the status restored is the uninterrupted table's (the newest delta's)."""
+    evict = fr.Eviction(capacity=14, policy="lru", interval=3)
+    writer = Checkpointed("native", evict)
+    for s in range(7):
+        writer.step(s)
+    writer.checkpointer(tmp_path, part_bytes=200).save()
+    assert_parts(tmp_path, 7, 200)
+    resumed = writer.checkpointer(tmp_path, full_every=100)
+    assert resumed.restore()["step"] == 7
+    for s in range(7, 12):
+        writer.step(s)
+    resumed.save()
+    assert resumed.written[-1]["kind"] == "delta"
+    live, rows = writer.status(), writer.rows()
+    tf.keras.backend.clear_session()
+    reader = Checkpointed("native", evict)
+    info = reader.checkpointer(tmp_path, full_every=100).restore()
+    assert [link["kind"] for link in info["chain"]] == ["full", "delta"]
+    assert reader.status() == live
+    assert_same_rows(reader.rows(), rows, "rows and slots")
 
 
 @pytest.mark.parametrize("backend", ["tfra", "native"])

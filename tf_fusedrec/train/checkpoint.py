@@ -654,11 +654,16 @@ class Checkpointer:
                         self._restore_table(t, table, z, rank, size, link.manifest["workers"], link.directory)
                         if link is newest:
                             self._restore_counts(t, table, z, rank, size, link.manifest["workers"], link.directory)
+                    clocks = self._status_clocks(z) if link is newest else {}
                 for part in parts[link.step, name]:  # the rows of tables written in pieces, one piece at a time
                     with np.load(io.BytesIO(_read_part(*part)), allow_pickle=False) as z:
                         for t, table in enumerate(self.tables):
                             self._restore_table(t, table, z, rank, size, link.manifest["workers"], link.directory)
-        self._restore_access(newest, contents, parts)
+                            # The rows' access status is in the same part: applied from this one read, now that its
+                            # keys are held (only the newest link's status counts: a delta after it holds the whole status again).
+                            if t in clocks and f"t{t}.status.counts" in z.files:
+                                self._apply_status(z, t, clocks[t], link)
+        self._restore_access(newest, contents)
         self._remember(step, links[0].step, lambda: [self.table_state(table) for table in self.tables])
         return {"step": step, "directory": newest.directory, "workers": newest.manifest["workers"],
                 "files": newest.names,
@@ -686,43 +691,40 @@ class Checkpointer:
         mine = _owned(z, f"t{t}.counts", len(keys), table, rank, size, old_size, directory)
         table.counts.upsert(tf.constant(keys[mine], tf.int64), tf.constant(z[f"t{t}.counts.values"][mine], tf.int64))
 
-    def _restore_access(self, link, contents, parts):
-        """Sets the access status of the tracking tables from the newest checkpoint of the chain (after every row is
-        restored: the native table sets the status of held keys only): each key's (count, last) on the rank that
-        now owns its row, the clock, and the evicted and expired counters of old rank s added up on new rank
-        s mod size (module docstring). A table whose checkpoint holds no status keeps an empty one."""
+    def _status_clocks(self, z):
+        """{t: clock} of the tracking tables whose access status one shard holds (in it or in its parts)."""
+        return {t: z[f"t{t}.status.clock"] for t, tracked in enumerate(self.access)
+                if tracked is not None and f"t{t}.status.clock" in z.files}
+
+    def _apply_status(self, z, t, clock, link):
+        """Sets table t's access status from one shard or part file of the newest link: each key's (count, last) on
+        the rank that now owns its row (held by then: the native table sets the status of held keys only)."""
+        rank, size, old_size = self.comm.rank, self.comm.size, link.manifest["workers"]
+        # A delta's status names its keys; a full checkpoint's (or part's) is aligned with its rows.
+        prefix = f"t{t}.status" if f"t{t}.status.keys" in z.files else f"t{t}"
+        keys, counts, lasts = z[f"{prefix}.keys"], z[f"t{t}.status.counts"], z[f"t{t}.status.lasts"]
+        # A row never read ((0, 0)) reads as never read without a status entry.
+        mine = _owned(z, prefix, len(keys), self.tables[t], rank, size, old_size, link.directory)
+        mine &= (counts != 0) | (lasts != 0)
+        self.access[t].set_access_status(keys[mine], counts[mine], lasts[mine], clock)
+
+    def _restore_access(self, link, contents):
+        """Sets the access status the newest checkpoint's shards hold (after every row is restored: the native table
+        sets the status of held keys only; a status in part files was set with its part's rows), and the evicted and
+        expired counters of old rank s added up on new rank s mod size (module docstring). A table whose checkpoint
+        holds no status keeps an empty one."""
         if not any(tracked is not None for tracked in self.access):
             return
         rank, size, old_size = self.comm.rank, self.comm.size, link.manifest["workers"]
         counters = {}  # t -> int64 [evicted, expired]
-
-        def apply(z, t, table, tracked, clock):
-            # A delta's status names its keys; a full checkpoint's (or part's) is aligned with its rows.
-            prefix = f"t{t}.status" if f"t{t}.status.keys" in z.files else f"t{t}"
-            keys, counts, lasts = z[f"{prefix}.keys"], z[f"t{t}.status.counts"], z[f"t{t}.status.lasts"]
-            # A row never read ((0, 0)) reads as never read without a status entry.
-            mine = _owned(z, prefix, len(keys), table, rank, size, old_size, link.directory)
-            mine &= (counts != 0) | (lasts != 0)
-            tracked.set_access_status(keys[mine], counts[mine], lasts[mine], clock)
-
         for s in shards_to_read(rank, size, old_size):
-            name = shard_name(s, old_size)
-            clocks = {}  # t -> clock, of the tables this shard holds a status of
-            with np.load(io.BytesIO(contents[link.step, name]), allow_pickle=False) as z:
-                for t, (table, tracked) in enumerate(zip(self.tables, self.access)):
-                    if tracked is None or f"t{t}.status.clock" not in z.files:
-                        continue
-                    clocks[t] = z[f"t{t}.status.clock"]
-                    if f"t{t}.status.counts" in z.files:  # else in the parts, with the rows
-                        apply(z, t, table, tracked, clocks[t])
+            with np.load(io.BytesIO(contents[link.step, shard_name(s, old_size)]), allow_pickle=False) as z:
+                for t, clock in self._status_clocks(z).items():
+                    if f"t{t}.status.counts" in z.files:  # else in the parts, set with the rows
+                        self._apply_status(z, t, clock, link)
                     total = counters.setdefault(t, np.zeros(2, np.int64))
                     if s % size == rank:
                         total += [z[f"t{t}.evicted"], z[f"t{t}.expired"]]
-            for part in parts[link.step, name] if clocks else ():
-                with np.load(io.BytesIO(_read_part(*part)), allow_pickle=False) as z:
-                    for t, clock in clocks.items():
-                        if f"t{t}.status.counts" in z.files:
-                            apply(z, t, self.tables[t], self.access[t], clock)
         for t, (evicted, expired) in counters.items():
             self.access[t].evicted.assign(evicted)
             self.access[t].expired.assign(expired)
