@@ -173,6 +173,12 @@ def sequence_samples(config, rank, size, held_out=False, start=0, batch_size=Non
     the test split for movielens_seq, and for a file source one pass over data.eval_path or, without it, over the
     first data.eval_batches x batch_size x size records (which training skips). `start`: the stream from its
     start-th sample on (the skipped samples are not made)."""
+    return sequence_stream(config, rank, size, held_out=held_out, start=start, batch_size=batch_size)[0]
+
+
+def sequence_stream(config, rank, size, held_out=False, start=0, batch_size=None):
+    """sequence_samples, and a file source's FileBatches reading them (its count of skipped bad records; None for
+    the other sources)."""
     from tf_fusedrec import data  # noqa: PLC0415
 
     d = config.data
@@ -180,16 +186,16 @@ def sequence_samples(config, rank, size, held_out=False, start=0, batch_size=Non
         if batch_size is None and not d.eval_path:
             raise ValueError("sequence_samples: a file source without data.eval_path needs the batch_size (its first "
                              "data.eval_batches x batch_size x workers records are held out)")
-        return file_batches(config, batch_size, rank, size, held_out=held_out,
-                            reads=FILE_SAMPLE_READS).samples(start)
+        reader = file_batches(config, batch_size, rank, size, held_out=held_out, reads=FILE_SAMPLE_READS)
+        return reader.samples(start), reader
     if d.source == "grm_synthetic":
-        return data.grm_samples(config, seed=d.seed, rank=rank, num_ranks=size, held_out=held_out, start=start)
+        return data.grm_samples(config, seed=d.seed, rank=rank, num_ranks=size, held_out=held_out, start=start), None
     if d.source == "movielens_seq":
         from tf_fusedrec.data import movielens_seq  # noqa: PLC0415
 
         return movielens_seq.movielens_seq_samples(
             d.path, movielens_seq.MovieLensSeqSpec.from_config(config), rank=rank, num_ranks=size,
-            held_out=held_out, shuffle=True, seed=d.seed, epochs=1 if held_out else None, start=start)
+            held_out=held_out, shuffle=True, seed=d.seed, epochs=1 if held_out else None, start=start), None
     from tf_fusedrec.config import SEQUENCE_SOURCES  # noqa: PLC0415
 
     raise ValueError(f"data.source {d.source!r} is not a sequence source {SEQUENCE_SOURCES} (nor a file source with "
@@ -257,13 +263,9 @@ class SequenceBatches:
     def _samples(self):
         """sequence_samples from the start position, keeping a file source's reader (its count of skipped bad
         records)."""
-        from tf_fusedrec.config import FILE_SOURCES  # noqa: PLC0415
-
-        if self.config.data.source in FILE_SOURCES:
-            self._reader = file_batches(self.config, self.batch_size, self.rank, self.size, reads=FILE_SAMPLE_READS)
-            return self._reader.samples(self.start.samples)
-        return sequence_samples(self.config, self.rank, self.size, start=self.start.samples,
-                                batch_size=self.batch_size)
+        samples, self._reader = sequence_stream(self.config, self.rank, self.size, start=self.start.samples,
+                                                batch_size=self.batch_size)
+        return samples
 
     def _batches(self):
         samples = self._samples()
