@@ -45,6 +45,11 @@ FULL_EVERY = 10  # saves at 2, 4, 6, 8 give: 2 full (the first), 4, 6, 8 deltas
 ALL_CASES = {
     "native": {"table_backend": "native", "storage": "float32", "optimizer": "adagrad", "evict": False},
     "native_fp16_evict": {"table_backend": "native", "storage": "float16", "optimizer": "adam", "evict": True},
+    # Every checkpoint's table in part files of a couple of rows (Checkpointer(part_bytes)): the deltas' parts hold
+    # the rows changed since the parent (found by digests) and every key's status. Adagrad: a step changes the rows it
+    # reads only (Adam's moments decay on every row, so each of its deltas holds every row).
+    "native_parts_evict": {"table_backend": "native", "storage": "float32", "optimizer": "adagrad", "evict": True,
+                           "part_bytes": 200},
     "tfra_fp16_evict": {"table_backend": "tfra", "storage": "float16", "optimizer": "adam", "evict": True},
 }
 # What runs: without the [tfra] extra, its cases are left out (their tests, by name, carry the `tfra` marker).
@@ -77,8 +82,9 @@ class Run:
     def batch(self, step):
         return sc.local_slice(sc.make_batch(step), self.comm.rank, self.comm.size)
 
-    def checkpointer(self, model_dir, built, full_every=0):
-        return Checkpointer(str(model_dir), *built, self.comm, keep=1, full_every=full_every)
+    def checkpointer(self, model_dir, built, case, full_every=0):
+        parts = {"part_bytes": CASES[case]["part_bytes"]} if "part_bytes" in CASES[case] else {}
+        return Checkpointer(str(model_dir), *built, self.comm, keep=1, full_every=full_every, **parts)
 
 
 def state(checkpointer, prefix):
@@ -106,7 +112,7 @@ def verify(run, label, root):
     arrays = {}
     for case in CASES:
         for kind in ("delta", "full"):
-            checkpointer = run.checkpointer(os.path.join(root, case, kind), run.build(case))
+            checkpointer = run.checkpointer(os.path.join(root, case, kind), run.build(case), case)
             restored = checkpointer.restore()
             arrays.update(state(checkpointer, f"{label}/{case}/{kind}"))
             arrays[f"{label}/{case}/{kind}/restored"] = np.array(json.dumps(restored))
@@ -115,7 +121,8 @@ def verify(run, label, root):
 
 def damaged(run, label, model_dir):
     try:
-        run.checkpointer(model_dir, run.build(next(iter(CASES)))).restore()
+        case = next(iter(CASES))
+        run.checkpointer(model_dir, run.build(case), case).restore()
     except CheckpointError as e:
         return {f"{label}/error": np.array(str(e))}
     return {f"{label}/error": np.array("")}
@@ -125,8 +132,8 @@ def train(run, label, root, steps):
     arrays = {}
     for case in CASES:
         model, optimizer, step = built = run.build(case)
-        delta = run.checkpointer(os.path.join(root, case, "delta"), built, full_every=FULL_EVERY)
-        full = run.checkpointer(os.path.join(root, case, "full"), built)
+        delta = run.checkpointer(os.path.join(root, case, "delta"), built, case, full_every=FULL_EVERY)
+        full = run.checkpointer(os.path.join(root, case, "full"), built, case)
         restored = delta.restore()
         train_step = tf.function(sc.train_step_fn(model, optimizer), autograph=False)
         for s in range(int(step.numpy()), steps):

@@ -1,7 +1,8 @@
 """Delta checkpoints (tf_fusedrec/train/checkpoint.py, full_every; tests/distributed/delta_scenario.py).
 
 Three launches, shared by the module (each trains and restores every case of delta_scenario.CASES: native float32
-Adagrad; native float16 Adam with eviction; TFRA float16 Adam with eviction, where the [tfra] extra is installed):
+Adagrad; native float16 Adam with eviction; native float32 Adagrad with eviction, every checkpoint in part files of a
+couple of rows; TFRA float16 Adam with eviction, where the [tfra] extra is installed):
 
 * 2 workers train 6 steps, saving at 2 (full), 4 and 6 (deltas) and a full checkpoint at each of those steps beside;
 * 1 worker does the same in its own directory, and restores the 2-worker directory (2 -> 1);
@@ -180,7 +181,7 @@ def test_checkpoints_written_and_kept(runs, case):
     assert runs.listings[f"more/{case}/full"] == ["ckpt-8"]
 
 
-@pytest.mark.parametrize("case", ["native_fp16_evict", "tfra_fp16_evict"])
+@pytest.mark.parametrize("case", ["native_fp16_evict", "native_parts_evict", "tfra_fp16_evict"])
 def test_another_worker_count_keeps_the_evicted_totals(runs, case):
     """Old worker s's evicted counter goes to new worker s mod M: the same count gives each its own (compared in
     test_full_plus_deltas_restore_equals_full_restore), another keeps the total."""
@@ -193,7 +194,7 @@ def test_another_worker_count_keeps_the_evicted_totals(runs, case):
     assert totals("one_on_two") == totals("one")
 
 
-@pytest.mark.parametrize("case", ["native_fp16_evict", "tfra_fp16_evict"])
+@pytest.mark.parametrize("case", ["native_fp16_evict", "native_parts_evict", "tfra_fp16_evict"])
 def test_deltas_carry_the_evicted_keys(runs, case):
     removed = 0
     for step in (4, 6):
@@ -203,6 +204,25 @@ def test_deltas_carry_the_evicted_keys(runs, case):
             with np.load(runs.root2 / case / "delta" / f"ckpt-{step}" / f"shard-{r}-of-2.npz") as z:
                 removed += sum(len(z[name]) for name in z.files if name.endswith(".removed"))
     assert removed > 0, "no delta removed a key: the eviction case tests nothing"
+
+
+def test_deltas_in_parts_hold_the_changed_rows_and_every_status(runs):
+    """native_parts_evict: every checkpoint of the chain lists part files (format 3), the shards none of the rows; the
+    parts hold rows and the status (a delta's: of every key; here each step reads most rows, so its deltas hold most
+    rows: that a delta holds only the changed rows is test_a_delta_holds_only_the_changed_rows[native-parts])."""
+    for step in (2, 4, 6):
+        directory = runs.root2 / "native_parts_evict" / "delta" / f"ckpt-{step}"
+        manifest = json.loads((directory / "manifest.json").read_text())
+        assert manifest["format"] == 3 and manifest["kind"] == ("full" if step == 2 else "delta"), manifest
+        rows = status = 0
+        for r in range(2):
+            with np.load(directory / f"shard-{r}-of-2.npz") as z:
+                assert len(z["parts.bytes"]) > 0 and not any(name.endswith(".keys") for name in z.files), z.files
+            for part in sorted(directory.glob(f"shard-{r}-of-2.part-*.npz")):
+                with np.load(part) as z:
+                    rows += sum(len(z[n]) for n in z.files if n.endswith(".keys") and ".status." not in n)
+                    status += sum(len(z[n]) for n in z.files if n.endswith(".status.counts"))
+        assert rows > 0 and status >= rows, (step, rows, status)
 
 
 @pytest.mark.parametrize("label", ["corrupt_delta", "corrupt_parent", "missing_parent_shard", "missing_link"])
@@ -227,11 +247,13 @@ class Tiny(tf.keras.Model):
         return self.dense(self.embedding(inputs, training=training)["item"])
 
 
-@pytest.mark.parametrize("backend", ["tfra", "native"])
-def test_a_delta_holds_only_the_changed_rows(tmp_path, backend):
+@pytest.mark.parametrize("backend, part_bytes", [("tfra", None), ("native", None), ("native", 8192)],
+                         ids=["tfra", "native", "native-parts"])
+def test_a_delta_holds_only_the_changed_rows(tmp_path, backend, part_bytes):
+    """native-parts: the table in part files of 8 KiB (the deltas' changed rows found by digests)."""
     import tf_fusedrec as fr  # noqa: PLC0415
 
-    with tf.compat.v1.variable_scope(f"delta_bytes_{backend}"):
+    with tf.compat.v1.variable_scope(f"delta_bytes_{backend}_{part_bytes}"):
         layer = fr.FusedEmbedding([fr.Feature("item", dim=16, optimizer={"name": "adagrad", "learning_rate": 0.1})],
                                   name="sparse", comm="single", table_backend=backend)
         model = Tiny(layer)
@@ -239,7 +261,7 @@ def test_a_delta_holds_only_the_changed_rows(tmp_path, backend):
     optimizer = fr.train.make_optimizer(model, default={"name": "sgd", "learning_rate": 0.1})
     step = tf.Variable(0, dtype=tf.int64)
     checkpointer = checkpoint_lib.Checkpointer(str(tmp_path), model, optimizer, step, layer.comm, keep=1,
-                                               full_every=4)
+                                               full_every=4, part_bytes=part_bytes or checkpoint_lib.PART_BYTES)
 
     def train(ids):
         with tf.GradientTape() as tape:
@@ -262,8 +284,12 @@ def test_a_delta_holds_only_the_changed_rows(tmp_path, backend):
     assert summary["full_every"] == 4 and summary["full"]["count"] == 2 and summary["delta"]["count"] == 2, summary
     assert summary["delta"]["mean_bytes"] < summary["full"]["mean_bytes"] / 10, summary
     assert summary["full"]["mean_seconds"] > 0 and summary["delta"]["mean_seconds"] > 0, summary
-    with np.load(tmp_path / "ckpt-4" / "shard-0-of-1.npz") as z:
-        assert len(z["t0.keys"]) == 2000
+    held = 0
+    for path in [tmp_path / "ckpt-4" / "shard-0-of-1.npz"] + sorted((tmp_path / "ckpt-4").glob("*.part-*.npz")):
+        with np.load(path) as z:
+            held += len(z["t0.keys"]) if "t0.keys" in z.files else 0
+    assert held == 2000
+    assert bool(list((tmp_path / "ckpt-4").glob("*.part-*.npz"))) == (part_bytes is not None)
     manifest = json.loads((tmp_path / "ckpt-4" / "manifest.json").read_text())
     assert manifest["kind"] == "full" and manifest["parent"] is None, manifest
 

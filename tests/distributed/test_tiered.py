@@ -139,3 +139,25 @@ def test_killed_tiered_run_restarts_to_the_uninterrupted_result(two, tmp_path):
         for key in ("keys", "rows", "slots", "kernel", "bias"):
             np.testing.assert_array_equal(resumed[r][key], want[key], err_msg=f"rank {r}: {key}")
         np.testing.assert_array_equal(resumed[r]["losses"], want["losses"][4:])
+
+
+def test_killed_tiered_run_with_delta_checkpoints_restarts_to_the_uninterrupted_result(two, tmp_path):
+    """Delta checkpoints of a tiered table in part files (the changed rows found by digests, the table read in
+    chunks): saves at 2 (full), 4 and 6 (deltas), a SIGKILL before step 8, and the restart from the chain ends where
+    the uninterrupted run does, bit for bit."""
+    flags = (f"--optimizer adagrad --tier 1 --model-dir {tmp_path / 'model'} --save-every 2 --full-every 100 "
+             "--name ckpt --part-bytes 18000")
+    launch(2, tmp_path, {"crashed": f"{flags} --kill 8"}, expect_ok=False)
+    assert sorted(p.name for p in (tmp_path / "model").glob("ckpt-*")) == ["ckpt-2", "ckpt-4", "ckpt-6"]
+    for step, kind in ((2, "full"), (4, "delta"), (6, "delta")):
+        manifest = json.loads((tmp_path / "model" / f"ckpt-{step}" / "manifest.json").read_text())
+        assert (manifest["kind"], manifest["format"]) == (kind, 3), manifest
+    resumed = launch(2, tmp_path, {"resumed": flags})["resumed"]
+    for r in range(2):
+        info = json.loads(str(resumed[r]["restored"]))
+        assert [link["kind"] for link in info["chain"]] == ["full", "delta", "delta"], info
+        want = two[1]["tier_adagrad"][r]
+        for key in ("keys", "rows", "slots", "kernel", "bias"):
+            np.testing.assert_array_equal(resumed[r][key], want[key], err_msg=f"rank {r}: {key}")
+        np.testing.assert_array_equal(resumed[r]["losses"], want["losses"][6:])
+

@@ -69,6 +69,7 @@ def run_parser():
     p.add_argument("--save-every", type=int, default=4)
     p.add_argument("--kill", type=int)
     p.add_argument("--part-bytes", type=int, help="Checkpointer(part_bytes=...): the table in part files this size")
+    p.add_argument("--full-every", type=int, default=0, help="Checkpointer(full_every=...): deltas between")
     p.add_argument("--name", help="the layer's name (default sparse<index>): a checkpoint's runs share one")
     p.add_argument("--out", required=True)
     return p
@@ -113,7 +114,8 @@ def run_one(comm, run, name, tier_root):
     checkpointer = None
     if run.model_dir:
         parts = {} if run.part_bytes is None else {"part_bytes": run.part_bytes}
-        checkpointer = Checkpointer(run.model_dir, model, opt, step_var, comm, keep=5, **parts)
+        checkpointer = Checkpointer(run.model_dir, model, opt, step_var, comm, keep=5, full_every=run.full_every,
+                                    **parts)
         restored = checkpointer.restore() or {}
     losses = []
     for s in range(int(step_var.numpy()), run.steps):

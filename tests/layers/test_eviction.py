@@ -346,21 +346,45 @@ def test_deltas_after_a_full_checkpoint_in_parts_restore_the_newest_status(tmp_p
     assert_same_rows(reader.rows(), rows, "rows and slots")
 
 
-@pytest.mark.parametrize("backend", ["tfra", "native"])
-def test_full_plus_deltas_restore_the_status_of_a_full_restore(tmp_path, backend):
+@pytest.mark.parametrize("backend, part_bytes", BACKENDS + [("native", 700), ("native", 950)],
+                         ids=["tfra", "native", "native-parts", "native-into-parts", "native-in-and-out-of-parts"])
+def test_full_plus_deltas_restore_the_status_of_a_full_restore(tmp_path, backend, part_bytes):
     """Every delta holds the whole status: a key read without its row changing (Adagrad's zero gradient) still has a
-    new count and last; the chain restores what the full checkpoint of the same step restores."""
+    new count and last; the chain restores what the full checkpoint of the same step restores. native-parts: the
+    table in part files of a few rows, the deltas' parts holding the changed rows (found by digests) and the whole
+    status; native-into-parts: the table outgrows part_bytes after the first checkpoint (a delta against the rows
+    held whole, written in parts); native-in-and-out-of-parts: then shrinks below it (a delta held whole against the
+    digests of the parts)."""
     evict, expiry = fr.Eviction(capacity=16, policy="lru", interval=3), fr.Expiry(4, interval=2)
     writer = Checkpointed(backend, evict, expiry)
-    delta, full = writer.checkpointer(tmp_path / "delta", full_every=100), writer.checkpointer(tmp_path / "full")
+    delta = writer.checkpointer(tmp_path / "delta", full_every=100, part_bytes=part_bytes)
+    full = writer.checkpointer(tmp_path / "full", part_bytes=part_bytes)
+    sizes = []
     for s in range(6):
         writer.step(s)
         if s % 2 == 1:
             delta.save()
             full.save()
+            sizes.append(int(writer.layer.tables[0].params.size()))
     assert [w["kind"] for w in delta.written] == ["full", "delta", "delta"]
-    with np.load(tmp_path / "delta" / "ckpt-6" / "shard-0-of-1.npz") as z:
-        assert len(z["t0.status.keys"]) == len(z["t0.status.counts"]) > len(z["t0.keys"]), "a delta of every row"
+    if part_bytes is None:
+        with np.load(tmp_path / "delta" / "ckpt-6" / "shard-0-of-1.npz") as z:
+            assert len(z["t0.status.keys"]) == len(z["t0.status.counts"]) > len(z["t0.keys"]), "a delta of every row"
+    else:
+        entry = writer.layer.tables[0].params.entry_bytes()
+        in_parts = [size * entry > part_bytes for size in sizes]
+        assert in_parts == {200: [True] * 3, 700: [False, True, True], 950: [False, True, False]}[part_bytes], sizes
+        for step, expected in zip((2, 4, 6), in_parts):
+            parts = sorted((tmp_path / "delta" / f"ckpt-{step}").glob("*.part-*.npz"))
+            assert bool(parts) == expected, (step, parts)
+            if parts and step > 2:
+                changed = status = 0
+                for part in parts:
+                    with np.load(part) as z:
+                        changed += len(z["t0.keys"])
+                        status += len(z["t0.status.keys"])
+                assert status == sizes[step // 2 - 1] > changed > 0, ("a delta's parts: the changed rows and every "
+                                                                      "key's status", step, status, changed, sizes)
     live, rows = writer.status(), writer.rows()
     assert live[2] > 0 and live[3] > 0, "nothing evicted or expired: the test tests little"
     restored = {}

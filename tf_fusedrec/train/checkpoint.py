@@ -6,24 +6,30 @@ Layout of a model directory::
     DIR/ckpt-{step}/shard-{r}-of-{N}.npz  rank r's rows: every table's (keys, ids, rows) it owns + optimizer slot rows
                                           (+ with admission, the counts of the keys it has not admitted yet;
                                           with eviction or expiry, the access status of its rows)
-    DIR/ckpt-{step}/shard-{r}-of-{N}.part-{k}.npz  (a full checkpoint's native tables larger than PART_BYTES) rank r's
-                                          rows of those tables in pieces of about PART_BYTES, each with its slot rows,
-                                          ids and access status; the shard lists each part's sha256 and size
+    DIR/ckpt-{step}/shard-{r}-of-{N}.part-{k}.npz  (native tables larger than part_bytes) rank r's rows of those
+                                          tables (a delta's: the changed ones) in pieces of about part_bytes, each
+                                          with its slot rows, ids and access status; the shard lists each part's
+                                          sha256 and size (and holds a delta's removed keys)
     DIR/ckpt-{step}/dense.npz             dense weights, optimizer iterations and dense slots, replicated hot rows
                                           with their slots and hot sets (equal on every rank;
                                           rank 0 writes them)
 
-Full and delta checkpoints (``full_every``): a full checkpoint's shards hold every row a rank owns; a delta's hold only
-the rows whose value or optimizer slots changed since the previous checkpoint (new keys included) and, per table, the
-keys removed since then (``t{t}.removed``: evicted, or moved into the hot set); its dense.npz is whole (small). The
-manifest names the kind and, for a delta, the parent step it applies on: a delta restores as its chain, the full
-checkpoint it descends from and every delta after it, in order. Change detection is exact and works the same on every
-table backend: the Checkpointer keeps, per table, the sorted keys, rows and slot rows of this rank at the previous
-checkpoint (the one it saved or restored) and diffs the current export against them bit for bit. Memory: with
-full_every > 0, each rank holds a host copy of its shard as of the last checkpoint (8 bytes per key, 4 per row and
-slot value, 1 per slot-exists flag: about the size of its full shard file; float16 rows are kept as the float32 the
-tables export), and twice that while a save runs; with full_every = 0 nothing is kept. A slot row that disappears
-while its key's row stays is not carried by a delta (nothing in tf_fusedrec removes a slot row alone).
+Full and delta checkpoints (``full_every``): a full checkpoint's shards hold every row a rank owns; a delta's hold
+only the rows whose value or optimizer slots changed since the previous checkpoint (new keys included) and, per table,
+the keys removed since then (``t{t}.removed``: evicted, or moved into the hot set); its dense.npz is whole (small).
+The manifest names the kind and, for a delta, the parent step it applies on: a delta restores as its chain, the full
+checkpoint it descends from and every delta after it, in order. Change detection is exact (but for tables in part
+files, below) and works the same on every table backend: the Checkpointer keeps, per table, the sorted keys, rows and
+slot rows of this rank at the previous checkpoint (the one it saved or restored) and diffs the current export against
+them bit for bit. Memory: with full_every > 0, each rank holds a host copy of its shard as of the last checkpoint (8
+bytes per key, 4 per row and slot value, 1 per slot-exists flag: about the size of its full shard file; float16 rows
+are kept as the float32 the tables export), and twice that while a save runs; with full_every = 0 nothing is kept. A
+table written in part files (a native one over part_bytes, tiered tables larger than memory among them) is never held
+whole: the Checkpointer keeps its DigestState (each key and a 64-bit digest of its row's and slots' bits, 16 bytes a
+key), and a delta reads the table chunk by chunk, writing the rows whose digest changed or that are new (with every
+key's access status) to part files; a change in one word of a row always changes its digest, changes in several could
+keep it with a probability of about 2^-64 (the digest's one inexactness). A slot row that disappears while its key's
+row stays is not carried by a delta (nothing in tf_fusedrec removes a slot row alone).
 
 Saving: each rank writes its shard into DIR/.tmp-ckpt-{step}/ (file, fsync, rename), the ranks allgather the shards'
 sha256 and sizes, and rank 0 writes the manifest there and renames the directory to ckpt-{step}: a checkpoint is
@@ -207,6 +213,51 @@ TableState.__doc__ = """One rank's rows of a table: keys int64 [K] ascending, ro
 (in slot_tables order) (values [K, dim], exists bool [K])."""
 
 
+DigestState = collections.namedtuple("DigestState", ["keys", "digests"])
+DigestState.__doc__ = """One rank's rows of a table written in part files, as a delta diffs against them: keys int64 [K]
+ascending and each key's 64-bit digest of its row's and slot rows' bits (_row_digests), 16 bytes a key instead of the
+rows."""
+
+DIGEST_BLOCK = 1 << 16  # rows hashed at a time (their words as uint64: bounded memory)
+
+
+def _row_digests(rows, slot_values):
+    """uint64 [K]: per key, sum over its row's and slot rows' float32 words w_i of w_i * c_i mod 2^64, with fixed odd
+    64-bit constants c_i. Two entries that differ in one word always differ here (c_i is odd and |w_i - w'_i| <
+    2^32); entries that differ in several collide with a probability of about 2^-64 (a delta would then miss that row's
+    change: the digest's one inexactness, docs say so)."""
+    parts = [np.asarray(rows, np.float32).reshape(len(rows), -1)]
+    parts += [np.asarray(v, np.float32).reshape(len(rows), -1) for v in slot_values]
+    width = sum(part.shape[1] for part in parts)
+    constants = np.random.default_rng(0x5EED_D16E57).integers(0, 1 << 63, width, dtype=np.uint64) * np.uint64(2) + \
+        np.uint64(1)
+    out = np.empty(len(rows), np.uint64)
+    for start in range(0, len(rows), DIGEST_BLOCK):
+        block = slice(start, start + DIGEST_BLOCK)
+        words = np.concatenate([np.ascontiguousarray(part[block]).view(np.uint32) for part in parts], axis=1)
+        with np.errstate(over="ignore"):
+            out[block] = (words.astype(np.uint64) * constants).sum(axis=1, dtype=np.uint64)
+    return out
+
+
+def _digest_state(state):
+    """The DigestState of a TableState (a table that outgrew part_bytes since the delta's parent)."""
+    return DigestState(state.keys, _row_digests(state.rows, [values for values, _ in state.slots]))
+
+
+def _digest_changes(previous, keys, digests, held):
+    """bool [k] over keys (any order): new, or a digest other than previous's; marks previous's keys found in
+    `held` (bool over previous.keys)."""
+    if len(previous.keys) == 0:
+        return np.ones(len(keys), bool)
+    at = np.minimum(np.searchsorted(previous.keys, keys), len(previous.keys) - 1)
+    found = previous.keys[at] == keys
+    held[at[found]] = True
+    changed = ~found
+    changed[found] = previous.digests[at[found]] != digests[found]
+    return changed
+
+
 def _same_bits(a, b):
     """bool [K]: row k of a equals row k of b bit for bit (NaN equals the same NaN, -0.0 differs from 0.0), as one
     byte comparison per row (a void view of each row's bytes: about 10x faster than comparing values and reducing
@@ -369,7 +420,12 @@ class Checkpointer:
         arrays; -> its TableState now."""
         state = self.table_state(table)
         take = slice(None)
-        if kind == DELTA:
+        if kind == DELTA and isinstance(self._previous[t], DigestState):  # it was in part files then
+            previous = self._previous[t]
+            held = np.zeros(len(previous.keys), bool)
+            take = _digest_changes(previous, state.keys, _digest_state(state).digests, held)
+            arrays[f"t{t}.removed"] = previous.keys[~held]
+        elif kind == DELTA:
             take, arrays[f"t{t}.removed"] = changes(self._previous[t], state)
         keys = state.keys[take]
         arrays[f"t{t}.keys"], arrays[f"t{t}.rows"] = keys, state.rows[take]
@@ -382,33 +438,76 @@ class Checkpointer:
         return state
 
     def _in_parts(self, table):
-        """Whether a table's rows go to part files (a full checkpoint without deltas): a native table whose rows,
-        slots and status on this rank exceed part_bytes."""
+        """Whether a table's rows go to part files: a native table whose rows, slots and status on this rank exceed
+        part_bytes."""
         rows = table.params
         return hasattr(rows, "export_chunks") and int(rows.size()) * rows.entry_bytes() > self.part_bytes
 
-    def _write_parts(self, t, table, staging, parts):
+    def _write_parts(self, t, table, kind, staging, parts, arrays):
         """Writes table t's rows, slot rows, ids and (with eviction or expiry) access status in part files of at
         most part_bytes, read from the table chunk by chunk (never whole), appending each file's (sha256, bytes) to
-        `parts`; -> the table's clock."""
+        `parts`; a delta's parts hold the rows changed since the previous checkpoint (digests: DigestState) and the
+        whole status, its removed keys go into the shard's `arrays`. -> the table's DigestState now (full_every > 0)
+        or None."""
         rows_per_part = max(1, self.part_bytes // table.params.entry_bytes())
         slots = self._table_slots(table)
+        tracked = self.access[t]
+        previous = self._previous[t] if kind == DELTA else None
+        if isinstance(previous, TableState):  # the table outgrew part_bytes since the parent
+            previous = _digest_state(previous)
+        held = None if previous is None else np.zeros(len(previous.keys), bool)
+        seen = []  # (keys, digests) of each chunk, for the next delta
         clock = 0
         for keys, rows, slot_rows, counts, lasts, clock in table.params.export_chunks(rows_per_part):
-            arrays = {f"t{t}.keys": keys, f"t{t}.rows": rows}
-            ids = table.ids_of_keys(keys)
+            digests = None
+            if self.full_every:
+                digests = _row_digests(rows, [slot_rows[:, slot.part - 1] for _, slot in slots])
+                seen.append((keys, digests))
+            take = slice(None) if previous is None else _digest_changes(previous, keys, digests, held)
+            out = {f"t{t}.keys": keys[take], f"t{t}.rows": rows[take]}
+            ids = table.ids_of_keys(out[f"t{t}.keys"])
             if ids is not None:
-                arrays[f"t{t}.ids"] = ids
+                out[f"t{t}.ids"] = ids
             for name, slot in slots:  # a native table's slots live with its rows: every key has them
-                arrays[f"t{t}.slot.{name}.rows"] = slot_rows[:, slot.part - 1]
-                arrays[f"t{t}.slot.{name}.exists"] = np.ones(len(keys), bool)
-            if self.access[t] is not None:  # aligned with the rows, as in a full shard
-                arrays[f"t{t}.status.counts"], arrays[f"t{t}.status.lasts"] = counts, lasts
-            data = _npz_bytes(arrays)
-            del arrays
+                out[f"t{t}.slot.{name}.rows"] = slot_rows[take, slot.part - 1]
+                out[f"t{t}.slot.{name}.exists"] = np.ones(len(out[f"t{t}.keys"]), bool)
+            if tracked is not None:  # a full part's aligned with its rows; a delta's of every key, with the keys
+                out[f"t{t}.status.counts"], out[f"t{t}.status.lasts"] = counts, lasts
+                if previous is not None:
+                    out[f"t{t}.status.keys"] = keys
+                    status_ids = table.ids_of_keys(keys)
+                    if status_ids is not None:
+                        out[f"t{t}.status.ids"] = status_ids
+            elif previous is not None and not len(out[f"t{t}.keys"]):
+                continue  # a delta's chunk without a change: no file
+            data = _npz_bytes(out)
+            del out
             _write_atomic(os.path.join(staging, part_name(self.comm.rank, self.comm.size, len(parts))), data)
             parts.append((_sha256(data), len(data)))
-        return clock
+        if previous is not None:
+            arrays[f"t{t}.removed"] = previous.keys[~held]
+        if tracked is not None:  # its status went with the rows, into the parts
+            arrays.update(_access_counters(t, tracked, clock))
+        if not self.full_every:
+            return None
+        keys = np.concatenate([k for k, _ in seen]) if seen else np.zeros(0, np.int64)
+        digests = np.concatenate([d for _, d in seen]) if seen else np.zeros(0, np.uint64)
+        order = np.argsort(keys, kind="stable")
+        return DigestState(keys[order], digests[order])
+
+    def _state_for_deltas(self, table):
+        """This rank's state of a table as the next delta diffs against it: its DigestState when it goes to part
+        files (read chunk by chunk), else its TableState."""
+        if not self._in_parts(table):
+            return self.table_state(table)
+        slots = self._table_slots(table)
+        seen = [(keys, _row_digests(rows, [slot_rows[:, slot.part - 1] for _, slot in slots]))
+                for keys, rows, slot_rows, _, _, _ in table.params.export_chunks(
+                    max(1, self.part_bytes // table.params.entry_bytes()))]
+        keys = np.concatenate([k for k, _ in seen]) if seen else np.zeros(0, np.int64)
+        digests = np.concatenate([d for _, d in seen]) if seen else np.zeros(0, np.uint64)
+        order = np.argsort(keys, kind="stable")
+        return DigestState(keys[order], digests[order])
 
     # --- saving -------------------------------------------------------------------------------------------------
 
@@ -436,11 +535,9 @@ class Checkpointer:
         os.makedirs(staging, exist_ok=True)
         arrays, states, parts = {}, [], []  # parts: (sha256, bytes) of this rank's part files, in order
         for t, table in enumerate(self.tables):
-            if kind == FULL and not self.full_every and self._in_parts(table):
-                clock = self._write_parts(t, table, staging, parts)
-                states.append(None)  # nothing to remember (no deltas) and nothing held whole
-                if self.access[t] is not None:  # its status went with the rows, into the parts
-                    arrays.update(_access_counters(t, self.access[t], clock))
+            in_parts = self._in_parts(table)
+            if in_parts:  # its DigestState (deltas) or None: nothing held whole
+                states.append(self._write_parts(t, table, kind, staging, parts, arrays))
             else:
                 states.append(self._add_rows(t, table, kind, arrays))
             if table.counts is not None:
@@ -449,7 +546,7 @@ class Checkpointer:
                 ids = table.ids_of_keys(keys)
                 if ids is not None:
                     arrays[f"t{t}.counts.ids"] = ids
-            if self.access[t] is not None and states[t] is not None:
+            if self.access[t] is not None and not in_parts:
                 arrays.update(_access_arrays(t, table, self.access[t], states[t].keys, kind))
         if parts:
             arrays["parts.sha256"] = np.array([list(bytes.fromhex(digest)) for digest, _ in parts], np.uint8)
@@ -659,12 +756,12 @@ class Checkpointer:
                     with np.load(io.BytesIO(_read_part(*part)), allow_pickle=False) as z:
                         for t, table in enumerate(self.tables):
                             self._restore_table(t, table, z, rank, size, link.manifest["workers"], link.directory)
-                            # The rows' access status is in the same part: applied from this one read, now that its
-                            # keys are held (only the newest link's status counts: a delta after it holds the whole status again).
+                            # The rows' access status is in the same part: set from this one read, now that its
+                            # keys are held (the newest link's only: every checkpoint holds the whole status).
                             if t in clocks and f"t{t}.status.counts" in z.files:
                                 self._apply_status(z, t, clocks[t], link)
         self._restore_access(newest, contents)
-        self._remember(step, links[0].step, lambda: [self.table_state(table) for table in self.tables])
+        self._remember(step, links[0].step, lambda: [self._state_for_deltas(table) for table in self.tables])
         return {"step": step, "directory": newest.directory, "workers": newest.manifest["workers"],
                 "files": newest.names,
                 "chain": [{"step": link.step, "kind": link.manifest.get("kind", FULL),
@@ -732,13 +829,13 @@ class Checkpointer:
     def _restore_table(self, t, table, z, rank, size, old_size, directory):
         """Applies table t of one shard or part file: removes its removed keys (a delta's), then upserts the rows
         and slot rows this rank owns (none in the file: nothing; a table written in parts has none in its shard)."""
-        if f"t{t}.keys" not in z.files:
-            return
         removed = z[f"t{t}.removed"] if f"t{t}.removed" in z.files else ()
         if len(removed):  # a key removed on its old owner is absent from every other rank: no filter needed
             table.params.remove(tf.constant(removed, tf.int64))
             for _, slot in self._table_slots(table):
                 slot.remove(tf.constant(removed, tf.int64))
+        if f"t{t}.keys" not in z.files:  # a delta's shard whose rows went to part files holds the removed keys only
+            return
         keys, rows = z[f"t{t}.keys"], z[f"t{t}.rows"]
         mine = _owned(z, f"t{t}", len(keys), table, rank, size, old_size, directory)
         keep_keys = tf.constant(keys[mine], tf.int64)
