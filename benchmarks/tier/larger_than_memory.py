@@ -87,7 +87,10 @@ def build(args):
 
     model.dense.build([None, args.dim * len(FEATURES)])
     opt.create_slots(model.trainable_variables)
-    checkpointer = Checkpointer(os.path.join(args.dir, "model"), model, opt, step, SingleProcessComm(), keep=1)
+    # --delta-steps: every checkpoint after the first is a delta (full_every far away)
+    full_every = 1 << 40 if getattr(args, "delta_steps", 0) else 0
+    checkpointer = Checkpointer(os.path.join(args.dir, "model"), model, opt, step, SingleProcessComm(), keep=1,
+                                full_every=full_every)
     return model, train_step, step, checkpointer
 
 
@@ -172,6 +175,21 @@ def train(args):
     save_seconds = time.perf_counter() - t0
     ckpt_bytes = directory_bytes(final)
     print(f"[train] checkpoint {final}: {ckpt_bytes / GIB:.1f} GiB in {save_seconds:.0f} s", flush=True)
+    delta = None
+    if args.delta_steps:  # then a delta checkpoint after --delta-steps more steps of re-reads
+        changed_before = table.tier_stats()
+        for _ in range(args.delta_steps):
+            train_step(batch(rng, seen, 0, args.batch))
+        t0 = time.perf_counter()
+        delta_dir = checkpointer.save()
+        delta_seconds = time.perf_counter() - t0
+        manifest = json.loads(Path(delta_dir, "manifest.json").read_text())
+        delta = {"steps": args.delta_steps, "seconds": delta_seconds, "bytes": directory_bytes(delta_dir),
+                 "kind": manifest["kind"], "files": len(os.listdir(delta_dir)),
+                 "disk_hits_between": table.tier_stats()["disk_hits"] - changed_before["disk_hits"],
+                 "rss_after": memory()["VmRSS"]}
+        print(f"[train] delta checkpoint after {args.delta_steps} steps: {delta['bytes'] / GIB:.2f} GiB in "
+              f"{delta_seconds:.0f} s ({manifest['kind']})", flush=True)
     # A sample to check the restore against: DRAM entries and entries held only on disk.
     sample = [nt.native_table_export_chunk(table.resource, cursor, args.sample) for cursor in (nt.EXPORT_START, (1, 0))]
     np.savez(os.path.join(args.dir, "sample.npz"), **{f"{what}{i}": getattr(c, what).numpy()
@@ -185,6 +203,7 @@ def train(args):
               "fill": {"steps": steps, "seconds": fill_seconds, "log": log}, "steady": steady_figures,
               "store_bytes": store_bytes,
               "checkpoint": {"seconds": save_seconds, "bytes": ckpt_bytes, "files": len(os.listdir(final))},
+              "delta_checkpoint": delta,
               "peak_rss": mem["VmHWM"], "rss": mem["VmRSS"], "tier_stats": stats}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"train": result}, indent=1))
@@ -240,6 +259,8 @@ def main():
     p.add_argument("--steady-steps", type=int, default=50)
     p.add_argument("--every", type=int, default=50, help="steps between progress lines")
     p.add_argument("--sample", type=int, default=10000, help="keys of DRAM and of disk checked after the restore")
+    p.add_argument("--delta-steps", type=int, default=0,
+                   help="train: after the full checkpoint, this many steps of re-reads, then a delta checkpoint")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     os.makedirs(args.dir, exist_ok=True)
