@@ -482,15 +482,23 @@ class TypedStore : public TableStore {
     return OkStatus();
   }
 
-  // The DRAM entries from slot cursor[1] on (any other phase: none), then kExportDone.
+  // The DRAM entries from position cursor[1] of the slots' walk on (any other phase: none), then kExportDone. The
+  // walk visits slot (i x an odd constant) mod capacity at position i (capacity is a power of two: a permutation), so
+  // a chunk's keys are spread over the whole table rather than one range of slots. In slot order, a chunk's keys all
+  // had their homes in one range of the table, and a restore that upserted such a chunk into a full tiered cache
+  // (its evictions spread over the whole table) overloaded that range into long probe clusters: 38 us a key upserted
+  // (a delta's first parts took 150 s to apply, the whole full checkpoint before them 41 s).
   Status ExportChunk(const int64_t cursor[2], int64_t max_rows, ExportedChunk* out, int64_t next[2]) const override {
     next[0] = kExportDone;
     next[1] = 0;
     if (cursor[0] != kDramEntries) return OkStatus();
+    constexpr uint64_t kStride = 0x9E3779B97F4A7C15ull;  // odd
     const int64_t capacity = map_.capacity();
+    const uint64_t mask = static_cast<uint64_t>(capacity) - 1;
     int64_t i = std::max<int64_t>(cursor[1], 0);
     for (; i < capacity && static_cast<int64_t>(out->keys.size()) < max_rows; ++i) {
-      if (map_.occupied(i)) AppendEntry(i, out);
+      const int64_t slot = static_cast<int64_t>((static_cast<uint64_t>(i) * kStride) & mask);
+      if (map_.occupied(slot)) AppendEntry(slot, out);
     }
     if (i < capacity) {
       next[0] = kDramEntries;
