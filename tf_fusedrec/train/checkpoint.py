@@ -67,6 +67,7 @@ that wrote it. Files are .npz without pickles.
 """
 
 import collections
+import functools
 import hashlib
 import io
 import json
@@ -221,6 +222,28 @@ rows."""
 DIGEST_BLOCK = 1 << 16  # rows hashed at a time (their words as uint64: bounded memory)
 
 
+@functools.lru_cache(maxsize=None)
+def _digest_constants(width):
+    """The fixed odd 64-bit constants of _row_digests for `width` words an entry (made once per width, not per
+    chunk)."""
+    rng = np.random.default_rng(0x5EED_D16E57)
+    return rng.integers(0, 1 << 63, width, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+
+
+def _chunk_digests(rows, slot_rows, slots):
+    """_row_digests of an export_chunks chunk: its rows and slot rows ([k, S, dim], `slots` the table's
+    (name, slot) in slot_tables order)."""
+    return _row_digests(rows, [slot_rows[:, slot.part - 1] for _, slot in slots])
+
+
+def _sorted_digest_state(seen):
+    """The DigestState of a table's chunks' [(keys, digests)], in key order."""
+    keys = np.concatenate([k for k, _ in seen]) if seen else np.zeros(0, np.int64)
+    digests = np.concatenate([d for _, d in seen]) if seen else np.zeros(0, np.uint64)
+    order = np.argsort(keys, kind="stable")
+    return DigestState(keys[order], digests[order])
+
+
 def _row_digests(rows, slot_values):
     """uint64 [K]: per key, sum over its row's and slot rows' float32 words w_i of w_i * c_i mod 2^64, with fixed odd
     64-bit constants c_i. Two entries that differ in one word always differ here (c_i is odd and |w_i - w'_i| <
@@ -228,9 +251,7 @@ def _row_digests(rows, slot_values):
     change: the digest's one inexactness, docs say so)."""
     parts = [np.asarray(rows, np.float32).reshape(len(rows), -1)]
     parts += [np.asarray(v, np.float32).reshape(len(rows), -1) for v in slot_values]
-    width = sum(part.shape[1] for part in parts)
-    constants = np.random.default_rng(0x5EED_D16E57).integers(0, 1 << 63, width, dtype=np.uint64) * np.uint64(2) + \
-        np.uint64(1)
+    constants = _digest_constants(sum(part.shape[1] for part in parts))
     out = np.empty(len(rows), np.uint64)
     for start in range(0, len(rows), DIGEST_BLOCK):
         block = slice(start, start + DIGEST_BLOCK)
@@ -449,7 +470,6 @@ class Checkpointer:
         `parts`; a delta's parts hold the rows changed since the previous checkpoint (digests: DigestState) and the
         whole status, its removed keys go into the shard's `arrays`. -> the table's DigestState now (full_every > 0)
         or None."""
-        rows_per_part = max(1, self.part_bytes // table.params.entry_bytes())
         slots = self._table_slots(table)
         tracked = self.access[t]
         previous = self._previous[t] if kind == DELTA else None
@@ -458,10 +478,10 @@ class Checkpointer:
         held = None if previous is None else np.zeros(len(previous.keys), bool)
         seen = []  # (keys, digests) of each chunk, for the next delta
         clock = 0
-        for keys, rows, slot_rows, counts, lasts, clock in table.params.export_chunks(rows_per_part):
+        for keys, rows, slot_rows, counts, lasts, clock in table.params.export_chunks(self._rows_per_part(table)):
             digests = None
             if self.full_every:
-                digests = _row_digests(rows, [slot_rows[:, slot.part - 1] for _, slot in slots])
+                digests = _chunk_digests(rows, slot_rows, slots)
                 seen.append((keys, digests))
             take = slice(None) if previous is None else _digest_changes(previous, keys, digests, held)
             out = {f"t{t}.keys": keys[take], f"t{t}.rows": rows[take]}
@@ -488,12 +508,10 @@ class Checkpointer:
             arrays[f"t{t}.removed"] = previous.keys[~held]
         if tracked is not None:  # its status went with the rows, into the parts
             arrays.update(_access_counters(t, tracked, clock))
-        if not self.full_every:
-            return None
-        keys = np.concatenate([k for k, _ in seen]) if seen else np.zeros(0, np.int64)
-        digests = np.concatenate([d for _, d in seen]) if seen else np.zeros(0, np.uint64)
-        order = np.argsort(keys, kind="stable")
-        return DigestState(keys[order], digests[order])
+        return _sorted_digest_state(seen) if self.full_every else None
+
+    def _rows_per_part(self, table):
+        return max(1, self.part_bytes // table.params.entry_bytes())
 
     def _state_for_deltas(self, table):
         """This rank's state of a table as the next delta diffs against it: its DigestState when it goes to part
@@ -501,13 +519,8 @@ class Checkpointer:
         if not self._in_parts(table):
             return self.table_state(table)
         slots = self._table_slots(table)
-        seen = [(keys, _row_digests(rows, [slot_rows[:, slot.part - 1] for _, slot in slots]))
-                for keys, rows, slot_rows, _, _, _ in table.params.export_chunks(
-                    max(1, self.part_bytes // table.params.entry_bytes()))]
-        keys = np.concatenate([k for k, _ in seen]) if seen else np.zeros(0, np.int64)
-        digests = np.concatenate([d for _, d in seen]) if seen else np.zeros(0, np.uint64)
-        order = np.argsort(keys, kind="stable")
-        return DigestState(keys[order], digests[order])
+        return _sorted_digest_state([(keys, _chunk_digests(rows, slot_rows, slots)) for keys, rows, slot_rows, *_ in
+                                     table.params.export_chunks(self._rows_per_part(table))])
 
     # --- saving -------------------------------------------------------------------------------------------------
 
